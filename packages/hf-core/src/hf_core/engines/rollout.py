@@ -1,0 +1,64 @@
+"""The rollout (generation) engine interface and sampling parameters."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hf_core.engines.weights import NamedTensor
+
+if TYPE_CHECKING:
+    from hf_core.batch import Batch
+
+
+class SamplingParams(BaseModel):
+    """Backend-neutral sampling parameters; each rollout backend maps them to its own.
+
+    ``temperature == 0`` means greedy decoding.  Log-probs returned by an engine are always of
+    the distribution actually sampled from (logits divided by ``temperature``; raw logits when
+    greedy), the same quantity a training engine computes at that temperature.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1 disables top-k")
+    max_new_tokens: int = Field(64, ge=1)
+    n: int = Field(1, ge=1, description="samples per prompt")
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RolloutEngine(ABC):
+    """Generates responses and accepts weight updates in place.
+
+    Batch keys in: ``input_ids`` (left-padded prompts) and ``attention_mask``.
+    Batch keys out (each prompt repeated ``n`` times, consecutive): ``prompts``, ``responses``
+    (right-padded), ``response_mask``, ``input_ids`` (prompt + response), ``attention_mask``,
+    ``position_ids`` and ``rollout_log_probs`` (per response token).
+    """
+
+    @abstractmethod
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Sample responses for a batch of tokenised prompts."""
+
+    @abstractmethod
+    def load_weights(self, bucket: Iterable[NamedTensor]) -> None:
+        """Load one bucket of canonical tensors in place (partial updates are fine)."""
+
+    def finish_weight_sync(self) -> None:
+        """Called after the last bucket of a sync: flush caches that hold stale results."""
+
+    def release_memory(self) -> None:
+        """Free KV cache (and weights where supported) while training runs. Default: no-op."""
+
+    def resume_memory(self) -> None:
+        """Undo :meth:`release_memory` before the next generation. Default: no-op."""

@@ -1,0 +1,70 @@
+"""The training engine interface: forward passes, a train step, weight export, checkpoints."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from hf_core.engines.weights import NamedTensor
+
+if TYPE_CHECKING:
+    from hf_core.batch import Batch
+    from hf_core.resharding import RankPlan
+
+
+class LossFn(Protocol):
+    """A loss core passes to a training engine.
+
+    Called once per micro-batch with the model outputs for it (``log_probs`` and ``entropy``
+    for a policy, ``values`` for a critic, per response token) and the micro-batch itself;
+    returns the scalar loss to back-propagate (already scaled for the micro-batch's share of
+    the mini-batch) and float metrics to average.
+    """
+
+    def __call__(
+        self, outputs: Mapping[str, torch.Tensor], micro_batch: Batch
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+class TrainingEngine(ABC):
+    """One model's training-side engine, run SPMD on every rank of its worker group."""
+
+    @abstractmethod
+    def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
+        """Per-token ``log_probs`` (and ``entropy``) of ``responses`` under the model."""
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """Per-token ``values`` of ``responses`` (value-head models)."""
+        raise NotImplementedError(f"{type(self).__name__} has no value head")
+
+    def compute_scores(self, batch: Batch) -> Batch:
+        """A scalar ``scores`` per sequence (reward and cost models)."""
+        raise NotImplementedError(f"{type(self).__name__} has no score head")
+
+    @abstractmethod
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimiser step over ``batch`` (split into micro-batches); returns metrics."""
+
+    @abstractmethod
+    def export_weights(
+        self, bucket_bytes: int, plan: RankPlan | None = None
+    ) -> Iterator[list[NamedTensor]]:
+        """Stream canonical weights in buckets; with a plan, only what this rank must send."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Save model, optimiser, scheduler and RNG state (every rank calls this)."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; a bad checkpoint is a clear error."""
+
+    def offload(self) -> None:
+        """Move parameters, gradients and optimiser state off the accelerator. Default: no-op."""
+
+    def onload(self) -> None:
+        """Undo :meth:`offload`. Default: no-op."""

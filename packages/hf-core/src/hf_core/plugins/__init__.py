@@ -1,0 +1,31 @@
+"""Plugins: hook specifications, entry-point loading and registries (pluggy)."""
+
+from hf_core.plugins.hookspecs import ENTRY_POINT_GROUP, hookimpl, hookspec
+from hf_core.plugins.manager import (
+    BackendInfo,
+    PluginLoadError,
+    UnknownNameError,
+    get_protocol,
+    get_rollout_engine,
+    get_training_engine,
+    list_backends,
+    plugin_manager,
+    registry,
+    reset,
+)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "BackendInfo",
+    "PluginLoadError",
+    "UnknownNameError",
+    "get_protocol",
+    "get_rollout_engine",
+    "get_training_engine",
+    "hookimpl",
+    "hookspec",
+    "list_backends",
+    "plugin_manager",
+    "registry",
+    "reset",
+]

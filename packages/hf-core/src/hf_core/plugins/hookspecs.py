@@ -1,0 +1,47 @@
+"""The hooks a HybridFlow backend implements.
+
+A backend is a distribution with an entry point in the ``hybridflow.backends`` group whose
+value is a module (or object) carrying ``@hookimpl`` functions.  Each hook receives a
+``register`` callable; calling it adds one thing to the registry, so a backend declares what it
+provides without import-time side effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+PROJECT = "hybridflow"
+ENTRY_POINT_GROUP = "hybridflow.backends"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def register_training_engines(register: Callable[[str, Any], None]) -> None:
+    """Register training engines: ``register(name, factory)``.
+
+    ``factory(**config)`` must return an object implementing
+    :class:`hf_core.engines.TrainingEngine`.
+    """
+
+
+@hookspec
+def register_rollout_engines(register: Callable[[str, Any], None]) -> None:
+    """Register rollout engines: ``register(name, factory)``.
+
+    ``factory(**config)`` must return an object implementing
+    :class:`hf_core.engines.RolloutEngine`.
+    """
+
+
+@hookspec
+def register_protocols(register: Callable[[Any], None]) -> None:
+    """Register transfer protocols: ``register(protocol)``.
+
+    ``protocol`` is a :class:`hf_core.protocols.TransferProtocol`; its name becomes usable in
+    ``@register(protocol=...)`` on worker methods.
+    """

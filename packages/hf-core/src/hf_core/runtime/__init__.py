@@ -1,0 +1,19 @@
+"""The single-controller runtime on Ray: pools, hosts, worker groups, futures."""
+
+from hf_core.runtime.cluster import Cluster
+from hf_core.runtime.errors import GroupBrokenError, WorkerError, WorkerLostError
+from hf_core.runtime.group import GroupFuture, WorkerGroup, spawn
+from hf_core.runtime.host import RoleSpec
+from hf_core.runtime.pool import ResourcePool
+
+__all__ = [
+    "Cluster",
+    "GroupBrokenError",
+    "GroupFuture",
+    "ResourcePool",
+    "RoleSpec",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerLostError",
+    "spawn",
+]

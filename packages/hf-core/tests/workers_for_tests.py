@@ -144,3 +144,11 @@ class ReaderWorker(Worker):
     @register("ONE_TO_ALL")
     def pid(self) -> int:
         return os.getpid()
+
+
+class ReversedWorker(Worker):
+    """Uses a protocol that only a plugin provides (looked up by name at call time)."""
+
+    @register("REVERSED_DP")
+    def who_got(self, batch: Batch) -> Batch:
+        return Batch({"x": batch["x"], "rank": torch.full((len(batch),), self.rank)})

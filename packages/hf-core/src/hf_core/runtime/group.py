@@ -72,21 +72,23 @@ class HostSet:
             for rank, slot in enumerate(slots)
         ]
         self.world_size = len(self.actors)
-        master_addr, master_port = self.wait(
-            [self.actors[0].address.remote()], [0], "<host>", "address"
-        )[0]
         backend = dist_backend
         if backend == "auto":
             backend = "nccl" if pool.use_gpu else "gloo"
-        self.pids: list[int] = self.wait(
-            [
+        try:
+            master_addr, master_port = self.wait(
+                [self.actors[0].address.remote()], [0], ",".join(roles), "address"
+            )[0]
+            setups = [
                 a.setup.remote(master_addr, master_port, backend, failure_timeout_s * 10)
                 for a in self.actors
-            ],
-            list(range(self.world_size)),
-            ",".join(roles),
-            "setup",
-        )
+            ]
+            self.pids: list[int] = self.wait(
+                setups, list(range(self.world_size)), ",".join(roles), "setup"
+            )
+        except BaseException:
+            self.shutdown()  # no half-started group left holding bundles
+            raise
 
     def wait(self, refs: list[ray.ObjectRef], ranks: list[int], role: str, method: str) -> list:
         """Results of ``refs`` (one per rank in ``ranks``); raise on the first failure.

@@ -1,0 +1,178 @@
+"""Backends arrive through entry points: a throwaway plugin package is installed for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hf_core import plugins
+
+TOY_PLUGIN = """
+from hf_core.plugins import hookimpl
+from hf_core.protocols import DP_PROTO, TransferProtocol
+
+
+def _reversed_owner(ctx):
+    return [ctx.world_size - 1 - r for r in range(ctx.world_size)]
+
+
+REVERSED_DP = TransferProtocol(
+    "REVERSED_DP", _reversed_owner, DP_PROTO.collect_ranks, DP_PROTO.split, DP_PROTO.combine
+)
+
+
+class ToyTrainer:
+    def __init__(self, **config):
+        self.config = config
+
+
+@hookimpl
+def register_training_engines(register):
+    register("toy-train", ToyTrainer)
+
+
+@hookimpl
+def register_rollout_engines(register):
+    register("toy-rollout", ToyTrainer)
+
+
+@hookimpl
+def register_protocols(register):
+    register(REVERSED_DP)
+"""
+
+
+def _install(tmp: Path, dist: str, module: str, source: str, target: Path) -> None:
+    project = tmp / dist
+    (project / module).mkdir(parents=True)
+    (project / module / "__init__.py").write_text("")
+    (project / module / "plugin.py").write_text(source)
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools>=61"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{dist}"
+            version = "0.3.1"
+
+            [project.entry-points."hybridflow.backends"]
+            {module} = "{module}.plugin"
+
+            [tool.setuptools]
+            packages = ["{module}"]
+            """
+        )
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(project),
+        ],
+        check=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def plugin_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("plugins")
+    good, bad = tmp / "site-good", tmp / "site-bad"
+    _install(tmp, "hf-toy-backend", "hf_toy", TOY_PLUGIN, good)
+    _install(
+        tmp,
+        "hf-broken-backend",
+        "hf_broken",
+        "raise ImportError('this backend is broken on purpose')\n",
+        bad,
+    )
+    return {"good": good, "bad": bad}
+
+
+@pytest.fixture
+def on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[callable]:
+    def add(path: Path) -> None:
+        monkeypatch.syspath_prepend(str(path))
+        plugins.reset()
+
+    yield add
+    plugins.reset()
+
+
+def _cli(path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(path), COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "hf_core.cli", "backends"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_installed_plugin_is_listed_by_the_cli(plugin_dirs: dict[str, Path]) -> None:
+    result = _cli(plugin_dirs["good"])
+    assert result.returncode == 0, result.stderr
+    assert "hf-toy-backend" in result.stdout
+    assert "0.3.1" in result.stdout
+    assert "toy-train" in result.stdout and "toy-rollout" in result.stdout
+    assert "REVERSED_DP" in result.stdout
+
+
+def test_plugin_failing_on_import_is_a_loud_error(plugin_dirs: dict[str, Path]) -> None:
+    result = _cli(plugin_dirs["bad"])
+    assert result.returncode == 2
+    message = " ".join(result.stderr.split())
+    assert "hf-broken-backend" in message
+    assert "hf_broken.plugin" in message
+    assert "broken on purpose" in message
+
+
+def test_registries_expose_plugin_engines(plugin_dirs: dict[str, Path], on_path) -> None:
+    on_path(plugin_dirs["good"])
+    factory = plugins.get_training_engine("toy-train")
+    assert factory(lr=1.0).config == {"lr": 1.0}
+    assert plugins.get_rollout_engine("toy-rollout") is factory
+    with pytest.raises(plugins.UnknownNameError, match="no training engine named 'nope'"):
+        plugins.get_training_engine("nope")
+
+
+def test_broken_plugin_raises_plugin_load_error(plugin_dirs: dict[str, Path], on_path) -> None:
+    on_path(plugin_dirs["bad"])
+    with pytest.raises(plugins.PluginLoadError, match="hf-broken-backend"):
+        plugins.registry()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_plugin_protocol_dispatches_through_a_group(plugin_dirs: dict[str, Path], on_path) -> None:
+    import torch
+    from workers_for_tests import ReversedWorker
+
+    from hf_core.batch import Batch
+    from hf_core.runtime import ResourcePool, spawn
+
+    on_path(plugin_dirs["good"])
+    pool = ResourcePool([2], name="plugin_proto")
+    group = spawn(pool, {"rev": ReversedWorker}, dist_backend=None)["rev"]
+    try:
+        out = group.who_got(Batch({"x": torch.arange(4)}))
+        assert out["x"].tolist() == [2, 3, 0, 1]  # rank 0 got the second chunk
+        assert out["rank"].tolist() == [0, 0, 1, 1]
+    finally:
+        group.shutdown()
+        pool.release()

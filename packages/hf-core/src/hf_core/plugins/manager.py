@@ -132,17 +132,21 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
         CORE_PLUGIN, "hf-core", core.version if core else "?", "hf_core.plugins.builtin"
     )
     _load_entry_points(pm, registry)
-    tables: list[tuple[str, dict[str, Provided], str, str]] = [
-        ("register_training_engines", registry.training_engines, "training engine", "training"),
-        ("register_rollout_engines", registry.rollout_engines, "rollout engine", "rollout"),
-        ("register_protocols", registry.protocols, "protocol", "protocols"),
+    hooks = [
+        ("register_training_engines", registry.training_engines, "training engine"),
+        ("register_rollout_engines", registry.rollout_engines, "rollout engine"),
+        ("register_protocols", registry.protocols, "protocol"),
     ]
-    for hook_name, table, kind, attr in tables:
+    for hook_name, table, kind in hooks:
         for plugin, names in _collect(pm, hook_name, table, kind).items():
             info = registry.backends.get(plugin)
             if info is not None:
-                target = {"training": info.training_engines, "rollout": info.rollout_engines}
-                target.get(attr, info.protocols).extend(names)
+                listing = {
+                    "training engine": info.training_engines,
+                    "rollout engine": info.rollout_engines,
+                    "protocol": info.protocols,
+                }[kind]
+                listing.extend(names)
     return pm, registry
 
 

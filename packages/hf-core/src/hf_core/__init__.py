@@ -1,11 +1,25 @@
 """HybridFlow core: the protocol package every backend builds on.
 
 Layers (imports only point down):
-ground (batch, resharding) -> protocols, engines (interfaces) -> worker -> runtime (Ray),
-plugins -> role workers -> trainer -> CLI.  hf-core never imports a backend.
+ground (batch, resharding) -> protocols, engines (interfaces), algorithms, mapping -> worker ->
+runtime (Ray), plugins -> role workers -> trainer -> CLI.  hf-core never imports a backend.
 """
 
-from hf_core.batch import Batch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hf_core.batch import Batch
 
 __all__ = ["Batch"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that torch-free parts (e.g. the auto-mapping planner) import without torch.
+    if name == "Batch":
+        from hf_core.batch import Batch
+
+        return Batch
+    raise AttributeError(f"module 'hf_core' has no attribute {name!r}")

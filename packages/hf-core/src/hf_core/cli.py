@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from hf_core.mapping.cli import add_plan_command
 from hf_core.plugins import PluginLoadError, list_backends
 
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "backends", help="list installed backends, their versions and the engines they provide"
     )
     backends.set_defaults(handler=_backends)
+    add_plan_command(commands)
     return parser
 
 

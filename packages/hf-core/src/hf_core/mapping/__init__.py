@@ -1,0 +1,79 @@
+"""Auto-mapping (HybridFlow §6, Algorithms 1 and 2): place, allocate and parallelise models.
+
+Pure Python over an analytical cost model -- no torch, no Ray, no devices -- so a plan can be
+computed anywhere, printed by ``hybridflow plan`` and handed to a runner as plain data.
+
+>>> from hf_core.mapping import make_cluster, plan
+>>> best = plan("ppo", {r: "llama2-7b" for r in ("actor", "critic", "reference", "reward")},
+...             {}, make_cluster(nodes=2, devices_per_node=8))[0]  # doctest: +SKIP
+"""
+
+from hf_core.mapping.autoparallel import Candidate, RoleModel, auto_parallel
+from hf_core.mapping.dataflow import (
+    DATAFLOWS,
+    GRPO,
+    PPO,
+    REMAX,
+    SAFE_RLHF,
+    Dataflow,
+    Op,
+    get_dataflow,
+)
+from hf_core.mapping.devices import (
+    PROFILES,
+    Cluster,
+    DeviceProfile,
+    calibrate,
+    device_profile,
+    make_cluster,
+)
+from hf_core.mapping.models import PRESETS, ModelSpec, from_hf_config, load_model, preset
+from hf_core.mapping.placement import allocations, allowed_sizes, bell, set_partitions
+from hf_core.mapping.plan import ModelPlan, Plan, PoolPlan, plan_to_placement
+from hf_core.mapping.recipe import PlanRecipe, load_recipe
+from hf_core.mapping.render import plan_table, summary_table, to_text
+from hf_core.mapping.score import aggregate
+from hf_core.mapping.search import Planner, plan
+from hf_core.mapping.workload import Workload
+
+__all__ = [
+    "DATAFLOWS",
+    "GRPO",
+    "PPO",
+    "PRESETS",
+    "PROFILES",
+    "REMAX",
+    "SAFE_RLHF",
+    "Candidate",
+    "Cluster",
+    "Dataflow",
+    "DeviceProfile",
+    "ModelPlan",
+    "ModelSpec",
+    "Op",
+    "Plan",
+    "PlanRecipe",
+    "Planner",
+    "PoolPlan",
+    "RoleModel",
+    "Workload",
+    "aggregate",
+    "allocations",
+    "allowed_sizes",
+    "auto_parallel",
+    "bell",
+    "calibrate",
+    "device_profile",
+    "from_hf_config",
+    "get_dataflow",
+    "load_model",
+    "load_recipe",
+    "make_cluster",
+    "plan",
+    "plan_table",
+    "plan_to_placement",
+    "preset",
+    "set_partitions",
+    "summary_table",
+    "to_text",
+]

@@ -1,0 +1,131 @@
+"""RL algorithms as pure tensor functions, each registered by name.
+
+Per-token tensors are [B, T] over response tokens with a ``response_mask`` [B, T]; scores are
+per sequence [B]; GRPO/RLOO groups are consecutive samples (``Batch.repeat_interleave``) named by
+a group size or a per-sample group id.  Nothing here touches Ray, a worker or a backend: the
+driver calls these on gathered tensors, workers call the losses inside their train step.
+
+Importing this package registers the built-ins (its only side effect):
+
+* advantage estimators — ``gae``, ``grpo``, ``dr_grpo``, ``rloo``, ``remax``,
+  ``reinforce_plus_plus`` (``reinforce++``), ``reinforce_plus_plus_baseline``
+  (``reinforce++_baseline``);
+* policy losses — ``ppo_clip`` (``vanilla``), ``dual_clip``;
+* KL estimators — ``k1`` (``kl``), ``k2`` (``mse``), ``k3`` (``low_var_kl``), ``abs``;
+* aggregation modes — ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
+  ``seq-mean-token-sum-norm``, ``group-mean-token-mean``.
+"""
+
+from hf_core.algorithms.advantages import (
+    broadcast_to_tokens,
+    compute_advantage,
+    dr_grpo_advantage,
+    gae_advantage,
+    group_normalized_scores,
+    grpo_advantage,
+    leave_one_out_scores,
+    reinforce_plus_plus_advantage,
+    reinforce_plus_plus_baseline_advantage,
+    remax_advantage,
+    rloo_advantage,
+    sequence_scores,
+)
+from hf_core.algorithms.aggregation import aggregate_loss
+from hf_core.algorithms.groups import group_ids
+from hf_core.algorithms.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    apply_kl_penalty,
+    kl_abs,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_penalty,
+    last_valid_index,
+    make_kl_controller,
+    token_level_rewards,
+)
+from hf_core.algorithms.losses import (
+    PolicyLossConfig,
+    dual_clip_ppo_loss,
+    entropy_bonus,
+    entropy_from_logits,
+    kl_loss,
+    ppo_clip_loss,
+    value_loss,
+)
+from hf_core.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from hf_core.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    Registry,
+    UnknownAlgorithmError,
+    advantage_estimator,
+    aggregation_mode,
+    get_advantage_estimator,
+    get_aggregation_mode,
+    get_kl_estimator,
+    get_policy_loss,
+    kl_estimator,
+    policy_loss,
+)
+from hf_core.algorithms.safe_rlhf import LagrangeMultiplier, safe_rlhf_advantage
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATION_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "KLController",
+    "LagrangeMultiplier",
+    "PolicyLossConfig",
+    "Registry",
+    "UnknownAlgorithmError",
+    "advantage_estimator",
+    "aggregate_loss",
+    "aggregation_mode",
+    "apply_kl_penalty",
+    "broadcast_to_tokens",
+    "compute_advantage",
+    "dr_grpo_advantage",
+    "dual_clip_ppo_loss",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "gae_advantage",
+    "get_advantage_estimator",
+    "get_aggregation_mode",
+    "get_kl_estimator",
+    "get_policy_loss",
+    "group_ids",
+    "group_normalized_scores",
+    "grpo_advantage",
+    "kl_abs",
+    "kl_estimator",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_loss",
+    "kl_penalty",
+    "last_valid_index",
+    "leave_one_out_scores",
+    "make_kl_controller",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "policy_loss",
+    "ppo_clip_loss",
+    "reinforce_plus_plus_advantage",
+    "reinforce_plus_plus_baseline_advantage",
+    "remax_advantage",
+    "rloo_advantage",
+    "safe_rlhf_advantage",
+    "sequence_scores",
+    "token_level_rewards",
+    "value_loss",
+]

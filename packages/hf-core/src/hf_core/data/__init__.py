@@ -1,0 +1,27 @@
+"""Prompt datasets: local JSONL / JSON / Parquet files -> tokenised, left-padded batches.
+
+    dataset = PromptDataset.from_files("train.jsonl", tokenizer, max_prompt_length=256)
+    loader = PromptLoader(dataset, batch_size=32, shuffle=True, seed=0, num_epochs=None)
+    for batch in loader:          # Batch: input_ids, attention_mask, position_ids,
+        ...                       #        raw_prompt, ground_truth, sample_index, extras
+    checkpoint["data"] = loader.state_dict()      # later: loader.load_state_dict(...)
+
+    val = PromptLoader.for_validation(PromptDataset.from_files("val.jsonl", tokenizer), 64)
+
+Imports torch, numpy and :mod:`hf_core.batch` only (pyarrow lazily, for Parquet).
+"""
+
+from hf_core.data.dataset import RESERVED_KEYS, PromptDataset, PromptItem
+from hf_core.data.io import DataError, RecordLocation, read_records, write_jsonl
+from hf_core.data.loader import PromptLoader
+
+__all__ = [
+    "RESERVED_KEYS",
+    "DataError",
+    "PromptDataset",
+    "PromptItem",
+    "PromptLoader",
+    "RecordLocation",
+    "read_records",
+    "write_jsonl",
+]

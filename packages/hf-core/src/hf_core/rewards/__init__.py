@@ -1,0 +1,42 @@
+"""Rule-based rewards: a registry of batched reward functions and a batch scorer.
+
+    reward = RuleReward("digits_reverse", tokenizer)     # or "my_pkg.rewards:score"
+    scores = reward(batch)                               # float32 [B]
+
+Reward function signature (see :mod:`hf_core.rewards.registry`)::
+
+    fn(responses: list[str], ground_truths: list[Any], extras: dict[str, list]) -> list[float]
+
+Built-ins (registered when this package is imported): ``digits_reverse`` and ``digits_sort``
+(partial credit, exact rule in :mod:`hf_core.rewards.builtin`) and ``exact_match``.
+"""
+
+from hf_core.rewards import builtin as _builtin  # noqa: F401  (registers the built-ins)
+from hf_core.rewards.builtin import LENGTH_TOLERANCE, digit_partial_credit
+from hf_core.rewards.registry import (
+    BatchedRewardFn,
+    PerSampleRewardFn,
+    RewardFunction,
+    UnknownRewardFunctionError,
+    get_reward_function,
+    reward_function,
+    reward_function_names,
+)
+from hf_core.rewards.scorer import RewardFunctionError, RuleReward
+from hf_core.rewards.tasks import make_digit_task, write_digit_task
+
+__all__ = [
+    "LENGTH_TOLERANCE",
+    "BatchedRewardFn",
+    "PerSampleRewardFn",
+    "RewardFunction",
+    "RewardFunctionError",
+    "RuleReward",
+    "UnknownRewardFunctionError",
+    "digit_partial_credit",
+    "get_reward_function",
+    "make_digit_task",
+    "reward_function",
+    "reward_function_names",
+    "write_digit_task",
+]

@@ -1,0 +1,170 @@
+"""Rule-based reward functions, referenced by registered name or by import path.
+
+The batched signature every reward function has (after registration)::
+
+    fn(responses: list[str], ground_truths: list[Any], extras: dict[str, list]) -> list[float]
+
+``responses[i]`` is the decoded response of sample ``i`` (special tokens skipped),
+``ground_truths[i]`` its reference answer (``None`` when the dataset has none) and
+``extras[key][i]`` every other per-sample value the batch carries (``raw_prompt``,
+``sample_index`` and the dataset's extra fields).  It returns one finite float per sample.
+
+Register with the decorator; ``batched=False`` registers a per-sample function
+``fn(response, ground_truth, extra: dict) -> float`` (the decorator returns it unchanged and
+registers a batched adapter)::
+
+    @reward_function("digits_reverse")
+    def digits_reverse(responses, ground_truths, extras): ...
+
+    @reward_function("contains_answer", batched=False)
+    def contains_answer(response, ground_truth, extra): ...
+
+A config names a function as ``"digits_reverse"`` (the registry) or ``"my_pkg.rewards:score"``
+(imported; a function decorated there with ``batched=False`` keeps its adapter).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BatchedRewardFn = Callable[[list[str], list[Any], dict[str, list[Any]]], Sequence[float]]
+PerSampleRewardFn = Callable[[str, Any, dict[str, Any]], float]
+
+_ATTR = "__hf_reward_function__"
+
+
+class UnknownRewardFunctionError(KeyError):
+    """A reward function name or import path did not resolve (the message says why)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    """A resolved reward function: its name and its batched callable."""
+
+    name: str
+    fn: BatchedRewardFn
+    batched: bool = True
+
+    def __call__(
+        self, responses: list[str], ground_truths: list[Any], extras: dict[str, list[Any]]
+    ) -> Sequence[float]:
+        return self.fn(responses, ground_truths, extras)
+
+
+def _per_sample_adapter(fn: PerSampleRewardFn) -> BatchedRewardFn:
+    def batched(
+        responses: list[str], ground_truths: list[Any], extras: dict[str, list[Any]]
+    ) -> list[float]:
+        return [
+            fn(response, truth, {k: v[i] for k, v in extras.items()})
+            for i, (response, truth) in enumerate(zip(responses, ground_truths, strict=True))
+        ]
+
+    batched.__name__ = getattr(fn, "__name__", "reward")
+    batched.__qualname__ = getattr(fn, "__qualname__", batched.__name__)
+    batched.__module__ = getattr(fn, "__module__", batched.__module__)
+    return batched
+
+
+_REGISTRY: dict[str, RewardFunction] = {}
+
+
+def reward_function(
+    name: str | None = None, *, batched: bool = True, override: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a reward function under ``name`` (default: the function's name).
+
+    Registering a taken name is an error unless ``override=True`` (or it is the same function
+    re-registered, as happens when its module is reloaded).
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        key = name or fn.__name__
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"reward function names must be non-empty strings, got {key!r}")
+        entry = RewardFunction(key, fn if batched else _per_sample_adapter(fn), batched)
+        existing = _REGISTRY.get(key)
+        same = existing is not None and _qualified(existing.fn) == _qualified(entry.fn)
+        if existing is not None and not override and not same:
+            raise ValueError(
+                f"reward function {key!r} is already registered (by {_qualified(existing.fn)}); "
+                "pass override=True to replace it"
+            )
+        _REGISTRY[key] = entry
+        setattr(fn, _ATTR, entry)
+        return fn
+
+    return decorator
+
+
+def _qualified(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def reward_function_names() -> list[str]:
+    """Every registered reward function name, sorted."""
+    return sorted(_REGISTRY)
+
+
+def _import_path(spec: str) -> RewardFunction:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UnknownRewardFunctionError(
+            f"reward function import path {spec!r} must look like 'package.module:function'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UnknownRewardFunctionError(
+            f"reward function {spec!r}: cannot import module {module_name!r}: {e}"
+        ) from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UnknownRewardFunctionError(
+                f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UnknownRewardFunctionError(
+            f"reward function {spec!r} is a {type(obj).__name__}, not a callable"
+        )
+    registered = getattr(obj, _ATTR, None)
+    if isinstance(registered, RewardFunction):
+        return RewardFunction(spec, registered.fn, registered.batched)
+    if isinstance(obj, RewardFunction):
+        return obj
+    return RewardFunction(spec, obj)
+
+
+def get_reward_function(spec: str | Callable[..., Any] | RewardFunction) -> RewardFunction:
+    """Resolve a registered name, a ``"module:function"`` path or a callable (taken as batched)."""
+    if isinstance(spec, RewardFunction):
+        return spec
+    if callable(spec):
+        registered = getattr(spec, _ATTR, None)
+        if isinstance(registered, RewardFunction):
+            return registered
+        return RewardFunction(getattr(spec, "__qualname__", repr(spec)), spec)
+    if not isinstance(spec, str):
+        raise TypeError(f"a reward function is a name, an import path or a callable, got {spec!r}")
+    if ":" in spec:
+        return _import_path(spec)
+    if spec in _REGISTRY:
+        return _REGISTRY[spec]
+    available = reward_function_names()
+    message = (
+        f"unknown reward function {spec!r}; registered: {', '.join(available) or '(none)'}; "
+        "or give an import path 'package.module:function'"
+    )
+    close = difflib.get_close_matches(spec, available, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    raise UnknownRewardFunctionError(message)

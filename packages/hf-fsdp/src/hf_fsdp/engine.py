@@ -1,0 +1,360 @@
+"""The FSDP2 training engine: one class for actor, critic, reference, reward and cost models.
+
+``head`` picks the model (causal LM, per-token value, per-sequence score); ``trainable=False``
+makes a frozen model without optimiser.  All methods are SPMD: every rank of the group calls
+them together (they run collectives), each with its own slice of the batch.
+
+Loss scaling contract (see :meth:`FSDPEngine.train_step`): FSDP *averages* gradients over
+the ``dp_size`` ranks, and micro-batch gradients are *summed*.  Each micro-batch's ``meta``
+carries the counts a loss needs to scale itself so that the averaged gradient equals the
+gradient of the loss over the global batch, e.g. a sample mean over the global batch is
+``per_sample.sum() * dp_size / global_batch_size`` and a token mean is
+``(per_token * mask).sum() * dp_size / global_response_tokens``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from hf_core.batch import Batch
+from hf_core.engines import LossFn, NamedTensor, TrainingEngine, iter_buckets
+from hf_fsdp import checkpoint, heads
+from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
+from hf_fsdp.distributed import (
+    all_gather_objects,
+    all_reduce_int,
+    data_parallel_mesh,
+    ensure_process_group,
+    resolve_device,
+)
+from hf_fsdp.export import FSDPWeightMapping, canonical_name, save_hf_folder, stream_canonical
+from hf_fsdp.loading import (
+    build_empty_model,
+    check_model_folder,
+    load_hf_config,
+    materialize_and_load,
+    shard_model,
+)
+from hf_fsdp.offload import move_model, move_optimizer, synchronize
+from hf_fsdp.optim import build_optimizer, build_scheduler, clip_grad_norm
+
+if TYPE_CHECKING:
+    from hf_core.resharding import RankPlan
+
+log = logging.getLogger(__name__)
+
+
+class FSDPEngine(TrainingEngine):
+    """A HuggingFace model sharded with FSDP2 over all ranks of the default process group."""
+
+    def __init__(self, config: FSDPEngineConfig | dict[str, Any]) -> None:
+        self.config = cfg = parse_config(FSDPEngineConfig, config)
+        self.folder = check_model_folder(cfg.model_path)
+        self.device = resolve_device(cfg.device)
+        ensure_process_group(self.device)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(cfg.seed)
+        self.mesh = data_parallel_mesh(self.device)
+
+        self.hf_config = load_hf_config(cfg, self.folder)
+        model = build_empty_model(cfg, self.hf_config)
+        self.architecture = type(model).__name__  # fully_shard swaps in an FSDP subclass
+        names = {native: canonical_name(native) for native, _ in model.named_parameters()}
+        host_shards = cfg.cpu_offload and self.device.type == "cuda"
+        shard_model(model, self.mesh, cfg, self.device)
+        self.load_report = materialize_and_load(
+            model,
+            self.folder,
+            cfg.head,
+            self.device,
+            cfg.seed,
+            names,
+            shard_device=torch.device("cpu") if host_shards else None,
+        )
+        self.model = model
+        self.mapping = FSDPWeightMapping(model)
+        self.param_shapes = {
+            self.mapping.to_hf[n]: list(p.shape) for n, p in model.named_parameters()
+        }
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        if cfg.trainable:
+            self.optimizer = build_optimizer(model.parameters(), cfg)
+            self.scheduler = build_scheduler(self.optimizer, cfg)
+        else:
+            model.requires_grad_(False)
+        self.step = 0
+        self._collective_device = (
+            self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        )
+        self._offloaded = False
+        self._said_cpu_offload = False
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(shape) for shape in self.param_shapes.values())
+
+    def _require(self, head: str, what: str) -> None:
+        if self.config.head != head:
+            raise NotImplementedError(
+                f"{what} needs head={head!r}; this engine was built with head={self.config.head!r}"
+            )
+
+    def _require_onloaded(self, what: str) -> None:
+        if self._offloaded:
+            raise RuntimeError(f"{what}: the engine is offloaded; call onload() first")
+
+    def _reshard(self) -> None:
+        """Put the sharded parameters back after a forward-only pass (the root keeps its
+        gathered parameters after forward, waiting for a backward that will not come)."""
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+    def _micro_batches(self, batch: Batch) -> tuple[list[Batch], int]:
+        """This rank's micro-batches and the largest count on any rank.
+
+        Ranks with fewer micro-batches run extra forward passes on a copy of their first
+        one and drop the result: FSDP's collectives need every rank in every pass.
+        """
+        micro = batch.split(self.config.micro_batch_size) if len(batch) else []
+        count = all_reduce_int(len(micro), dist.ReduceOp.MAX)
+        if count and not micro:
+            raise ValueError(
+                f"rank {self.rank} got an empty batch while other ranks have data; "
+                "split batches evenly over the data-parallel ranks"
+            )
+        return micro, count
+
+    @torch.no_grad()
+    def _forward_only(self, batch: Batch, keys: tuple[str, ...], **kwargs: Any) -> Batch:
+        self.model.eval()
+        micro, count = self._micro_batches(batch)
+        outputs: list[dict[str, torch.Tensor]] = []
+        for i in range(count):
+            out = heads.forward(
+                self.config.head, self.model, micro[min(i, len(micro) - 1)], self.device, **kwargs
+            )
+            if i < len(micro):
+                outputs.append({k: out[k].detach().cpu() for k in keys})
+        self._reshard()
+        if not outputs:
+            return Batch(batch_size=0)
+        return Batch({k: torch.cat([o[k] for o in outputs]) for k in keys})
+
+    # ---------------------------------------------------------------- forwards
+    def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
+        """``log_probs`` and ``entropy`` of ``responses``, shape ``[B, response_len]``."""
+        self._require("lm", "compute_log_probs")
+        self._require_onloaded("compute_log_probs")
+        return self._forward_only(batch, ("log_probs", "entropy"), temperature=temperature)
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values`` per response token, shape ``[B, response_len]``."""
+        self._require("value", "compute_values")
+        self._require_onloaded("compute_values")
+        return self._forward_only(batch, ("values",))
+
+    def compute_scores(self, batch: Batch) -> Batch:
+        """``scores`` per sequence, shape ``[B]``."""
+        self._require("score", "compute_scores")
+        self._require_onloaded("compute_scores")
+        return self._forward_only(batch, ("scores",))
+
+    # -------------------------------------------------------------- train step
+    def _loss_meta(self, batch: Batch, num_micro: int) -> dict[str, Any]:
+        tokens = int(batch["response_mask"].sum()) if "response_mask" in batch else 0
+        totals = torch.tensor([len(batch), tokens], device=self._collective_device)
+        dist.all_reduce(totals)
+        return {
+            "dp_size": self.world_size,
+            "dp_rank": self.rank,
+            "global_batch_size": int(totals[0]),
+            "mini_batch_size": len(batch),
+            "num_micro_batches": num_micro,
+            "global_response_tokens": int(totals[1]),
+            "local_response_tokens": tokens,
+        }
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimiser step over this rank's ``batch``, in micro-batches.
+
+        ``loss_fn(outputs, micro_batch)`` gets the head's outputs (with autograd) and returns
+        the loss to back-propagate, already scaled as described in the module docstring
+        using ``micro_batch.meta``: ``dp_size``, ``global_batch_size``, ``mini_batch_size``
+        (this rank), ``num_micro_batches``, ``micro_batch_size``, ``global_response_tokens``
+        and ``local_response_tokens`` (sums of ``response_mask`` when the batch has one).
+        The actor's log-probs use ``batch.meta["temperature"]`` (default 1.0).
+
+        Returns the loss function's metrics and ``loss``, averaged over micro-batches and
+        ranks, plus ``grad_norm`` (before clipping, global), ``lr`` (used by this step),
+        ``step`` and ``update_skipped`` (1.0 when the gradient norm was not finite).
+        """
+        if self.optimizer is None:
+            raise RuntimeError(
+                "train_step on a frozen engine (trainable=False: reference / reward model)"
+            )
+        self._require_onloaded("train_step")
+        micro, count = self._micro_batches(batch)
+        meta = self._loss_meta(batch, len(micro))
+        temperature = float(batch.meta.get("temperature", 1.0))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        loss_total = 0.0
+        for i in range(count):
+            real = i < len(micro)
+            mb = micro[i] if real else micro[0]
+            mb.meta.update(meta, micro_batch_index=i, micro_batch_size=len(mb))
+            outputs = heads.forward(self.config.head, self.model, mb, self.device, temperature)
+            loss, metrics = loss_fn(outputs, mb)
+            if not real:
+                loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing
+            loss.backward()
+            if real:
+                loss_total += float(loss.detach())
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+        grad_norm = clip_grad_norm(
+            self.model.parameters(), self.config.grad_clip, self._collective_device
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            log.warning("step %d: gradient norm %s, update skipped", self.step, grad_norm)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        local = {k: v / max(1, len(micro)) for k, v in sums.items()}
+        local["loss"] = loss_total
+        gathered = all_gather_objects(local)
+        metrics_out = {k: sum(g.get(k, 0.0) for g in gathered) / len(gathered) for k in local}
+        metrics_out.update(
+            grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
+        )
+        return metrics_out
+
+    # ------------------------------------------------------------ weight export
+    def export_weights(
+        self, bucket_bytes: int, plan: RankPlan | None = None
+    ) -> Iterator[list[NamedTensor]]:
+        """Full canonical tensors in buckets of ``bucket_bytes``; every rank must consume
+        the whole iterator (each tensor is an all-gather).
+
+        FSDP's training layout is pure data parallel (p = t = 1), so the only plan that fits
+        it is "every rank holds the whole model", the same as ``plan=None``.
+        """
+        if plan is not None and plan.num_units != 1:
+            raise NotImplementedError(
+                f"the FSDP engine's layout is pure DP (p=t=1); a reshard plan over "
+                f"{plan.num_units} units belongs to a TP/PP backend"
+            )
+        self._require_onloaded("export_weights")
+        self._reshard()
+        dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
+        stream = stream_canonical(self.model, self.mapping, device=self.device, dtype=dtype)
+        return iter_buckets(stream, bucket_bytes)
+
+    def export_hf(
+        self,
+        path: str | Path,
+        tokenizer: Any = None,
+        shard_bytes: int = 2 * 1024**3,
+    ) -> Path:
+        """Write the model as a HuggingFace folder (``from_pretrained`` loads it).
+
+        Every rank calls this; rank 0 writes.  ``tokenizer`` (a path or a tokenizer object;
+        default ``config.tokenizer_path``) is saved alongside.
+        """
+        self._require_onloaded("export_hf")
+        self._reshard()
+        hf_config = copy.deepcopy(self.hf_config)
+        hf_config.dtype = self.config.param_dtype
+        stream = stream_canonical(self.model, self.mapping, device=self.device)
+        return save_hf_folder(
+            stream,
+            path,
+            hf_config,
+            self.architecture,
+            shard_bytes=shard_bytes,
+            tokenizer=tokenizer if tokenizer is not None else self.config.tokenizer_path,
+            source_folder=self.folder,
+        )
+
+    # -------------------------------------------------------------- checkpoints
+    def _checkpoint_info(self) -> dict[str, Any]:
+        return {"head": self.config.head, "architecture": self.architecture}
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        self._require_onloaded("save_checkpoint")
+        self._reshard()
+        checkpoint.save(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            step=self.step,
+            param_shapes=self.param_shapes,
+            info=self._checkpoint_info(),
+        )
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        self._require_onloaded("load_checkpoint")
+        self._reshard()
+        self.step = checkpoint.load(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            param_shapes=self.param_shapes,
+            info=self._checkpoint_info(),
+        )
+
+    # ------------------------------------------------------------------ offload
+    def _cpu_only(self) -> bool:
+        if self.device.type != "cpu":
+            return False
+        if not self._said_cpu_offload:
+            log.info("offload/onload: the engine runs on the CPU, nothing to move")
+            self._said_cpu_offload = True
+        return True
+
+    def offload(self) -> None:
+        """Move parameters, gradients and optimiser state to host memory (GPU only)."""
+        if self._cpu_only() or self._offloaded:
+            return
+        cpu = torch.device("cpu")
+        self._reshard()
+        if self.config.offload_params and not self.config.cpu_offload:
+            move_model(self.model, cpu)
+        if self.config.offload_optimizer and self.optimizer is not None:
+            move_optimizer(self.optimizer, cpu)
+        synchronize(self.device)
+        self._offloaded = True
+
+    def onload(self) -> None:
+        """Undo :meth:`offload`."""
+        if self._cpu_only() or not self._offloaded:
+            return
+        if self.config.offload_params and not self.config.cpu_offload:
+            move_model(self.model, self.device)
+        if self.config.offload_optimizer and self.optimizer is not None:
+            move_optimizer(self.optimizer, self.device)
+        synchronize(self.device)
+        self._offloaded = False
+
+    @property
+    def offloaded(self) -> bool:
+        return self._offloaded

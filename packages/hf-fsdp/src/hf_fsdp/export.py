@@ -1,0 +1,185 @@
+"""FSDP <-> canonical weights: the name mapping, the streamed export, the HF folder writer.
+
+FSDP2 trains the HuggingFace module itself, so the mapping is nearly the identity: it strips
+wrapper path components (``torch.compile``'s ``_orig_mod``, FSDP1 / activation-checkpoint
+wrappers, DDP's leading ``module``) and follows HF's tied weights: with
+``tie_word_embeddings`` the model has one tensor for ``model.embed_tokens.weight`` and
+``lm_head.weight``; it is exported once, under the embedding's name, as ``save_pretrained``
+does.  A rollout engine loading a tied model updates both through that one tensor.
+
+The stream gathers one parameter at a time with ``DTensor.full_tensor()`` -- a collective:
+every rank must iterate the stream to the end, in the same order (``named_parameters()``
+order is the same on every rank).  Grouped with :func:`hf_core.engines.iter_buckets`, at most
+one bucket of full tensors is alive at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from hf_core.engines import NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+
+
+def canonical_name(native: str) -> str:
+    """The HF name of a (possibly wrapped) module parameter."""
+    parts = [p for p in native.split(".") if p not in WRAPPER_COMPONENTS]
+    if parts and parts[0] == "module":  # DistributedDataParallel
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+class FSDPWeightMapping(WeightMapping):
+    """Native (module) names <-> canonical HF names for one FSDP model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.to_hf: dict[str, str] = {}
+        self.tied: dict[str, str] = {}
+        """Canonical alias -> canonical name of the tensor it shares (e.g. lm_head -> embed)."""
+        first_of: dict[int, str] = {}
+        for native, param in model.named_parameters(remove_duplicate=False):
+            name = canonical_name(native)
+            if id(param) in first_of:
+                self.tied[name] = first_of[id(param)]
+                continue
+            first_of[id(param)] = name
+            self.to_hf[native] = name
+        self.from_hf = {hf: native for native, hf in self.to_hf.items()}
+
+    def to_canonical(self, native: Mapping[str, torch.Tensor]) -> Iterator[NamedTensor]:
+        for name, tensor in native.items():
+            if name in self.to_hf:
+                yield self.to_hf[name], full_tensor(tensor)
+
+    def from_canonical(self, canonical: Iterable[NamedTensor]) -> Iterator[NamedTensor]:
+        for name, tensor in canonical:
+            name = self.tied.get(name, name)
+            if name not in self.from_hf:
+                raise KeyError(f"{name!r} is not a parameter of this model")
+            yield self.from_hf[name], tensor
+
+
+def full_tensor(param: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """The whole tensor on every rank (a collective for DTensors); detached."""
+    if not isinstance(param, DTensor):
+        return param.detach()
+    local = param.to_local()
+    if device is not None and local.device != device:  # shard kept in host memory
+        param = DTensor.from_local(
+            local.to(device),
+            param.device_mesh,
+            param.placements,
+            shape=param.shape,
+            stride=param.stride(),
+        )
+    return param.full_tensor().detach()
+
+
+def persistent_buffers(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Buffers that are part of the state dict (rotary caches and the like are not)."""
+    for module_name, module in model.named_modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                yield (f"{module_name}.{name}" if module_name else name), buf
+
+
+@torch.no_grad()
+def stream_canonical(
+    model: nn.Module,
+    mapping: FSDPWeightMapping,
+    *,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> Iterator[NamedTensor]:
+    """Every canonical ``(name, full tensor)`` of the model, one parameter gathered at a time."""
+    for native, param in model.named_parameters():
+        tensor = full_tensor(param, device)
+        yield mapping.to_hf[native], tensor.to(dtype) if dtype is not None else tensor
+    for native, buf in persistent_buffers(model):
+        yield canonical_name(native), buf.detach().clone()
+
+
+def _write_shards(buckets: Iterable[list[NamedTensor]], folder: Path, write: bool) -> None:
+    """Write each bucket as one safetensors file (plus an index when there are several)."""
+    from safetensors.torch import save_file
+
+    files: list[tuple[Path, list[str]]] = []
+    total = 0
+    for i, bucket in enumerate(buckets):
+        if not write:
+            continue  # other ranks only take part in the gathers
+        path = folder / f"part-{i:05d}.safetensors"
+        save_file(
+            {name: t.detach().cpu().contiguous() for name, t in bucket}, path, {"format": "pt"}
+        )
+        files.append((path, [name for name, _ in bucket]))
+        total += sum(tensor_nbytes(t) for _, t in bucket)
+    if not write:
+        return
+    if len(files) == 1:
+        files[0][0].rename(folder / "model.safetensors")
+        return
+    weight_map: dict[str, str] = {}
+    for i, (path, names) in enumerate(files, start=1):
+        final = f"model-{i:05d}-of-{len(files):05d}.safetensors"
+        path.rename(folder / final)
+        weight_map.update(dict.fromkeys(names, final))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def save_hf_folder(
+    stream: Iterable[NamedTensor],
+    path: str | Path,
+    hf_config: PretrainedConfig,
+    architecture: str,
+    *,
+    shard_bytes: int,
+    tokenizer: Any = None,
+    source_folder: Path | None = None,
+) -> Path:
+    """Write a folder that ``from_pretrained`` loads; every rank calls, rank 0 writes.
+
+    The folder appears atomically: it is written next to ``path`` and renamed into place, so a
+    crash leaves either the previous folder or none, never a half-written one.
+    """
+    path = Path(path)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tmp = path.parent / f".{path.name}.tmp-export"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _write_shards(iter_buckets(stream, shard_bytes), tmp, write=rank == 0)
+    if rank == 0:
+        hf_config.architectures = [architecture]
+        hf_config.save_pretrained(tmp)
+        if source_folder is not None and (source_folder / "generation_config.json").is_file():
+            shutil.copy2(source_folder / "generation_config.json", tmp)
+        if tokenizer is not None:
+            if isinstance(tokenizer, (str, Path)):
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            tokenizer.save_pretrained(tmp)
+        old = path.parent / f".{path.name}.old-export"
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    if dist.is_initialized():
+        dist.barrier()
+    return path

@@ -1,0 +1,138 @@
+"""Forward passes per head kind, turning HF model outputs into the batch keys core expects.
+
+All per-token outputs cover the response tokens only, shape ``[B, response_len]``:
+
+* ``lm``: ``log_probs`` of each response token under ``softmax(logits / temperature)`` (raw
+  logits when ``temperature == 0``, the greedy convention of ``SamplingParams``) and the
+  ``entropy`` of that distribution; position ``t`` is predicted from the logits one step
+  earlier.
+* ``value``: ``values[:, t]`` is the value head at the position just before response token
+  ``t`` (the state in which the token was chosen), the usual PPO/GAE alignment.
+* ``score``: one ``scores`` value per sequence, read at its last non-pad token (the last 1 of
+  ``attention_mask``), so left-padded prompts and right-padded responses both work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from hf_core.batch import Batch
+from hf_fsdp.config import HeadKind
+
+OUTPUT_KEYS: dict[HeadKind, tuple[str, ...]] = {
+    "lm": ("log_probs", "entropy"),
+    "value": ("values",),
+    "score": ("scores",),
+}
+
+
+def position_ids_of(batch: Batch) -> torch.Tensor:
+    """The batch's ``position_ids``, or ones counted from each row's first real token."""
+    if "position_ids" in batch:
+        return batch["position_ids"]
+    mask = batch["attention_mask"].long()
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _model_inputs(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": batch["input_ids"].to(device),
+        "attention_mask": batch["attention_mask"].to(device),
+        "position_ids": position_ids_of(batch).to(device),
+    }
+
+
+def response_length(batch: Batch) -> int:
+    if "responses" not in batch:
+        raise KeyError(
+            f"batch needs 'responses' for per-token outputs; it has {sorted(batch.keys())}"
+        )
+    return int(batch["responses"].shape[1])
+
+
+def token_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``tokens`` (and entropy) under ``softmax(logits / temperature)``."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    log_probs = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1) - log_z
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        entropy = log_z - (probs * logits).sum(-1)
+    return log_probs, entropy
+
+
+def lm_forward(
+    model: nn.Module, batch: Batch, device: torch.device, temperature: float, with_entropy: bool
+) -> dict[str, torch.Tensor]:
+    length = response_length(batch)
+    out = model(**_model_inputs(batch, device), use_cache=False, logits_to_keep=length + 1)
+    logits = out.logits[:, :-1, :]
+    log_probs, entropy = token_log_probs(
+        logits, batch["responses"].to(device), temperature, with_entropy
+    )
+    result = {"log_probs": log_probs}
+    if entropy is not None:
+        result["entropy"] = entropy
+    return result
+
+
+def value_forward(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    length = response_length(batch)
+    out = model(**_model_inputs(batch, device), use_cache=False)
+    values = out.logits.squeeze(-1).float()
+    return {"values": values[:, -length - 1 : -1]}
+
+
+@contextmanager
+def _capture_output(module: nn.Module) -> Iterator[list[torch.Tensor]]:
+    captured: list[torch.Tensor] = []
+    handle = module.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last 1 in each row of the mask."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (positions * attention_mask.long()).argmax(-1)
+
+
+def score_forward(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    inputs = _model_inputs(batch, device)
+    head = getattr(model, "score", None)
+    if head is None:
+        raise AttributeError(f"{type(model).__name__} has no 'score' head module")
+    # HF pools at the last token that is not pad_token_id; we pool at the attention mask
+    # instead (a pad id equal to eos would otherwise pick the wrong token).
+    with _capture_output(head) as captured:
+        model(**inputs, use_cache=False)
+    per_token = captured[-1].squeeze(-1).float()
+    index = last_token_index(inputs["attention_mask"])
+    return {"scores": per_token[torch.arange(per_token.shape[0], device=device), index]}
+
+
+def forward(
+    head: HeadKind,
+    model: nn.Module,
+    batch: Batch,
+    device: torch.device,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> dict[str, torch.Tensor]:
+    """The head kind's outputs for one micro-batch (with autograd if enabled)."""
+    if head == "lm":
+        return lm_forward(model, batch, device, temperature, with_entropy)
+    if head == "value":
+        return value_forward(model, batch, device)
+    return score_forward(model, batch, device)

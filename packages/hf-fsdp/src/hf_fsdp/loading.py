@@ -1,0 +1,356 @@
+"""Build a FSDP2-sharded HuggingFace model from a local folder without a full copy per rank.
+
+Strategy (chosen over "rank 0 loads, then broadcasts each tensor"): every rank
+
+1. builds the model with its parameters on the ``meta`` device (no memory; buffers such as the
+   rotary ``inv_freq`` are computed for real, they are tiny and not in the checkpoint),
+2. applies ``fully_shard`` to each decoder layer and to the root, which turns every parameter
+   into a dim-0-sharded DTensor whose local shard is still on ``meta``,
+3. allocates its local shards (``to_empty``), and
+4. reads *only its own rows* of each tensor from the memory-mapped safetensors files
+   (``safe_open(...).get_slice(name)[rows]``).
+
+So a rank holds its shard plus one tensor slice at a time, and loading needs no collective:
+no rank ever materialises the full model, and rank 0 is not a bottleneck.  Parameters the
+folder lacks are allowed only for a head the folder's model did not have (a critic or reward
+model started from a causal LM); they are initialised from ``seed`` identically on all ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import zlib
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from hf_fsdp.config import FSDPEngineConfig, HeadKind, to_dtype
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import PretrainedConfig
+
+log = logging.getLogger(__name__)
+
+HEAD_MODULES: dict[HeadKind, tuple[str, ...]] = {
+    "lm": (),
+    "value": ("score",),
+    "score": ("score",),
+}
+"""Top-level modules a head kind adds to the backbone; only these may be absent on disk."""
+
+
+class ModelLoadError(ValueError):
+    """The model folder exists but its weights do not fit the model asked for."""
+
+
+def check_model_folder(path: str | Path) -> Path:
+    """The folder as a Path, or a :class:`FileNotFoundError` saying what is missing."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise FileNotFoundError(f"model folder {folder} does not exist")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model path {folder} is not a folder (expected a HF model dir)")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model folder {folder} has no config.json (is it a HuggingFace model folder?)"
+        )
+    return folder
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file holding it (single-file or sharded with an index)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    single = folder / "model.safetensors"
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as handle:
+            return dict.fromkeys(handle.keys(), single)
+    raise FileNotFoundError(
+        f"model folder {folder} has no model.safetensors or model.safetensors.index.json "
+        f"(save the model with save_pretrained(..., safe_serialization=True))"
+    )
+
+
+class SafetensorsReader:
+    """Reads slices of named tensors from a folder's safetensors files (memory-mapped)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files = weight_files(folder)
+        self._stack = ExitStack()
+        self._handles: dict[Path, Any] = {}
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def _handle(self, name: str) -> Any:
+        from safetensors import safe_open
+
+        path = self.files[name]
+        if path not in self._handles:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} (listed in the weight index) is missing")
+            self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt"))
+        return self._handles[path]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        return self._handle(name).get_slice(name)[index]
+
+
+def load_hf_config(cfg: FSDPEngineConfig, folder: Path) -> PretrainedConfig:
+    """The folder's config, adjusted for the head kind and for RL (no dropout)."""
+    from transformers import AutoConfig
+
+    overrides: dict[str, Any] = {}
+    if cfg.head in ("value", "score"):
+        overrides["num_labels"] = 1
+    hf_config = AutoConfig.from_pretrained(folder, **overrides)
+    if cfg.disable_dropout:
+        for key in ("attention_dropout", "hidden_dropout", "classifier_dropout", "dropout"):
+            if hasattr(hf_config, key):
+                setattr(hf_config, key, 0.0)
+        hf_config.classifier_dropout = 0.0
+    if cfg.head == "score" and getattr(hf_config, "pad_token_id", None) is None:
+        # HF's sequence classifier refuses batches > 1 without one; we pool ourselves anyway.
+        hf_config.pad_token_id = getattr(hf_config, "eos_token_id", None) or 0
+    return hf_config
+
+
+def model_class(head: HeadKind) -> type:
+    """The transformers auto class for a head kind."""
+    import transformers
+
+    name = {
+        "lm": "AutoModelForCausalLM",
+        "value": "AutoModelForTokenClassification",
+        "score": "AutoModelForSequenceClassification",
+    }[head]
+    return getattr(transformers, name)
+
+
+def build_empty_model(cfg: FSDPEngineConfig, hf_config: PretrainedConfig) -> nn.Module:
+    """The model with parameters on ``meta`` and real buffers."""
+    from accelerate import init_empty_weights
+
+    kwargs: dict[str, Any] = {"dtype": cfg.torch_param_dtype}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    with init_empty_weights(include_buffers=False):
+        model = model_class(cfg.head).from_config(hf_config, **kwargs)
+    # init_empty_weights re-creates each parameter on meta, which unties shared ones.
+    model.tie_weights()
+    if cfg.disable_dropout:
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP wraps one by one: those HF marks as not to be split (decoder layers)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ModelLoadError(
+            f"{type(model).__name__} declares no _no_split_modules; cannot find its decoder "
+            "layers to shard one by one"
+        )
+    return layers
+
+
+def shard_model(
+    model: nn.Module, mesh: DeviceMesh, cfg: FSDPEngineConfig, device: torch.device
+) -> None:
+    """``fully_shard`` per decoder layer, then the root (embeddings, norm, head)."""
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    compute = cfg.mixed_precision
+    if compute == "auto":
+        compute = "bfloat16" if device.type == "cuda" else "none"
+    mp = MixedPrecisionPolicy()
+    if compute != "none":
+        mp = MixedPrecisionPolicy(param_dtype=to_dtype(compute), reduce_dtype=torch.float32)
+    offload: OffloadPolicy = OffloadPolicy()
+    if cfg.cpu_offload:
+        if device.type == "cuda":
+            offload = CPUOffloadPolicy(pin_memory=True)
+        else:
+            log.info("cpu_offload ignored: the model already lives in CPU memory")
+    for layer in decoder_layers(model):
+        fully_shard(
+            layer,
+            mesh=mesh,
+            reshard_after_forward=cfg.reshard_after_forward,
+            mp_policy=mp,
+            offload_policy=offload,
+        )
+    # The root stays gathered between forward and backward (it is needed first in backward);
+    # forward-only passes reshard it explicitly (see engine).
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
+
+
+def local_index(param: torch.Tensor) -> tuple[slice, ...]:
+    """The slice of the full tensor that this rank's shard of ``param`` holds."""
+    shape = list(param.shape)
+    offsets = [0] * len(shape)
+    if isinstance(param, DTensor):
+        mesh = param.device_mesh
+        for mesh_dim, placement in enumerate(param.placements):
+            if placement.is_shard():
+                dim = placement.dim  # type: ignore[attr-defined]
+                parts, rank = mesh.size(mesh_dim), mesh.get_local_rank(mesh_dim)
+                chunk = math.ceil(shape[dim] / parts)  # torch.chunk semantics, as FSDP2 uses
+                start = min(rank * chunk, shape[dim])
+                offsets[dim] += start
+                shape[dim] = min(start + chunk, shape[dim]) - start
+        local = param.to_local()
+        if tuple(local.shape) != tuple(shape):
+            raise RuntimeError(
+                f"unexpected shard layout {param.placements}: local shape {tuple(local.shape)}"
+                f" but computed {tuple(shape)}"
+            )
+    return tuple(slice(o, o + s) for o, s in zip(offsets, shape, strict=True))
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+@contextmanager
+def _keep_buffers(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """``to_empty`` wipes buffers too; put the (tiny, computed) buffers back afterwards, on
+    the compute device (FSDP manages parameters only, even when it keeps them on the host)."""
+    saved = {
+        (id(module), name): buf.detach().clone()
+        for module in model.modules()
+        for name, buf in module._buffers.items()
+        if buf is not None and not buf.is_meta
+    }
+    yield
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            key = (id(module), name)
+            if key in saved and buf is not None:
+                module._buffers[name] = saved[key].to(device)
+
+
+@dataclass
+class LoadReport:
+    """What loading did, for logs and tests."""
+
+    loaded: list[str] = field(default_factory=list)
+    initialized: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+
+
+def canonical_candidates(name: str, base_prefix: str) -> list[str]:
+    """Checkpoint names a parameter may be stored under (with or without the base prefix)."""
+    names = [name]
+    prefix = f"{base_prefix}." if base_prefix else ""
+    if prefix and name.startswith(prefix):
+        names.append(name[len(prefix) :])
+    elif prefix:
+        names.append(prefix + name)
+    return names
+
+
+def _init_head_tensor(name: str, shape: torch.Size, std: float, seed: int) -> torch.Tensor:
+    """A new head weight, the same on every rank (seeded by ``seed`` and the name)."""
+    if name.endswith("bias") or len(shape) < 2:
+        return torch.zeros(shape)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+
+@torch.no_grad()
+def materialize_and_load(
+    model: nn.Module,
+    folder: Path,
+    head: HeadKind,
+    device: torch.device,
+    seed: int,
+    param_names: dict[str, str],
+    shard_device: torch.device | None = None,
+) -> LoadReport:
+    """Allocate each rank's shards and fill them from the folder's safetensors files.
+
+    With FSDP2's CPU offload policy the shards must live in host memory: pass the CPU as
+    ``shard_device``; buffers still go to ``device``.
+    """
+    report = LoadReport()
+    base_prefix = getattr(model, "base_model_prefix", "")
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    head_modules = HEAD_MODULES[head]
+    with _keep_buffers(model, device):
+        model.to_empty(device=shard_device or device)
+    with SafetensorsReader(folder) as reader:
+        used: set[str] = set()
+        missing: list[str] = []
+        for native, param in model.named_parameters():
+            canonical = param_names[native]
+            index = local_index(param)
+            candidates = canonical_candidates(canonical, base_prefix)
+            key = next((k for k in candidates if k in reader), None)
+            if key is None:
+                if canonical.split(".")[0] in head_modules:
+                    full = _init_head_tensor(canonical, param.shape, std, seed)
+                    _local(param).copy_(full[index])
+                    report.initialized.append(canonical)
+                    continue
+                missing.append(canonical)
+                continue
+            on_disk = reader.shape(key)
+            if on_disk != tuple(param.shape):
+                raise ModelLoadError(
+                    f"{folder}: tensor {key!r} has shape {on_disk} on disk but the "
+                    f"{type(model).__name__} built from config.json expects {tuple(param.shape)}"
+                )
+            _local(param).copy_(reader.read(key, index))
+            used.add(key)
+            report.loaded.append(canonical)
+        if missing:
+            shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise ModelLoadError(
+                f"{folder}: {len(missing)} parameter(s) of {type(model).__name__} are not in the "
+                f"folder's safetensors files: {shown}"
+            )
+        report.unused = sorted(set(reader.files) - used)
+    if report.initialized:
+        log.warning(
+            "%s: new %s head weights initialised from seed %d: %s",
+            folder,
+            head,
+            seed,
+            report.initialized,
+        )
+    return report

@@ -1,0 +1,88 @@
+"""AdamW, the warm-up + decay learning-rate schedule, and global-norm gradient clipping."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from hf_fsdp.config import FSDPEngineConfig
+
+
+def build_optimizer(params: Iterable[nn.Parameter], cfg: FSDPEngineConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        [p for p in params if p.requires_grad],
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+    )
+
+
+def lr_factor(step: int, cfg: FSDPEngineConfig) -> float:
+    """Multiplier of ``cfg.lr`` for the optimiser step after ``step`` completed steps.
+
+    Warm-up is linear and reaches the full rate on step ``warmup_steps - 1`` (it never spends
+    a step at lr 0); decay then runs from the full rate to ``min_lr_ratio`` at ``total_steps``.
+    """
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant" or cfg.total_steps is None:
+        return 1.0
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.min_lr_ratio
+    if cfg.lr_schedule == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: FSDPEngineConfig) -> LambdaLR:
+    # A closure (not a callable object): LambdaLR then saves no schedule parameters in its
+    # state dict, so a resumed run follows its *current* config.
+    def factor(step: int) -> float:
+        return lr_factor(step, cfg)
+
+    schedule: Callable[[int], float] = factor
+    return LambdaLR(optimizer, schedule)
+
+
+def clip_grad_norm(
+    params: Iterable[nn.Parameter], max_norm: float | None, device: torch.device
+) -> float:
+    """Global L2 norm of the gradients over all ranks; clip to ``max_norm`` if given.
+
+    FSDP2 gradients are dim-0 shards (every element lives on exactly one rank), so the global
+    squared norm is the all-reduced sum of the local shards' squared norms.  Doing this on the
+    local tensors, rather than through DTensor ops, also works when FSDP's CPU offload keeps
+    the gradients in host memory while the process group is nccl-only.  Same formula as
+    ``torch.nn.utils.clip_grad_norm_``: scale by ``max_norm / (norm + 1e-6)`` when below 1.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    locals_: list[torch.Tensor] = []
+    for grad in grads:
+        if isinstance(grad, DTensor):
+            if not all(p.is_shard() for p in grad.placements):
+                raise NotImplementedError(f"gradient placements {grad.placements} (not FSDP)")
+            local = grad.to_local()
+            squares += local.float().pow(2).sum().to(device)
+        else:  # replicated on every rank: count it once overall
+            local = grad
+            squares += local.float().pow(2).sum().to(device) / world
+        locals_.append(local)
+    if dist.is_initialized():
+        dist.all_reduce(squares)
+    total = float(squares.sqrt())
+    if max_norm is not None and math.isfinite(total):
+        coef = max_norm / (total + 1e-6)
+        if coef < 1.0:
+            for local in locals_:
+                local.mul_(coef)
+    return total

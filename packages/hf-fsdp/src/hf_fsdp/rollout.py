@@ -1,0 +1,211 @@
+"""The HF-transformers rollout engine: batched sampling with a KV cache, weights synced in place.
+
+It needs nothing beyond transformers, so it is the rollout backend that always works (and the
+reference other backends are checked against).  Each rank holds a whole, unsharded copy of the
+model and decodes its own prompts (generation DP = training DP).
+
+Decoding is a small loop over the model's forward with a ``DynamicCache`` rather than
+``model.generate``: it samples with its own ``torch.Generator`` (so rollouts do not disturb
+the training RNG), and it returns the log-prob of every sampled token under
+``softmax(logits / temperature)`` (raw logits when greedy), the quantity the training engine
+recomputes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hf_core.batch import Batch
+from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams
+from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
+from hf_fsdp.distributed import resolve_device
+from hf_fsdp.export import persistent_buffers
+from hf_fsdp.loading import check_model_folder
+from hf_fsdp.sampling import select_tokens
+
+log = logging.getLogger(__name__)
+
+PROMPT_KEYS = ("input_ids", "attention_mask")
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+@torch.no_grad()
+def _own_storage(model: torch.nn.Module) -> None:
+    """Copy CPU tensors that still alias the memory-mapped safetensors file into private memory.
+
+    Otherwise the first weight sync pages the whole model in (a surprise RSS step), and a
+    model file rewritten in place later would corrupt (or SIGBUS) the live engine.
+    """
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type == "cpu":
+            tensor.data = tensor.data.clone()
+
+
+class HFRolloutEngine(RolloutEngine):
+    """A ``AutoModelForCausalLM`` per rank, decoding left-padded prompts in batches."""
+
+    def __init__(self, config: HFRolloutConfig | dict[str, Any]) -> None:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.config = cfg = parse_config(HFRolloutConfig, config)
+        folder = check_model_folder(cfg.model_path)
+        self.device = resolve_device(cfg.device)
+        kwargs: dict[str, Any] = {"dtype": to_dtype(cfg.dtype)}
+        if cfg.attn_implementation:
+            kwargs["attn_implementation"] = cfg.attn_implementation
+        self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device)
+        self.model.eval().requires_grad_(False)
+        _own_storage(self.model)
+        self._targets: dict[str, torch.Tensor] = dict(
+            self.model.named_parameters(remove_duplicate=False)
+        )
+        self._targets.update(persistent_buffers(self.model))
+
+        try:
+            gen_config = GenerationConfig.from_pretrained(folder)
+        except OSError:
+            gen_config = GenerationConfig.from_model_config(self.model.config)
+        self.eos_token_ids = _as_list(gen_config.eos_token_id) or _as_list(
+            self.model.config.eos_token_id
+        )
+        pad = gen_config.pad_token_id
+        if pad is None:
+            pad = self.model.config.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or [0])[0])
+        self._generator = torch.Generator(self.device).manual_seed(cfg.seed)
+        self.weight_version = 0
+        self._tensors_this_sync = 0
+        self._released = False
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def load_weights(self, bucket: Iterable[NamedTensor]) -> None:
+        """Copy canonical tensors into the model's parameters in place (any subset)."""
+        for name, tensor in bucket:
+            target = self._targets.get(name)
+            if target is None:
+                raise KeyError(
+                    f"rollout model {type(self.model).__name__} has no parameter {name!r}"
+                )
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"{name}: got shape {tuple(tensor.shape)}, rollout model has "
+                    f"{tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            self._tensors_this_sync += 1
+
+    def finish_weight_sync(self) -> None:
+        log.debug("weight sync %d: %d tensors", self.weight_version + 1, self._tensors_this_sync)
+        self.weight_version += 1
+        self._tensors_this_sync = 0
+
+    def release_memory(self) -> None:
+        """On a GPU, park the weights in host memory while training runs."""
+        if self.device.type == "cuda" and not self._released:
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+            self._released = True
+
+    def resume_memory(self) -> None:
+        if self._released:
+            self.model.to(self.device)
+            self._released = False
+
+    # --------------------------------------------------------------- generation
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
+        ``max_new_tokens`` so batches from different ranks concatenate."""
+        missing = [k for k in PROMPT_KEYS if k not in prompts]
+        if missing:
+            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
+        if self._released:
+            self.resume_memory()
+        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
+        generator = self._generator
+        if params.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(params.seed)
+        stops = sorted({*params.stop_token_ids, *self.eos_token_ids})
+        pieces = [
+            self._decode(piece["input_ids"], piece["attention_mask"], params, generator, stops)
+            for piece in batch.split(self.config.max_batch_size)
+        ]
+        responses, log_probs, response_mask = (
+            torch.cat(parts) for parts in zip(*pieces, strict=True)
+        )
+        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
+        attention_mask = torch.cat([prompt_mask.long(), response_mask], dim=1)
+        out = batch.select(*[k for k in batch.keys() if k not in ("position_ids", *PROMPT_KEYS)])
+        out["prompts"] = prompt_ids
+        out["responses"] = responses
+        out["response_mask"] = response_mask
+        out["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
+        out["attention_mask"] = attention_mask
+        out["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out["rollout_log_probs"] = log_probs
+        out.meta["temperature"] = params.temperature
+        return out
+
+    @torch.no_grad()
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+        stops: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from transformers import DynamicCache
+
+        ids = input_ids.to(self.device)
+        mask = attention_mask.to(self.device).long()
+        batch_size = ids.shape[0]
+        stop_ids = torch.tensor(stops, device=self.device, dtype=ids.dtype)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        finished = torch.zeros(batch_size, dtype=torch.bool, device=self.device)
+        tokens_out, logp_out, mask_out = [], [], []
+        for step in range(params.max_new_tokens):
+            tokens, log_probs = select_tokens(logits, params, generator)
+            alive = ~finished
+            tokens = torch.where(alive, tokens, self.pad_token_id)
+            tokens_out.append(tokens)
+            logp_out.append(torch.where(alive, log_probs, 0.0))
+            mask_out.append(alive.long())
+            finished = finished | torch.isin(tokens, stop_ids)
+            if bool(finished.all()) or step == params.max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            logits = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+        pad = params.max_new_tokens - len(tokens_out)
+        responses = torch.stack(tokens_out, dim=1)
+        log_probs = torch.stack(logp_out, dim=1).float()
+        response_mask = torch.stack(mask_out, dim=1)
+        if pad:
+            responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
+            log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+            response_mask = torch.nn.functional.pad(response_mask, (0, pad), value=0)
+        return responses.cpu(), log_probs.cpu(), response_mask.cpu()

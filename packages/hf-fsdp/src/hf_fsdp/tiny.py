@@ -1,0 +1,190 @@
+"""Tiny random-weight models and a locally trained tokenizer, for tests and the demo.
+
+No model hub is reachable, so every model the project uses is built here: a Llama or Qwen2
+with seeded random weights (``initializer_range=0.2`` by default, large enough that greedy
+outputs differ between prompts, so parity tests can fail) and a byte-level BPE tokenizer
+trained with the ``tokenizers`` library on a small synthetic corpus of digits, arithmetic,
+digit reversal and letters.
+
+The tokenizer uses exactly the pipeline transformers' ``Qwen2Tokenizer`` rebuilds from
+``vocab`` + ``merges`` (NFC, Qwen's split regex, byte level), because ``AutoTokenizer`` loads
+every ``model_type=qwen2`` folder as ``Qwen2Tokenizer``: any other pipeline would give
+different ids after a save/load round trip.  Its special tokens are in the vocabulary, so no
+extra token is appended and ``len(tokenizer) == config.vocab_size``.  Both are checked when
+the folder is written.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+Family = Literal["llama", "qwen2"]
+Head = Literal["lm", "value", "score"]
+
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|endoftext|>")
+PAD, BOS, EOS = SPECIAL_TOKENS
+# transformers' Qwen2 pre-tokenizer regex (kept verbatim so both pipelines agree).
+_SPLIT_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+_ROUND_TRIP_TEXT = "reverse 90210: 01209. 12+34=46? Hello, World! (x-y)*z/2; ok"
+
+
+def _corpus(seed: int, lines: int = 1500) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        a, b = rng.randint(0, 9999), rng.randint(0, 9999)
+        digits = "".join(rng.choice(string.digits) for _ in range(rng.randint(1, 8)))
+        words = " ".join(
+            "".join(rng.choice(string.ascii_letters) for _ in range(rng.randint(1, 6)))
+            for _ in range(4)
+        )
+        out += [f"{a}+{b}={a + b}", f"reverse {digits}: {digits[::-1]}", words + "., :;?!()-*/"]
+    return out
+
+
+def build_tokenizer(vocab_size: int = 128, seed: int = 0) -> Any:
+    """A byte-level BPE tokenizer trained on a synthetic corpus (deterministic for a seed)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    tok.train_from_iterator(_corpus(seed), trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=None
+    )
+
+
+def tiny_config(
+    family: Family,
+    vocab_size: int,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    tie_word_embeddings: bool = False,
+    initializer_range: float = 0.2,
+    max_position_embeddings: int = 512,
+    pad_token_id: int = 0,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+) -> Any:
+    from transformers import LlamaConfig, Qwen2Config
+
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}.get(family)
+    if cls is None:
+        raise ValueError(f"family must be 'llama' or 'qwen2', got {family!r}")
+    return cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+        tie_word_embeddings=tie_word_embeddings,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        attention_dropout=0.0,
+    )
+
+
+def build_tiny_model(
+    path: str | Path,
+    family: Family = "qwen2",
+    *,
+    head: Head = "lm",
+    tie_word_embeddings: bool = False,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    vocab_size: int = 128,
+    initializer_range: float = 0.2,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny random model (float32) and its tokenizer into ``path``; returns it.
+
+    ``head``: ``"lm"`` (causal LM), ``"value"`` (token classification, ``num_labels=1``) or
+    ``"score"`` (sequence classification, ``num_labels=1``).  The same arguments always give
+    the same weights; ``seed`` changes the weights only, so all tiny models of one
+    ``vocab_size`` share a tokenizer (an actor and its reward model must agree on ids).
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    # One tokenizer for every model seed: actor, critic and reward models must share ids.
+    tokenizer = build_tokenizer(vocab_size=vocab_size)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = tiny_config(
+        family,
+        len(tokenizer),
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
+        pad_token_id=ids[PAD],
+        bos_token_id=ids[BOS],
+        eos_token_id=ids[EOS],
+    )
+    if head != "lm":
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+    auto = {
+        "lm": AutoModelForCausalLM,
+        "value": AutoModelForTokenClassification,
+        "score": AutoModelForSequenceClassification,
+    }[head]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = auto.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+    # The round trip PLATFORM.md warns about: reload both the way users will.
+    reloaded = AutoTokenizer.from_pretrained(path)
+    saved = AutoConfig.from_pretrained(path)
+    if len(reloaded) != saved.vocab_size:
+        raise RuntimeError(
+            f"{path}: tokenizer has {len(reloaded)} tokens after reload, model vocab is "
+            f"{saved.vocab_size}"
+        )
+    before = tokenizer(_ROUND_TRIP_TEXT)["input_ids"]
+    after = reloaded(_ROUND_TRIP_TEXT)["input_ids"]
+    if before != after or reloaded.decode(after) != _ROUND_TRIP_TEXT:
+        raise RuntimeError(f"{path}: token ids changed in a save/load round trip")
+    return path

@@ -1,0 +1,108 @@
+"""Configuration validation, the LR schedule, bad model folders and plugin registration."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from hf_fsdp.config import EngineConfigError, FSDPEngineConfig, HFRolloutConfig, parse_config
+from hf_fsdp.optim import lr_factor
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"lr": -1.0}, r"lr=-1\.0: Input should be greater than or equal to 0"),
+        ({"betas": (0.9, 1.5)}, r"betas=.*each beta must be in \[0, 1\)"),
+        ({"head": "policy"}, r"head='policy': Input should be 'lm', 'value' or 'score'"),
+        ({"micro_batch_size": 0}, r"micro_batch_size=0: Input should be greater than or equal"),
+        ({"grad_clip": 0.0}, r"grad_clip=0\.0: Input should be greater than 0"),
+        ({"param_dtype": "fp8"}, r"param_dtype='fp8'"),
+        ({"learning_rate": 1e-5}, r"learning_rate=1e-05: unknown key \(known keys: .*\blr\b"),
+        ({"lr_schedule": "cosine"}, r"lr_schedule='cosine' needs total_steps"),
+        ({"warmup_steps": 10, "total_steps": 5}, r"warmup_steps=10 exceeds total_steps=5"),
+    ],
+)
+def test_bad_config_values_name_key_and_value(overrides: dict, message: str) -> None:
+    with pytest.raises(EngineConfigError, match=message):
+        parse_config(FSDPEngineConfig, {"model_path": "/x", **overrides})
+
+
+def test_missing_model_path_and_several_problems_reported_together() -> None:
+    with pytest.raises(EngineConfigError) as info:
+        parse_config(FSDPEngineConfig, {"lr": -2, "eps": 0})
+    text = str(info.value)
+    assert "3 problem(s)" in text
+    assert "model_path: required but missing" in text
+    assert "lr=-2" in text and "eps=0" in text
+
+
+def test_rollout_config_rejects_unknown_keys() -> None:
+    with pytest.raises(EngineConfigError, match=r"temperature=1\.0: unknown key"):
+        parse_config(HFRolloutConfig, {"model_path": "/x", "temperature": 1.0})
+
+
+def test_valid_config_round_trips() -> None:
+    cfg = parse_config(FSDPEngineConfig, {"model_path": "/m", "head": "value", "lr": 3e-4})
+    assert cfg.head == "value" and cfg.lr == 3e-4 and cfg.model_path == Path("/m")
+    assert parse_config(FSDPEngineConfig, cfg) is cfg
+
+
+def _cfg(**kw: object) -> FSDPEngineConfig:
+    return FSDPEngineConfig(model_path="/m", lr=1.0, **kw)
+
+
+def test_warmup_is_linear_and_never_zero() -> None:
+    cfg = _cfg(warmup_steps=4)
+    assert [lr_factor(s, cfg) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_cosine_and_linear_decay_reach_the_floor() -> None:
+    cos = _cfg(lr_schedule="cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
+    assert lr_factor(2, cos) == pytest.approx(1.0)
+    assert lr_factor(6, cos) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_factor(10, cos) == pytest.approx(0.1)
+    assert lr_factor(50, cos) == pytest.approx(0.1)
+    lin = _cfg(lr_schedule="linear", total_steps=4)
+    assert [lr_factor(s, lin) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "nowhere", "does not exist"),
+        (lambda p: (p / "file.txt").write_text("x") and p / "file.txt", "is not a folder"),
+        (lambda p: p, "has no config.json"),
+    ],
+)
+def test_bad_model_folder_is_a_clear_error(tmp_path: Path, make, message: str) -> None:
+    from hf_fsdp.engine import FSDPEngine
+    from hf_fsdp.rollout import HFRolloutEngine
+
+    path = make(tmp_path)
+    with pytest.raises(FileNotFoundError, match=message) as info:
+        FSDPEngine({"model_path": str(path)})
+    assert str(path) in str(info.value)
+    with pytest.raises(FileNotFoundError, match=message):
+        HFRolloutEngine({"model_path": str(path)})
+
+
+def test_plugin_registers_both_engines() -> None:
+    from hf_core import plugins
+    from hf_fsdp.plugin import create_rollout_engine, create_training_engine
+
+    plugins.reset()
+    assert plugins.get_training_engine("fsdp") is create_training_engine
+    assert plugins.get_rollout_engine("hf") is create_rollout_engine
+    info = {b.plugin: b for b in plugins.list_backends()}["fsdp"]
+    assert info.distribution == "hf-fsdp"
+    assert info.training_engines == ["fsdp"] and info.rollout_engines == ["hf"]
+
+
+def test_plugin_factory_validates_config() -> None:
+    from hf_fsdp.plugin import create_training_engine
+
+    with pytest.raises(EngineConfigError, match="lr=-1"):
+        create_training_engine(model_path="/x", lr=-1)

@@ -1,0 +1,269 @@
+"""The FSDP engine on two data-parallel ranks (Ray workers, gloo) against single-process HF.
+
+References are computed here, in plain transformers, independently of hf_fsdp's own code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from fsdp_test_workers import policy_loss, rollout_batch, value_loss
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
+
+from hf_core.batch import Batch
+from hf_core.runtime import ResourcePool, WorkerGroup, spawn
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+ATOL = 1e-5
+B, P, R = 8, 6, 7  # global batch, prompt and response lengths
+
+
+@pytest.fixture(scope="module")
+def group(ray_cluster: None) -> Iterator[WorkerGroup]:
+    from fsdp_test_workers import EngineWorker
+
+    pool = ResourcePool([2], name="fsdp_dp2")
+    workers = spawn(pool, {"engines": EngineWorker})["engines"]
+    yield workers
+    workers.shutdown()
+    pool.release()
+
+
+def _vocab(path: Path) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path).vocab_size
+
+
+def _inputs(batch: Batch) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "position_ids": batch["position_ids"],
+    }
+
+
+def reference_log_probs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
+    logits = model(**_inputs(batch)).logits / temperature  # [B, P+R, V]
+    shifted = logits[:, P - 1 : -1]  # token t of the response is predicted at P-1+t
+    return torch.log_softmax(shifted, -1).gather(-1, batch["responses"][..., None])[..., 0]
+
+
+def _masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((a - b) * mask).abs().max())
+
+
+# ------------------------------------------------------------------------- forwards
+
+
+@pytest.mark.parametrize("folder", ["qwen2_tied", "llama"])
+def test_log_probs_match_single_process(group: WorkerGroup, models: dict, folder: str) -> None:
+    path = models[folder]
+    group.build(f"ref_{folder}", {"model_path": str(path), "trainable": False})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=11)
+    out = group.log_probs(batch, name=f"ref_{folder}", temperature=0.7)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        expected = reference_log_probs(model, batch, 0.7)
+        logits = model(**_inputs(batch)).logits[:, P - 1 : -1] / 0.7
+        entropy = torch.distributions.Categorical(logits=logits).entropy()
+    mask = batch["response_mask"]
+    assert out["log_probs"].shape == (B, R)
+    assert _masked_max_diff(out["log_probs"], expected, mask) < ATOL
+    assert _masked_max_diff(out["entropy"], entropy, mask) < ATOL
+    with pytest.raises(Exception, match="frozen engine"):
+        group.train(batch, name=f"ref_{folder}", loss="policy")
+    group.drop(f"ref_{folder}")
+
+
+def test_values_match_single_process(group: WorkerGroup, models: dict) -> None:
+    path = models["value"]
+    group.build("critic_fwd", {"model_path": str(path), "head": "value", "trainable": False})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=12)
+    out = group.values(batch, name="critic_fwd")
+    model = AutoModelForTokenClassification.from_pretrained(path).eval()
+    with torch.no_grad():
+        expected = model(**_inputs(batch)).logits[..., 0][:, P - 1 : -1]
+    assert out["values"].shape == (B, R)
+    assert _masked_max_diff(out["values"], expected, batch["response_mask"]) < ATOL
+    group.drop("critic_fwd")
+
+
+def test_scores_match_single_process(group: WorkerGroup, models: dict) -> None:
+    path = models["score"]
+    group.build("rm", {"model_path": str(path), "head": "score", "trainable": False})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=13)
+    out = group.scores(batch, name="rm")
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    with torch.no_grad():  # HF pools at the last token that is not pad: the same token here
+        expected = model(**_inputs(batch)).logits[:, 0]
+    assert out["scores"].shape == (B,)
+    assert float((out["scores"] - expected).abs().max()) < ATOL
+    assert float(expected.std()) > 1e-3  # scores differ across sequences: pooling matters
+    group.drop("rm")
+
+
+# --------------------------------------------------------------------------- updates
+
+# eps=1e-6: Adam divides by |g| + eps, so entries whose gradient is ~0 by symmetry (k_proj:
+# softmax ignores a shift shared by all keys) would turn float32 summation-order noise into
+# ~lr-sized updates with the default 1e-8, whatever the engine does.
+TRAIN = {"lr": 1e-3, "eps": 1e-6, "micro_batch_size": 2, "grad_clip": 0.5, "weight_decay": 0.01}
+
+
+def _reference_step(model: torch.nn.Module, loss: torch.Tensor) -> float:
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=TRAIN["lr"], eps=TRAIN["eps"], weight_decay=TRAIN["weight_decay"]
+    )
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), TRAIN["grad_clip"])
+    opt.step()
+    return float(norm)
+
+
+def _assert_same_weights(got: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
+    expected = model.state_dict()
+    assert set(got) <= set(expected)
+    assert {k for k in expected if k not in got} <= {"lm_head.weight"}  # tied: exported once
+    diffs = {k: float((got[k] - expected[k]).abs().max()) for k in got}
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] < ATOL, (worst, diffs[worst])
+
+
+def test_actor_update_matches_single_process(group: WorkerGroup, models: dict) -> None:
+    path = models["qwen2_tied"]
+    group.build("actor", {"model_path": str(path), **TRAIN})
+    before = group.weights("actor")[0]
+    batch = rollout_batch(B, P, R, _vocab(path), seed=21)
+    metrics = group.train(batch, name="actor", loss="policy")
+    got = group.weights("actor")[0]
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    one = Batch(dict(batch.tensors.items()))
+    one.meta.update(dp_size=1, global_response_tokens=int(batch["response_mask"].sum()))
+    log_probs = reference_log_probs(model, batch, 1.0)
+    logits = model(**_inputs(batch)).logits[:, P - 1 : -1]
+    entropy = torch.distributions.Categorical(logits=logits).entropy()
+    loss, _ = policy_loss({"log_probs": log_probs, "entropy": entropy}, one)
+    loss_value = loss.item()
+    norm = _reference_step(model, loss)
+
+    assert len(metrics) == 2 and metrics[0] == metrics[1]  # every rank reports global values
+    assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    assert norm > TRAIN["grad_clip"]  # the clip was active, so it was tested
+    assert metrics[0]["loss"] == pytest.approx(loss_value, rel=1e-5, abs=1e-6)
+    assert metrics[0]["lr"] == TRAIN["lr"] and metrics[0]["step"] == 1.0
+    moved = max(float((got[k] - before[k]).abs().max()) for k in got)
+    assert moved > 100 * ATOL  # the step changed the weights by far more than the tolerance
+    _assert_same_weights(got, model)
+    group.drop("actor")
+
+
+def test_critic_update_matches_single_process(group: WorkerGroup, models: dict) -> None:
+    path = models["value"]
+    group.build("critic", {"model_path": str(path), "head": "value", **TRAIN})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=22)
+    metrics = group.train(batch, name="critic", loss="value")
+    got = group.weights("critic")[0]
+
+    model = AutoModelForTokenClassification.from_pretrained(path)
+    one = Batch(dict(batch.tensors.items()))
+    one.meta.update(dp_size=1, global_batch_size=B)
+    values = model(**_inputs(batch)).logits[..., 0][:, P - 1 : -1]
+    loss, _ = value_loss({"values": values}, one)
+    norm = _reference_step(model, loss)
+    assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    _assert_same_weights(got, model)
+    group.drop("critic")
+
+
+# --------------------------------------------------------------- weight sync, rollout
+
+
+def test_weight_sync_then_rollout_matches_exported_model(
+    group: WorkerGroup, models: dict, tmp_path: Path
+) -> None:
+    path = models["qwen2_tied"]
+    group.build("actor_sync", {"model_path": str(path), **TRAIN, "lr": 1e-2})
+    group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor_sync", loss="policy")
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    texts = ["reverse 1234:", "12+7=", "hello", "abc def", "9", "reverse 55:", "x+y=", "ok!"]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    greedy = {"temperature": 0.0, "max_new_tokens": 12}
+
+    group.build_rollout("rollout", {"model_path": str(path)})
+    before = group.generate(prompts, rollout="rollout", params=greedy)
+    stats = group.sync("actor_sync", rollout="rollout", bucket_bytes=8 * 1024)
+    after = group.generate(prompts, rollout="rollout", params=greedy)
+    assert stats[0]["buckets"] > 3 and stats[0] == stats[1]
+
+    exported = group.export_hf("actor_sync", str(tmp_path / "actor_hf"), tokenizer=str(path))[0]
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    assert len(AutoTokenizer.from_pretrained(exported)) == model.config.vocab_size
+    with torch.no_grad():
+        expected = model.generate(
+            **enc, do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.pad_token_id
+        )[:, enc["input_ids"].shape[1] :]
+    got = after["responses"][:, : expected.shape[1]]
+    mask = after["response_mask"][:, : expected.shape[1]].bool()
+    assert torch.equal(got[mask], expected[mask])
+    assert not torch.equal(before["responses"], after["responses"])  # the sync did something
+
+    # Sampled tokens' log-probs agree with the trainer's recomputation at that temperature.
+    sampled = group.generate(
+        prompts, rollout="rollout", params={"temperature": 0.8, "max_new_tokens": 10, "seed": 4}
+    )
+    recomputed = group.log_probs(sampled, name="actor_sync", temperature=0.8)
+    mask = sampled["response_mask"]
+    assert _masked_max_diff(recomputed["log_probs"], sampled["rollout_log_probs"], mask) < 1e-4
+    group.drop("actor_sync")
+    group.drop("rollout")
+
+
+# --------------------------------------------------------------------- checkpoints
+
+
+def test_resume_from_checkpoint_is_identical(
+    group: WorkerGroup, models: dict, tmp_path: Path
+) -> None:
+    path = models["llama"]
+    config = {
+        "model_path": str(path),
+        **TRAIN,
+        "lr_schedule": "cosine",
+        "warmup_steps": 2,
+        "total_steps": 6,
+    }
+    first, second = (rollout_batch(B, P, R, _vocab(path), seed=s) for s in (31, 32))
+    ckpt = str(tmp_path / "ckpt")
+
+    group.build("run_a", config)
+    group.train(first, name="run_a", loss="policy")
+    group.save("run_a", ckpt)
+    rand_a = group.rand()
+    metrics_a = group.train(second, name="run_a", loss="policy")
+    weights_a = group.weights("run_a")[0]
+
+    group.build("run_b", config)  # a fresh process state: built from the HF folder again
+    assert group.load("run_b", ckpt) == [1, 1]
+    rand_b = group.rand()
+    metrics_b = group.train(second, name="run_b", loss="policy")
+    weights_b = group.weights("run_b")[0]
+
+    assert rand_a == rand_b  # each rank's RNG restored
+    assert metrics_a == metrics_b  # same lr (scheduler restored), loss and grad norm
+    assert metrics_a[0]["lr"] == TRAIN["lr"]  # step 2 of a 2-step warm-up
+    for name, tensor in weights_a.items():
+        assert torch.equal(tensor, weights_b[name]), name
+    group.drop("run_a")
+    group.drop("run_b")

@@ -1,0 +1,342 @@
+"""One-rank engines in the test process: loading errors, heads, rollout, export, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fsdp_test_workers import policy_loss, rollout_batch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_core.batch import Batch
+from hf_core.engines import SamplingParams
+from hf_core.resharding import GenerationLayout, ParallelLayout, build_hybrid_plan
+from hf_fsdp.checkpoint import CheckpointError
+from hf_fsdp.engine import FSDPEngine
+from hf_fsdp.loading import ModelLoadError
+from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.sampling import filter_logits
+
+VOCAB = 128
+
+
+def _weights(engine: FSDPEngine) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for bucket in engine.export_weights(1 << 20) for n, t in bucket}
+
+
+def _prompts(path: Path, texts: list[str]) -> tuple[Batch, dict]:
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}), enc
+
+
+TEXTS = ["reverse 1234:", "12+7=", "hello", "abc def ghi"]
+
+
+# -------------------------------------------------------------------------- loading
+
+
+def test_bad_weights_are_clear_errors(models: dict, tmp_path: Path) -> None:
+    src = models["llama"]
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    shutil.copy(src / "config.json", no_weights)
+    with pytest.raises(FileNotFoundError, match=r"no_weights has no model\.safetensors"):
+        FSDPEngine({"model_path": str(no_weights)})
+
+    wrong_shape = tmp_path / "wrong_shape"
+    shutil.copytree(src, wrong_shape)
+    config = json.loads((wrong_shape / "config.json").read_text())
+    config["vocab_size"] += 1
+    (wrong_shape / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"embed_tokens.weight' has shape \(128, 64\) on disk"):
+        FSDPEngine({"model_path": str(wrong_shape)})
+
+    missing = tmp_path / "missing"
+    shutil.copytree(src, missing)
+    tensors = load_file(missing / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, missing / "model.safetensors", {"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.up_proj\.weight") as info:
+        FSDPEngine({"model_path": str(missing)})
+    assert str(missing) in str(info.value)
+
+
+def test_value_head_on_a_causal_lm_folder_is_initialised_from_seed(models: dict) -> None:
+    path = str(models["llama"])
+    critic = FSDPEngine({"model_path": path, "head": "value", "seed": 5})
+    assert sorted(critic.load_report.initialized) == ["score.bias", "score.weight"]
+    assert "lm_head.weight" in critic.load_report.unused
+    again = FSDPEngine({"model_path": path, "head": "value", "seed": 5})
+    other = FSDPEngine({"model_path": path, "head": "value", "seed": 6})
+    w, w_again, w_other = (_weights(e)["score.weight"] for e in (critic, again, other))
+    assert torch.equal(w, w_again) and not torch.equal(w, w_other)
+    assert float(w.std()) > 0.05  # initializer_range, not zeros
+    batch = rollout_batch(4, 5, 6, VOCAB, seed=1)
+    values = critic.compute_values(batch)["values"]
+    assert values.shape == (4, 6) and torch.isfinite(values).all()
+    with pytest.raises(NotImplementedError, match="needs head='lm'"):
+        critic.compute_log_probs(batch)
+
+
+def test_micro_batch_size_does_not_change_results(models: dict) -> None:
+    path = str(models["qwen2_tied"])
+    batch = rollout_batch(6, 5, 6, VOCAB, seed=2)
+    one = FSDPEngine({"model_path": path, "micro_batch_size": 1, "trainable": False})
+    four = FSDPEngine({"model_path": path, "micro_batch_size": 4, "trainable": False})
+    a, b = one.compute_log_probs(batch), four.compute_log_probs(batch)
+    assert torch.allclose(a["log_probs"], b["log_probs"], atol=1e-5)
+    assert a["log_probs"].shape == (6, 6)
+
+
+def test_train_step_metrics_and_schedule(models: dict) -> None:
+    engine = FSDPEngine(
+        {"model_path": str(models["llama"]), "lr": 1e-3, "warmup_steps": 2, "micro_batch_size": 3}
+    )
+    batch = rollout_batch(6, 5, 6, VOCAB, seed=3)
+    first = engine.train_step(batch, policy_loss)
+    second = engine.train_step(batch, policy_loss)
+    assert first["lr"] == pytest.approx(5e-4) and second["lr"] == pytest.approx(1e-3)
+    assert first["step"] == 1.0 and second["step"] == 2.0
+    assert first["grad_norm"] > 0 and first["update_skipped"] == 0.0
+    assert {"pg_loss", "loss"} <= set(first)
+
+
+def test_export_with_trivial_plan_and_reject_tp_plan(models: dict) -> None:
+    engine = FSDPEngine({"model_path": str(models["llama"]), "trainable": False})
+    plan = build_hybrid_plan(ParallelLayout(pp=1, tp=1, dp=1), GenerationLayout(pp=1, tp=1))
+    names = [n for bucket in engine.export_weights(4096, plan.for_rank(0)) for n, _ in bucket]
+    assert names == list(engine.param_shapes)
+    tp_plan = build_hybrid_plan(ParallelLayout(pp=1, tp=2, dp=1), GenerationLayout(pp=1, tp=1))
+    with pytest.raises(NotImplementedError, match="pure DP"):
+        engine.export_weights(4096, tp_plan.for_rank(0))
+
+
+def test_offload_is_a_no_op_on_cpu(models: dict, caplog: pytest.LogCaptureFixture) -> None:
+    engine = FSDPEngine({"model_path": str(models["llama"]), "trainable": False})
+    before = _weights(engine)
+    with caplog.at_level("INFO", logger="hf_fsdp.engine"):
+        engine.offload()
+    assert "nothing to move" in caplog.text
+    assert not engine.offloaded
+    engine.onload()
+    after = _weights(engine)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_export_hf_in_shards_loads_with_from_pretrained(models: dict, tmp_path: Path) -> None:
+    path = models["llama"]
+    engine = FSDPEngine({"model_path": str(path), "tokenizer_path": str(path)})
+    engine.train_step(rollout_batch(4, 5, 6, VOCAB, seed=4), policy_loss)
+    out = engine.export_hf(tmp_path / "hf", shard_bytes=32 * 1024)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    model = AutoModelForCausalLM.from_pretrained(out)
+    exported = _weights(engine)
+    state = model.state_dict()
+    assert set(state) == set(exported)
+    assert all(torch.equal(state[k], exported[k]) for k in exported)
+    assert len(AutoTokenizer.from_pretrained(out)) == model.config.vocab_size
+    assert not list(tmp_path.glob(".hf.*"))  # no temporary folder left behind
+
+
+# -------------------------------------------------------------------------- rollout
+
+
+@pytest.mark.parametrize("folder", ["qwen2_tied", "llama"])
+def test_greedy_rollout_equals_hf_generate(models: dict, folder: str) -> None:
+    path = models[folder]
+    prompts, enc = _prompts(path, TEXTS)
+    out = HFRolloutEngine({"model_path": str(path)}).generate(
+        prompts, SamplingParams(temperature=0, max_new_tokens=10)
+    )
+    model = AutoModelForCausalLM.from_pretrained(path)
+    expected = model.generate(**enc, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    expected = expected[:, enc["input_ids"].shape[1] :]
+    n = expected.shape[1]
+    mask = out["response_mask"][:, :n].bool()
+    assert torch.equal(out["responses"][:, :n][mask], expected[mask])
+    assert out["responses"].shape == (4, 10)
+    assert torch.equal(out["prompts"], enc["input_ids"])
+    assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], 1))
+    assert torch.equal(out["attention_mask"][:, enc["input_ids"].shape[1] :], out["response_mask"])
+    # greedy log-probs are of the raw logits
+    engine = FSDPEngine({"model_path": str(path), "trainable": False})
+    recomputed = engine.compute_log_probs(out, temperature=0.0)["log_probs"]
+    diff = (recomputed - out["rollout_log_probs"]) * out["response_mask"]
+    assert float(diff.abs().max()) < 1e-4
+
+
+def test_response_mask_stops_after_the_first_stop_token(models: dict) -> None:
+    path = models["llama"]
+    prompts, _ = _prompts(path, TEXTS)
+    engine = HFRolloutEngine({"model_path": str(path)})
+    free = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=10))
+    stop = int(free["responses"][0, 3])
+    out = engine.generate(
+        prompts, SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=(stop,))
+    )
+    for row in range(4):
+        tokens = free["responses"][row].tolist()
+        length = tokens.index(stop) + 1 if stop in tokens else 10
+        assert out["response_mask"][row].tolist() == [1] * length + [0] * (10 - length)
+        assert out["responses"][row, :length].tolist() == tokens[:length]
+        assert set(out["responses"][row, length:].tolist()) <= {engine.pad_token_id}
+        assert float(out["rollout_log_probs"][row, length:].abs().sum()) == 0.0
+    assert out["response_mask"][0].sum() == 4
+
+
+def test_sampling_n_seed_and_log_probs(models: dict) -> None:
+    path = models["qwen2_tied"]
+    prompts, _ = _prompts(path, TEXTS[:2])
+    prompts["uid"] = ["a", "b"]
+    engine = HFRolloutEngine({"model_path": str(path)})
+    params = SamplingParams(temperature=0.9, top_k=30, top_p=0.9, max_new_tokens=8, n=3, seed=7)
+    out = engine.generate(prompts, params)
+    assert len(out) == 6 and list(out["uid"]) == ["a"] * 3 + ["b"] * 3
+    assert torch.equal(out["prompts"][0], out["prompts"][2])
+    assert len({tuple(r) for r in out["responses"][:3].tolist()}) > 1  # samples differ
+    again = engine.generate(prompts, params)
+    assert torch.equal(out["responses"], again["responses"])
+    other = engine.generate(prompts, params.model_copy(update={"seed": 8}))
+    assert not torch.equal(out["responses"], other["responses"])
+    assert out.meta["temperature"] == 0.9
+    # log-probs are of softmax(logits / T) over the whole vocabulary, as the trainer computes
+    trainer = FSDPEngine({"model_path": str(path), "trainable": False})
+    recomputed = trainer.compute_log_probs(out, temperature=0.9)["log_probs"]
+    diff = (recomputed - out["rollout_log_probs"]) * out["response_mask"]
+    assert float(diff.abs().max()) < 1e-4
+
+
+def test_filter_logits_keeps_top_k_and_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    assert torch.isfinite(filter_logits(logits, 2, 1.0)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.7)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.75)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.76)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.01)).tolist() == [[True, False, False, False]]
+
+
+def test_rollout_load_weights_in_place_and_errors(models: dict) -> None:
+    engine = HFRolloutEngine({"model_path": str(models["qwen2_tied"])})
+    embed = engine.model.model.embed_tokens.weight
+    new = torch.randn_like(embed)
+    engine.load_weights([("model.embed_tokens.weight", new)])
+    engine.finish_weight_sync()
+    assert torch.equal(embed, new) and engine.model.model.embed_tokens.weight is embed
+    assert torch.equal(engine.model.lm_head.weight, new)  # tied
+    assert engine.weight_version == 1
+    with pytest.raises(KeyError, match=r"no parameter 'model\.nope\.weight'"):
+        engine.load_weights([("model.nope.weight", new)])
+    with pytest.raises(ValueError, match=r"got shape \(3,\)"):
+        engine.load_weights([("model.norm.weight", torch.zeros(3))])
+    with pytest.raises(KeyError, match="generate needs"):
+        engine.generate(Batch({"x": torch.zeros(2)}), SamplingParams())
+
+
+# ---------------------------------------------------------------------- checkpoints
+
+
+def _trained(models: dict, folder: str = "llama", **kw: object) -> FSDPEngine:
+    engine = FSDPEngine({"model_path": str(models[folder]), "lr": 1e-3, **kw})
+    engine.train_step(rollout_batch(4, 5, 6, VOCAB, seed=5), policy_loss)
+    return engine
+
+
+def test_checkpoint_errors_name_path_and_problem(models: dict, tmp_path: Path) -> None:
+    engine = _trained(models)
+    with pytest.raises(FileNotFoundError, match=f"checkpoint {tmp_path / 'none'} does not exist"):
+        engine.load_checkpoint(tmp_path / "none")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"empty is incomplete .* no hybridflow_fsdp\.json"):
+        engine.load_checkpoint(tmp_path / "empty")
+
+    good = tmp_path / "good"
+    engine.save_checkpoint(good)
+    other = FSDPEngine({"model_path": str(models["qwen2_tied"])})
+    with pytest.raises(CheckpointError, match=r"good does not fit .*lm_head.weight"):
+        other.load_checkpoint(good)
+    critic = FSDPEngine({"model_path": str(models["llama"]), "head": "value"})
+    with pytest.raises(CheckpointError, match="head is 'lm' in the checkpoint, engine has 'value'"):
+        critic.load_checkpoint(good)
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(good, truncated)
+    shard = next((truncated / "dcp").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"truncated .*distcp is 100 bytes, expected"):
+        engine.load_checkpoint(truncated)
+
+    garbled = tmp_path / "garbled"
+    shutil.copytree(good, garbled)
+    meta = garbled / "dcp" / ".metadata"
+    meta.write_bytes(b"\0" * meta.stat().st_size)  # same size, unreadable content
+    with pytest.raises(CheckpointError, match=r"garbled could not be read \(damaged\?\)"):
+        engine.load_checkpoint(garbled)
+
+
+def test_crash_mid_save_keeps_the_last_good_checkpoint(
+    models: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hf_fsdp.checkpoint as ckpt
+
+    engine = _trained(models)
+    path = tmp_path / "ckpt"
+    engine.save_checkpoint(path)
+    saved = _weights(engine)
+    engine.train_step(rollout_batch(4, 5, 6, VOCAB, seed=6), policy_loss)
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(ckpt.dcp, "save", crash)
+    with pytest.raises(OSError, match="simulated"):
+        engine.save_checkpoint(path)
+    monkeypatch.undo()
+
+    fresh = FSDPEngine({"model_path": str(models["llama"]), "lr": 1e-3})
+    fresh.load_checkpoint(path)
+    assert fresh.step == 1
+    restored = _weights(fresh)
+    assert all(torch.equal(saved[k], restored[k]) for k in saved)
+
+    # A crash between "move the old one aside" and "move the new one in" leaves only the old.
+    path.rename(tmp_path / ".ckpt.old-ckpt")
+    fresh.load_checkpoint(path)
+    assert fresh.step == 1
+
+    engine.save_checkpoint(path)  # the next good save replaces everything cleanly
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    fresh.load_checkpoint(path)
+    assert fresh.step == 2
+
+
+def test_checkpoint_before_any_step_keeps_a_fresh_optimizer(models: dict, tmp_path: Path) -> None:
+    config = {"model_path": str(models["llama"]), "lr": 1e-3}
+    batch = rollout_batch(4, 5, 6, VOCAB, seed=7)
+    first = FSDPEngine(config)
+    first.save_checkpoint(tmp_path / "step0")
+    expected = first.train_step(batch, policy_loss)
+    second = FSDPEngine(config)
+    second.load_checkpoint(tmp_path / "step0")
+    assert second.train_step(batch, policy_loss) == expected
+
+
+def test_tied_model_resumes_identically(models: dict, tmp_path: Path) -> None:
+    config = {"model_path": str(models["qwen2_tied"]), "lr": 1e-3, "warmup_steps": 3}
+    first, second = (rollout_batch(4, 5, 6, VOCAB, seed=s) for s in (8, 9))
+    run = FSDPEngine(config)
+    run.train_step(first, policy_loss)
+    run.save_checkpoint(tmp_path / "tied")
+    expected = run.train_step(second, policy_loss)
+    resumed = FSDPEngine(config)
+    resumed.load_checkpoint(tmp_path / "tied")
+    assert resumed.train_step(second, policy_loss) == expected
+    a, b = _weights(run), _weights(resumed)
+    assert list(a) == list(b) and "lm_head.weight" not in a
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.model.lm_head.weight is resumed.model.model.embed_tokens.weight

@@ -64,10 +64,10 @@ def test_3d_pp_only_collects_one_rank_per_stage() -> None:
     assert THREE_D_PP_ONLY.collect_ranks(ctx) == [0, 2]
 
 
-def test_micro_dp_needs_a_generation_mesh() -> None:
+def test_micro_dp_defaults_to_the_training_mesh() -> None:
     ctx = GroupContext(4, meshes(2, 1, 2))
-    with pytest.raises(ValueError, match="no generation mesh"):
-        THREE_D_ALL_MICRO_DP.chunk_owner(ctx)
+    assert THREE_D_ALL_MICRO_DP.chunk_owner(ctx) == THREE_D_PROTO.chunk_owner(ctx)
+    assert THREE_D_ALL_MICRO_DP.collect_ranks(ctx) == [0, 2]
 
 
 def test_3d_protocols_need_meshes() -> None:

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from hf_core.config import ConfigError
+from hf_core.data import DataError
 from hf_core.mapping.cli import add_plan_command
 from hf_core.plugins import PluginLoadError, list_backends
 
@@ -37,6 +39,30 @@ def _backends(_: argparse.Namespace) -> int:
     return 0
 
 
+def _fields_epilog() -> str:
+    from hf_core.config import TrainerConfig, describe_fields
+
+    rows = describe_fields(TrainerConfig)
+    width = max(len(key) for key, _, _ in rows)
+    lines = ["recipe fields (set in the YAML or override as key=value):"]
+    for key, default, description in rows:
+        lines.append(f"  {key:<{width}}  {default:<14} {description}")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    from hf_core.config import TrainerConfig, load_config
+    from hf_core.trainer import RLTrainer
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = load_config(TrainerConfig, args.recipe, args.overrides)
+    summary = RLTrainer(config, resume=args.resume).fit()
+    Console().print(str(summary.learning) if summary.learning else "no reward logged")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybridflow", description="HybridFlow: RLHF as a single-controller program."
@@ -47,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backends.set_defaults(handler=_backends)
     add_plan_command(commands)
+    run = commands.add_parser(
+        "run",
+        help="train with a recipe YAML and key=value overrides",
+        description="Run an RL recipe: hybridflow run recipes/grpo.yaml actor.engine.lr=1e-5",
+        epilog=_fields_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("recipe", help="recipe YAML file")
+    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8")
+    run.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    run.set_defaults(handler=_run)
     return parser
 
 
@@ -56,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except PluginLoadError as exc:
         Console(stderr=True).print(f"[bold red]plugin error:[/] {exc}", highlight=False)
+        return 2
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=False)
         return 2
 
 

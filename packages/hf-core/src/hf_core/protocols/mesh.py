@@ -40,9 +40,12 @@ class WorkerMesh:
         return self.tp_rank == 0 and self.pp_rank == self.pp_size - 1
 
     def generation(self) -> WorkerMesh:
-        """This rank's generation mesh as a mesh of its own (for 3D_ALL_MICRO_DP)."""
+        """This rank's generation mesh as a mesh of its own (for 3D_ALL_MICRO_DP).
+
+        Without a reported generation mesh, generation uses the training layout.
+        """
         if self.gen_dp_rank is None or self.gen_dp_size is None:
-            raise ValueError("this worker reported no generation mesh (set gen_dp_rank/size)")
+            return self
         return WorkerMesh(
             dp_rank=self.gen_dp_rank,
             dp_size=self.gen_dp_size,

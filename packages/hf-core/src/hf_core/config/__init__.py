@@ -1,0 +1,36 @@
+"""Run configuration: typed schema, YAML + dotted overrides, readable errors."""
+
+from hf_core.config.loader import ConfigError, describe_fields, load_config, validate
+from hf_core.config.schema import (
+    AlgorithmConfig,
+    ClusterConfig,
+    DataConfig,
+    KLConfig,
+    ModelConfig,
+    ModelRoleConfig,
+    PlacementConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+    SFTConfig,
+    TrainerConfig,
+)
+
+__all__ = [
+    "AlgorithmConfig",
+    "ClusterConfig",
+    "ConfigError",
+    "DataConfig",
+    "KLConfig",
+    "ModelConfig",
+    "ModelRoleConfig",
+    "PlacementConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SFTConfig",
+    "TrainerConfig",
+    "describe_fields",
+    "load_config",
+    "validate",
+]

@@ -1,0 +1,182 @@
+"""The typed run configuration: what a recipe YAML may say, with defaults and bounds.
+
+Core validates what core uses; each engine's own keyword settings (``engine:`` blocks) are
+validated by that backend's config class when the engine is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunConfig(_Strict):
+    name: str = "run"
+    output_dir: Path = Field(Path("runs/run"), description="metrics, plot, checkpoints, exports")
+    total_steps: int = Field(10, ge=1, description="RL steps (one batch of prompts each)")
+    seed: int = 0
+    val_every: int = Field(0, ge=0, description="validate every N steps (0: never)")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    save_final: bool = Field(True, description="checkpoint after the last step")
+    export_final: bool = Field(False, description="export the actor as an HF folder at the end")
+    tensorboard: bool = False
+    wandb: bool = False
+    progress: bool = True
+    torch_threads: int = Field(1, ge=1, description="torch threads per worker process")
+
+
+class ClusterConfig(_Strict):
+    address: str | None = Field(None, description="join this Ray cluster (or RAY_ADDRESS)")
+    num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local Ray instance")
+    use_gpu: bool = False
+    failure_timeout_s: float = Field(60.0, gt=0)
+
+
+class PlacementConfig(_Strict):
+    """Where the roles run.
+
+    ``colocate``: one pool of ``processes`` ranks hosts every role (the paper's default);
+    ``split``: the actor (with rollout and reference) on ``processes`` ranks, and critic and
+    reward/cost models on a second pool of ``other_processes`` ranks.
+    """
+
+    mode: Literal["colocate", "split"] = "colocate"
+    processes: int = Field(1, ge=1)
+    other_processes: int = Field(1, ge=1)
+
+
+class DataConfig(_Strict):
+    train_files: list[Path] = Field(default_factory=list)
+    val_files: list[Path] = Field(default_factory=list)
+    prompt_key: str = "prompt"
+    ground_truth_key: str = "ground_truth"
+    max_prompt_length: int | None = Field(None, ge=1)
+    chat_template: bool | None = Field(None, description="None: use it if the tokenizer has one")
+    batch_size: int = Field(8, ge=1, description="prompts per RL step")
+    val_batch_size: int = Field(32, ge=1)
+    shuffle: bool = True
+    num_epochs: int = Field(1000, ge=1, description="passes over the data (steps stop first)")
+
+
+class KLConfig(_Strict):
+    mode: Literal["none", "in_reward", "in_loss"] = "none"
+    estimator: Literal["k1", "k2", "k3", "abs"] = "k3"
+    coef: float = Field(0.001, ge=0.0)
+    controller: Literal["fixed", "adaptive"] = "fixed"
+    target: float = Field(6.0, gt=0.0, description="adaptive controller's target KL")
+    horizon: int = Field(10000, ge=1)
+
+
+class AlgorithmConfig(_Strict):
+    advantage: str = Field("grpo", description="a registered advantage estimator")
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(0.95, ge=0.0, le=1.0)
+    norm_by_std: bool = True
+    policy_loss: str = Field("ppo_clip", description="a registered policy loss")
+    clip_ratio_low: float = Field(0.2, gt=0.0)
+    clip_ratio_high: float = Field(0.2, gt=0.0)
+    clip_ratio_c: float = Field(3.0, gt=1.0, description="dual-clip bound")
+    loss_agg_mode: str = "token-mean"
+    entropy_coef: float = Field(0.0, ge=0.0)
+    value_clip: float = Field(0.2, gt=0.0)
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    kl: KLConfig = Field(default_factory=KLConfig)
+    # Safe-RLHF
+    cost_limit: float = 0.0
+    lagrange_init: float = Field(1.0, ge=0.0)
+    lagrange_lr: float = Field(0.05, gt=0.0)
+
+
+class RolloutConfig(_Strict):
+    backend: str = Field("hf", description="a registered rollout engine")
+    n: int = Field(1, ge=1, description="samples per prompt (GRPO/RLOO groups)")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    max_new_tokens: int = Field(32, ge=1)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    val_temperature: float = Field(0.0, ge=0.0, description="validation: 0 is greedy")
+    bucket_mb: float = Field(64.0, gt=0, description="weight-sync bucket size")
+    engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
+
+
+class ModelRoleConfig(_Strict):
+    """A model role: which training backend, which weights, backend settings."""
+
+    backend: str = Field("fsdp", description="a registered training engine")
+    model_path: Path | None = Field(None, description="default: model.path")
+    engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
+
+
+class ModelConfig(_Strict):
+    path: Path = Field(description="the policy's initial weights (a local HF folder)")
+    tokenizer_path: Path | None = Field(None, description="default: model.path")
+
+
+class RewardConfig(_Strict):
+    function: str | None = Field(None, description="rule-based reward: name or module:function")
+    model: ModelRoleConfig | None = Field(None, description="a reward model instead")
+
+
+class SFTConfig(_Strict):
+    """An optional supervised warm-start before RL (prompt -> ground truth)."""
+
+    steps: int = Field(0, ge=0, description="supervised steps (the actor's optimizer)")
+    batch_size: int = Field(16, ge=1)
+
+
+class TrainerConfig(_Strict):
+    run: RunConfig = Field(default_factory=RunConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    actor: ModelRoleConfig = Field(default_factory=ModelRoleConfig)
+    reference: ModelRoleConfig | None = Field(None, description="needed for KL; None: no KL")
+    critic: ModelRoleConfig | None = Field(None, description="needed by GAE (PPO)")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    cost: RewardConfig | None = Field(None, description="Safe-RLHF cost: function or model")
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerConfig:
+        if self.reward.function is None and self.reward.model is None:
+            raise ValueError("reward: give a rule-based 'function' or a reward 'model'")
+        if self.algorithm.advantage == "gae" and self.critic is None:
+            raise ValueError("algorithm.advantage=gae needs a 'critic' section")
+        if self.algorithm.kl.mode != "none" and self.reference is None:
+            raise ValueError(f"algorithm.kl.mode={self.algorithm.kl.mode} needs a 'reference'")
+        if self.algorithm.advantage in ("grpo", "rloo", "dr_grpo") and self.rollout.n < 2:
+            raise ValueError(
+                f"algorithm.advantage={self.algorithm.advantage} compares samples of one prompt: "
+                f"rollout.n must be >= 2 (got {self.rollout.n})"
+            )
+        samples = self.data.batch_size * self.rollout.n
+        per_update = self.placement.processes * self.algorithm.mini_batches
+        if samples % per_update:
+            raise ValueError(
+                f"data.batch_size * rollout.n = {samples} samples must split evenly into "
+                f"placement.processes * algorithm.mini_batches = {per_update} parts"
+            )
+        if self.data.batch_size % self.placement.processes:
+            raise ValueError(
+                f"data.batch_size={self.data.batch_size} must be a multiple of "
+                f"placement.processes={self.placement.processes}"
+            )
+        return self
+
+    def role_model(self, role: ModelRoleConfig) -> Path:
+        return role.model_path or self.model.path
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.model.tokenizer_path or self.model.path

@@ -1,0 +1,366 @@
+"""The single-controller RL loop (HybridFlow §4): one driver program over worker groups.
+
+Each step: generate (hybrid engine) -> reference log-probs, values, reward/cost scores in
+parallel (futures) -> advantages on the driver -> critic update -> actor update -> weight sync.
+The algorithm is chosen by configuration (advantage estimator, policy loss, KL mode), so PPO,
+GRPO, ReMax, RLOO, REINFORCE++ and Safe-RLHF are this one loop with different settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hf_core.algorithms import (
+    LagrangeMultiplier,
+    apply_kl_penalty,
+    compute_advantage,
+    make_kl_controller,
+    masked_mean,
+    safe_rlhf_advantage,
+    token_level_rewards,
+)
+from hf_core.batch import Batch
+from hf_core.config import TrainerConfig
+from hf_core.data import PromptDataset, PromptLoader
+from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
+from hf_core.rewards import RuleReward
+from hf_core.runtime import Cluster
+from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
+from hf_core.trainer.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    save_run_checkpoint,
+)
+from hf_core.trainer.roles import RoleGroups, spawn_roles
+
+log = logging.getLogger(__name__)
+
+ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+def _mean_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    """Rank 0's copy of metrics the engines already averaged across ranks."""
+    return {f"{prefix}/{k}": float(v) for k, v in rows[0].items()}
+
+
+class RLTrainer:
+    """Owns the cluster, the worker groups, the data and the metrics of one run."""
+
+    def __init__(self, config: TrainerConfig, *, resume: bool = False) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.resume = resume
+        self.output_dir = Path(config.run.output_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
+        data = config.data
+        if not data.train_files:
+            raise ValueError("data.train_files is empty: give at least one JSONL/Parquet file")
+        dataset_kwargs: dict[str, Any] = dict(
+            prompt_key=data.prompt_key,
+            ground_truth_key=data.ground_truth_key,
+            max_prompt_length=data.max_prompt_length,
+            chat_template=data.chat_template,
+        )
+        self.train_set = PromptDataset.from_files(
+            [str(p) for p in data.train_files], self.tokenizer, **dataset_kwargs
+        )
+        self.loader = PromptLoader(
+            self.train_set,
+            data.batch_size,
+            shuffle=data.shuffle,
+            seed=config.run.seed,
+            num_epochs=data.num_epochs,
+        )
+        self.val_loader = (
+            PromptLoader.for_validation(
+                PromptDataset.from_files(
+                    [str(p) for p in data.val_files], self.tokenizer, **dataset_kwargs
+                ),
+                data.val_batch_size,
+            )
+            if data.val_files
+            else None
+        )
+        self.reward_fn = (
+            RuleReward(config.reward.function, self.tokenizer) if config.reward.function else None
+        )
+        self.cost_fn = (
+            RuleReward(config.cost.function, self.tokenizer)
+            if config.cost is not None and config.cost.function
+            else None
+        )
+        kl = config.algorithm.kl
+        self.kl_ctl = make_kl_controller(
+            kl.controller, kl_coef=kl.coef, target_kl=kl.target, horizon=kl.horizon
+        )
+        self.lagrange = (
+            LagrangeMultiplier(
+                config.algorithm.lagrange_init,
+                lr=config.algorithm.lagrange_lr,
+                cost_limit=config.algorithm.cost_limit,
+            )
+            if config.cost is not None
+            else None
+        )
+        self.step = 0
+        self.roles: RoleGroups | None = None
+
+    # ------------------------------------------------------------------ run
+    def fit(self) -> RunSummary:
+        cfg = self.config
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):
+            self.roles = spawn_roles(cfg)
+            try:
+                return self._fit()
+            finally:
+                self.roles.shutdown()
+                self.roles = None
+
+    def _fit(self) -> RunSummary:
+        cfg = self.config
+        resumed_step = self._restore() if self.resume else None
+        if resumed_step is None and cfg.sft.steps:
+            self._warm_start()
+        logger = MetricsLogger(
+            self.output_dir,
+            total_steps=cfg.run.total_steps,
+            run_name=cfg.run.name,
+            config=cfg.model_dump(mode="json"),
+            tensorboard=cfg.run.tensorboard,
+            wandb=cfg.run.wandb,
+            progress=cfg.run.progress,
+            resume_step=resumed_step,
+            overwrite=resumed_step is None,
+        )
+        with logger:
+            while self.step < cfg.run.total_steps:
+                self.step += 1
+                metrics = self._train_step(next(self.loader))
+                if (
+                    self.val_loader is not None
+                    and cfg.run.val_every
+                    and (self.step % cfg.run.val_every == 0 or self.step == cfg.run.total_steps)
+                ):
+                    metrics.update(self.validate())
+                logger.log(metrics, self.step)
+                if cfg.run.save_every and self.step % cfg.run.save_every == 0:
+                    self.save()
+            if cfg.run.save_final and not (
+                cfg.run.save_every and self.step % cfg.run.save_every == 0
+            ):
+                self.save()
+            if cfg.run.export_final:
+                self.roles.actor.export_hf(str(self.output_dir / "actor_hf"))
+        return logger.summary()
+
+    # --------------------------------------------------------------- stages
+    def _train_step(self, prompts: Batch) -> dict[str, float]:
+        cfg, roles = self.config, self.roles
+        algo = cfg.algorithm
+        metrics: dict[str, float] = {}
+        start = time.perf_counter()
+        n = cfg.rollout.n
+
+        with Timer("generate", metrics):
+            params = sampling_params(cfg.rollout, self.step, cfg.run.seed)
+            generated = roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+        per_sample = prompts.select(*prompts.non_tensors.keys()).repeat_interleave(n)
+        batch = generated | per_sample
+        batch["group_index"] = torch.arange(len(prompts)).repeat_interleave(n)
+        batch.meta.update(step=self.step, temperature=cfg.rollout.temperature or 1.0)
+        model_input = batch.select(*ACTOR_KEYS)
+        model_input.meta.update(batch.meta)
+
+        with Timer("prepare", metrics):
+            futures = {"old": roles.actor.compute_log_probs.remote(model_input)}
+            if cfg.reference is not None:
+                futures["ref"] = roles.actor.compute_ref_log_probs.remote(model_input)
+            if roles.critic is not None:
+                futures["values"] = roles.critic.compute_values.remote(model_input)
+            if roles.reward is not None:
+                futures["reward"] = roles.reward.compute_scores.remote(model_input)
+            if roles.cost is not None:
+                futures["cost"] = roles.cost.compute_scores.remote(model_input)
+            scores = self._rule_scores(batch, self.reward_fn)  # overlaps with the futures
+            costs = self._rule_scores(batch, self.cost_fn)
+            for future in futures.values():
+                batch = batch | future.result()
+            if "reward_scores" in batch:
+                scores = batch["reward_scores"] + (0 if scores is None else scores)
+            if "cost_scores" in batch:
+                costs = batch["cost_scores"] + (0 if costs is None else costs)
+            baseline = self._greedy_baseline(prompts) if algo.advantage == "remax" else None
+
+        with Timer("advantage", metrics):
+            mask = batch["response_mask"]
+            if algo.kl.mode == "in_reward":
+                rewards, kl_metrics = apply_kl_penalty(
+                    scores,
+                    batch["old_log_probs"],
+                    batch["ref_log_probs"],
+                    mask,
+                    kl_coef=self.kl_ctl.value,
+                    estimator=algo.kl.estimator,
+                )
+                metrics.update({f"actor/{k}": v for k, v in kl_metrics.items()})
+                self.kl_ctl.update(kl_metrics["kl/token_mean"], len(batch))
+            else:
+                rewards = token_level_rewards(scores, mask)
+            advantages, returns = self._advantages(rewards, mask, batch, baseline)
+            if costs is not None and self.lagrange is not None:
+                cost_adv, _ = self._advantages(token_level_rewards(costs, mask), mask, batch, None)
+                advantages = safe_rlhf_advantage(advantages, cost_adv, self.lagrange.value, mask)
+                metrics["cost/mean"] = float(costs.mean())
+                metrics["cost/lagrange"] = self.lagrange.update(float(costs.mean()))
+            batch["advantages"], batch["returns"] = advantages, returns
+
+        if roles.critic is not None:
+            with Timer("update_critic", metrics):
+                update = batch.select(*ACTOR_KEYS, "returns")
+                update["old_values"] = batch["values"]
+                update.meta.update(batch.meta)
+                metrics.update(_mean_metrics(roles.critic.update_critic(update), "critic"))
+        with Timer("update_actor", metrics):
+            keys = [*ACTOR_KEYS, "old_log_probs", "advantages"]
+            if algo.kl.mode == "in_loss":
+                keys.append("ref_log_probs")
+            update = batch.select(*keys)
+            update.meta.update(batch.meta)
+            metrics.update(_mean_metrics(roles.actor.update_actor(update), "actor"))
+        with Timer("weight_sync", metrics):
+            metrics["perf/weight_sync_s"] = max(roles.actor.sync_weights())
+
+        elapsed = time.perf_counter() - start
+        lengths = mask.sum(-1).float()
+        metrics.update(
+            {
+                "reward/mean": float(scores.mean()),
+                "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+                "advantage/mean": float(masked_mean(advantages, mask)),
+                "response_length/mean": float(lengths.mean()),
+                "response_length/max": float(lengths.max()),
+                "perf/step_s": elapsed,
+                "perf/tokens": float(token_count(batch)),
+                "perf/throughput": token_count(batch) / elapsed,
+                **peak_memory(),
+            }
+        )
+        if "ref_log_probs" in batch:
+            kl = batch["old_log_probs"] - batch["ref_log_probs"]
+            metrics["actor/kl"] = float(masked_mean(kl, mask))
+        return metrics
+
+    def _rule_scores(self, batch: Batch, fn: RuleReward | None) -> torch.Tensor | None:
+        return None if fn is None else fn(batch).float()
+
+    def _advantages(
+        self,
+        rewards: torch.Tensor,
+        mask: torch.Tensor,
+        batch: Batch,
+        baseline: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        algo = self.config.algorithm
+        inputs: dict[str, Any] = dict(
+            index=batch["group_index"],
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_by_std=algo.norm_by_std,
+        )
+        if "values" in batch:
+            inputs["values"] = batch["values"]
+        if baseline is not None:
+            inputs["baseline_scores"] = baseline
+        return compute_advantage(algo.advantage, rewards, mask, **inputs)
+
+    def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
+        """ReMax: the reward of the greedy response to each prompt, repeated over its group."""
+        params = sampling_params(self.config.rollout, self.step, self.config.run.seed, greedy=True)
+        greedy = self.roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+        greedy = greedy | prompts.select(*prompts.non_tensors.keys())
+        scores = self._rule_scores(greedy, self.reward_fn)
+        if self.roles.reward is not None:
+            model_scores = self.roles.reward.compute_scores(greedy.select(*ACTOR_KEYS))
+            scores = model_scores["reward_scores"] + (0 if scores is None else scores)
+        return scores.repeat_interleave(self.config.rollout.n)
+
+    # ----------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Greedy (by default) generations on the validation set; mean rule reward."""
+        if self.val_loader is None or self.reward_fn is None:
+            return {}
+        params = sampling_params(self.config.rollout, 0, self.config.run.seed, n=1)
+        params = params.model_copy(update={"temperature": self.config.rollout.val_temperature})
+        scores = []
+        for prompts in self.val_loader:
+            generated = self.roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+            scores.append(self.reward_fn(generated | prompts.select(*prompts.non_tensors)))
+        return {"val/reward_mean": float(torch.cat(scores).float().mean())}
+
+    # ----------------------------------------------------------------- SFT
+    def _warm_start(self) -> None:
+        """Supervised steps on (prompt, ground truth) before RL, from the same data."""
+        cfg = self.config
+        loader = PromptLoader(
+            self.train_set,
+            cfg.sft.batch_size,
+            shuffle=True,
+            seed=cfg.run.seed + 1,
+            num_epochs=1_000_000,
+        )
+        for i in range(1, cfg.sft.steps + 1):
+            rows = self.roles.actor.sft_step(sft_batch(next(loader), self.tokenizer))
+            if i == 1 or i % 10 == 0 or i == cfg.sft.steps:
+                log.info("SFT step %d/%d: nll %.3f", i, cfg.sft.steps, rows[0]["sft_nll"])
+        self.roles.actor.sync_weights()
+
+    # --------------------------------------------------------- checkpoints
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "loader": self.loader.state_dict(),
+            "kl_ctl": self.kl_ctl.state_dict(),
+            "lagrange": self.lagrange.state_dict() if self.lagrange else None,
+            "rng": {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+            },
+        }
+
+    def save(self) -> Path:
+        def save_engines(folder: Path) -> None:
+            self.roles.actor.save_checkpoint(str(folder))
+            if self.roles.critic is not None:
+                self.roles.critic.save_checkpoint(str(folder))
+
+        return save_run_checkpoint(self.output_dir, self.step, self._state(), save_engines)
+
+    def _restore(self) -> int:
+        folder = latest_checkpoint(self.output_dir)
+        state = load_trainer_state(folder)
+        self.roles.actor.load_checkpoint(str(folder))
+        if self.roles.critic is not None:
+            self.roles.critic.load_checkpoint(str(folder))
+        self.roles.actor.sync_weights()
+        self.step = int(state["step"])
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if self.lagrange is not None and state["lagrange"] is not None:
+            self.lagrange.load_state_dict(state["lagrange"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+        log.info("resumed from %s at step %d", folder, self.step)
+        return self.step

@@ -1,0 +1,11 @@
+"""Role workers: core's actor/rollout/reference, critic and reward/cost model workers.
+
+They hold engines chosen by name (plugins) and expose ``@register``-ed methods the trainer
+calls through worker groups.
+"""
+
+from hf_core.workers.actor import ActorRolloutRefWorker
+from hf_core.workers.critic import CriticWorker
+from hf_core.workers.scorer import ScoreModelWorker
+
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ScoreModelWorker"]

@@ -1,0 +1,124 @@
+"""The hybrid actor worker: policy training, rollout and (optionally) the reference policy.
+
+One process per rank holds the actor's training engine and its rollout engine side by side
+(the paper's hybrid engine): after each update the new weights stream from the training
+engine into the rollout engine in buckets, in the same process, with no second full copy.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from hf_core.batch import Batch
+from hf_core.config import TrainerConfig
+from hf_core.engines import SamplingParams
+from hf_core.plugins import get_rollout_engine
+from hf_core.protocols import register
+from hf_core.worker import Worker
+from hf_core.workers.common import build_training_engine, mini_batch_updates, role_path
+from hf_core.workers.losses import PolicyLoss, sft_loss
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor (trainable policy) + rollout engine (+ frozen reference) in one process."""
+
+    def __init__(self, config: TrainerConfig) -> None:
+        super().__init__()
+        torch.set_num_threads(config.run.torch_threads)
+        self.config = config
+        self.actor = build_training_engine(config.actor, config, head="lm", trainable=True)
+        self.reference = (
+            build_training_engine(config.reference, config, head="lm", trainable=False)
+            if config.reference is not None
+            else None
+        )
+        rollout_factory = get_rollout_engine(config.rollout.backend)
+        self.rollout = rollout_factory(
+            model_path=str(config.role_model(config.actor)), **config.rollout.engine
+        )
+        self.loss = PolicyLoss(config.algorithm)
+        self.needs_sync = False
+
+    # ------------------------------------------------------------- generation
+    @register("3D_ALL_MICRO_DP")
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Sample responses; syncs weights first if the actor changed since the last sync."""
+        if self.needs_sync:
+            self.sync_weights()
+        self.rollout.resume_memory()
+        try:
+            return self.rollout.generate(prompts, params)
+        finally:
+            self.rollout.release_memory()
+
+    @register("ONE_TO_ALL")
+    def sync_weights(self) -> float:
+        """Stream the actor's canonical weights into the rollout engine; returns seconds."""
+        start = time.perf_counter()
+        bucket_bytes = int(self.config.rollout.bucket_mb * 2**20)
+        for bucket in self.actor.export_weights(bucket_bytes):
+            self.rollout.load_weights(bucket)
+        self.rollout.finish_weight_sync()
+        self.needs_sync = False
+        return time.perf_counter() - start
+
+    # ---------------------------------------------------------- log-probs
+    @register("3D_PROTO")
+    def compute_log_probs(self, batch: Batch) -> Batch:
+        """The behaviour policy's log-probs (``old_log_probs``) and entropy."""
+        out = self.actor.compute_log_probs(batch, temperature=self._temperature(batch))
+        return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+
+    @register("3D_PROTO")
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        if self.reference is None:
+            raise RuntimeError("no reference model configured (add a 'reference' section)")
+        out = self.reference.compute_log_probs(batch, temperature=self._temperature(batch))
+        return Batch({"ref_log_probs": out["log_probs"]})
+
+    def _temperature(self, batch: Batch) -> float:
+        return float(batch.meta.get("temperature", self.config.rollout.temperature)) or 1.0
+
+    # ------------------------------------------------------------- updates
+    @register("3D_PROTO")
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs x mini-batches over this rank's share; weights sync before next rollout."""
+        batch.meta.setdefault("temperature", self._temperature(batch))
+        metrics = mini_batch_updates(
+            self.actor,
+            batch,
+            self.loss,
+            epochs=self.config.algorithm.ppo_epochs,
+            mini_batches=self.config.algorithm.mini_batches,
+            seed=int(batch.meta.get("step", 0)),
+        )
+        self.needs_sync = True
+        return metrics
+
+    @register("3D_PROTO")
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised step (prompt -> target tokens as the 'response')."""
+        batch.meta["temperature"] = 1.0
+        metrics = self.actor.train_step(batch, sft_loss)
+        self.needs_sync = True
+        return metrics
+
+    # ---------------------------------------------------------- checkpoints
+    @register("ONE_TO_ALL")
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(role_path(path, "actor"))
+
+    @register("ONE_TO_ALL")
+    def load_checkpoint(self, path: str) -> None:
+        self.actor.load_checkpoint(role_path(path, "actor"))
+        self.needs_sync = True
+
+    @register("ONE_TO_ALL")
+    def export_hf(self, path: str) -> str:
+        export = getattr(self.actor, "export_hf", None)
+        if export is None:
+            raise NotImplementedError(f"{type(self.actor).__name__} cannot export an HF folder")
+        return str(export(Path(path), tokenizer=str(self.config.tokenizer_path)))

@@ -1,0 +1,25 @@
+"""Reward- and cost-model workers: one scalar per sequence from a sequence-scoring head."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_core.batch import Batch
+from hf_core.config import ModelRoleConfig, TrainerConfig
+from hf_core.protocols import register
+from hf_core.worker import Worker
+from hf_core.workers.common import build_training_engine
+
+
+class ScoreModelWorker(Worker):
+    """``kind`` names the output key: ``reward_scores`` or ``cost_scores``."""
+
+    def __init__(self, config: TrainerConfig, model: ModelRoleConfig, kind: str) -> None:
+        super().__init__()
+        torch.set_num_threads(config.run.torch_threads)
+        self.kind = kind
+        self.model = build_training_engine(model, config, head="score", trainable=False)
+
+    @register("3D_PROTO")
+    def compute_scores(self, batch: Batch) -> Batch:
+        return Batch({f"{self.kind}_scores": self.model.compute_scores(batch)["scores"]})

@@ -13,6 +13,7 @@ from hf_core.config import ConfigError
 from hf_core.data import DataError
 from hf_core.mapping.cli import add_plan_command
 from hf_core.plugins import PluginLoadError, list_backends
+from hf_core.rewards import RewardFunctionError
 
 
 def _backends(_: argparse.Namespace) -> int:
@@ -58,8 +59,7 @@ def _run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = load_config(TrainerConfig, args.recipe, args.overrides)
-    summary = RLTrainer(config, resume=args.resume).fit()
-    Console().print(str(summary.learning) if summary.learning else "no reward logged")
+    RLTrainer(config, resume=args.resume).fit()  # prints its own summary table
     return 0
 
 
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginLoadError as exc:
         Console(stderr=True).print(f"[bold red]plugin error:[/] {exc}", highlight=False)
         return 2
-    except (ConfigError, DataError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, FileNotFoundError, RewardFunctionError) as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=False)
         return 2
 

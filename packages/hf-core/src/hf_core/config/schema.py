@@ -7,9 +7,13 @@ validated by that backend's config class when the engine is built.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+AbsPath = Annotated[Path, AfterValidator(lambda p: p.expanduser().absolute())]
+"""Paths are made absolute against the driver's working directory, because worker
+processes (possibly on other nodes) do not share it."""
 
 
 class _Strict(BaseModel):
@@ -18,7 +22,7 @@ class _Strict(BaseModel):
 
 class RunConfig(_Strict):
     name: str = "run"
-    output_dir: Path = Field(Path("runs/run"), description="metrics, plot, checkpoints, exports")
+    output_dir: AbsPath = Field(Path("runs/run"), description="metrics, plot, checkpoints, exports")
     total_steps: int = Field(10, ge=1, description="RL steps (one batch of prompts each)")
     seed: int = 0
     val_every: int = Field(0, ge=0, description="validate every N steps (0: never)")
@@ -52,8 +56,8 @@ class PlacementConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    train_files: list[Path] = Field(default_factory=list)
-    val_files: list[Path] = Field(default_factory=list)
+    train_files: list[AbsPath] = Field(default_factory=list)
+    val_files: list[AbsPath] = Field(default_factory=list)
     prompt_key: str = "prompt"
     ground_truth_key: str = "ground_truth"
     max_prompt_length: int | None = Field(None, ge=1)
@@ -111,13 +115,13 @@ class ModelRoleConfig(_Strict):
     """A model role: which training backend, which weights, backend settings."""
 
     backend: str = Field("fsdp", description="a registered training engine")
-    model_path: Path | None = Field(None, description="default: model.path")
+    model_path: AbsPath | None = Field(None, description="default: model.path")
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 
 
 class ModelConfig(_Strict):
-    path: Path = Field(description="the policy's initial weights (a local HF folder)")
-    tokenizer_path: Path | None = Field(None, description="default: model.path")
+    path: AbsPath = Field(description="the policy's initial weights (a local HF folder)")
+    tokenizer_path: AbsPath | None = Field(None, description="default: model.path")
 
 
 class RewardConfig(_Strict):

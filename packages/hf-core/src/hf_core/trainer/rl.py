@@ -217,9 +217,13 @@ class RLTrainer:
                 self.kl_ctl.update(kl_metrics["kl/token_mean"], len(batch))
             else:
                 rewards = token_level_rewards(scores, mask)
-            advantages, returns = self._advantages(rewards, mask, batch, baseline)
+            advantages, returns = self._advantages(algo.advantage, rewards, mask, batch, baseline)
             if costs is not None and self.lagrange is not None:
-                cost_adv, _ = self._advantages(token_level_rewards(costs, mask), mask, batch, None)
+                # No cost critic: cost advantages are whitened returns-to-go (REINFORCE++).
+                cost_rewards = token_level_rewards(costs, mask)
+                cost_adv, _ = self._advantages(
+                    "reinforce_plus_plus", cost_rewards, mask, batch, None
+                )
                 advantages = safe_rlhf_advantage(advantages, cost_adv, self.lagrange.value, mask)
                 metrics["cost/mean"] = float(costs.mean())
                 metrics["cost/lagrange"] = self.lagrange.update(float(costs.mean()))
@@ -266,6 +270,7 @@ class RLTrainer:
 
     def _advantages(
         self,
+        name: str,
         rewards: torch.Tensor,
         mask: torch.Tensor,
         batch: Batch,
@@ -282,30 +287,34 @@ class RLTrainer:
             inputs["values"] = batch["values"]
         if baseline is not None:
             inputs["baseline_scores"] = baseline
-        return compute_advantage(algo.advantage, rewards, mask, **inputs)
+        return compute_advantage(name, rewards, mask, **inputs)
 
     def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
         """ReMax: the reward of the greedy response to each prompt, repeated over its group."""
         params = sampling_params(self.config.rollout, self.step, self.config.run.seed, greedy=True)
         greedy = self.roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
         greedy = greedy | prompts.select(*prompts.non_tensors.keys())
-        scores = self._rule_scores(greedy, self.reward_fn)
+        return self._score(greedy).repeat_interleave(self.config.rollout.n)
+
+    def _score(self, batch: Batch) -> torch.Tensor:
+        """Rule-based plus reward-model scores of a batch (blocking; outside the main step)."""
+        scores = self._rule_scores(batch, self.reward_fn)
         if self.roles.reward is not None:
-            model_scores = self.roles.reward.compute_scores(greedy.select(*ACTOR_KEYS))
-            scores = model_scores["reward_scores"] + (0 if scores is None else scores)
-        return scores.repeat_interleave(self.config.rollout.n)
+            model = self.roles.reward.compute_scores(batch.select(*ACTOR_KEYS))["reward_scores"]
+            scores = model if scores is None else scores + model
+        return scores
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) generations on the validation set; mean rule reward."""
-        if self.val_loader is None or self.reward_fn is None:
+        """Greedy (by default) generations on the validation set; their mean reward."""
+        if self.val_loader is None:
             return {}
         params = sampling_params(self.config.rollout, 0, self.config.run.seed, n=1)
         params = params.model_copy(update={"temperature": self.config.rollout.val_temperature})
         scores = []
         for prompts in self.val_loader:
             generated = self.roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
-            scores.append(self.reward_fn(generated | prompts.select(*prompts.non_tensors)))
+            scores.append(self._score(generated | prompts.select(*prompts.non_tensors)))
         return {"val/reward_mean": float(torch.cat(scores).float().mean())}
 
     # ----------------------------------------------------------------- SFT

@@ -1,0 +1,43 @@
+"""End-to-end fixtures: tiny assets built once, one Ray instance for every recipe run."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hf_core.testing import local_ray_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes"
+
+
+def _load_make_assets():
+    spec = importlib.util.spec_from_file_location("make_assets", RECIPES / "make_assets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_assets
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding runs/assets, as recipes expect when run from the repository root."""
+    folder = tmp_path_factory.mktemp("e2e")
+    _load_make_assets()(folder / "runs" / "assets")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    with local_ray_cluster():
+        yield
+
+
+@pytest.fixture
+def in_workdir(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(workdir)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    return workdir

@@ -31,6 +31,7 @@ COMMON = [
 EXTRA = {
     "ppo": ["critic/vf_loss", "critic/grad_norm", "actor/kl", "actor/kl/coef"],
     "ppo_split": ["critic/vf_loss", "actor/kl"],
+    "ppo_auto": ["critic/vf_loss", "actor/kl"],
     "grpo": ["actor/kl", "actor/kl_loss"],
     "remax": [],
     "rloo": ["actor/kl"],
@@ -68,3 +69,8 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     assert "val/reward_mean" in rows[-1]
     assert (config.run.output_dir / "metrics.png").stat().st_size > 0
     assert (config.run.output_dir / "checkpoints" / "latest").read_text() == "step_3"
+    if config.placement.mode == "auto":  # the planner's choice is logged with the run
+        plan = json.loads((config.run.output_dir / "plan.json").read_text())
+        placed = sorted(r for pool in plan["pools"] for r in pool["roles"])
+        assert placed == ["actor", "critic", "reference", "reward"]
+        assert sum(pool["devices"] for pool in plan["pools"]) <= config.placement.devices

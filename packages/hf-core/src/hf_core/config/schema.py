@@ -47,12 +47,16 @@ class PlacementConfig(_Strict):
 
     ``colocate``: one pool of ``processes`` ranks hosts every role (the paper's default);
     ``split``: the actor (with rollout and reference) on ``processes`` ranks, and critic and
-    reward/cost models on a second pool of ``other_processes`` ranks.
+    reward/cost models on a second pool of ``other_processes`` ranks;
+    ``auto``: the auto-mapping planner (paper §6) chooses the pools over ``devices`` devices of
+    kind ``device`` (``processes`` is then the actor pool's size it picked).
     """
 
-    mode: Literal["colocate", "split"] = "colocate"
+    mode: Literal["colocate", "split", "auto"] = "colocate"
     processes: int = Field(1, ge=1)
     other_processes: int = Field(1, ge=1)
+    devices: int | None = Field(None, ge=1, description="auto: devices to plan over")
+    device: str = Field("cpu", description="auto: device profile (cpu, a100-80g, h100, h200)")
 
 
 class DataConfig(_Strict):
@@ -164,18 +168,19 @@ class TrainerConfig(_Strict):
                 f"algorithm.advantage={self.algorithm.advantage} compares samples of one prompt: "
                 f"rollout.n must be >= 2 (got {self.rollout.n})"
             )
+        ranks = {self.placement.processes}
+        if self.placement.mode == "split":
+            ranks.add(self.placement.other_processes)
+        if self.placement.mode == "auto":
+            ranks = set()  # checked against the planner's pools (trainer.auto_placement)
         samples = self.data.batch_size * self.rollout.n
-        per_update = self.placement.processes * self.algorithm.mini_batches
-        if samples % per_update:
-            raise ValueError(
-                f"data.batch_size * rollout.n = {samples} samples must split evenly into "
-                f"placement.processes * algorithm.mini_batches = {per_update} parts"
-            )
-        if self.data.batch_size % self.placement.processes:
-            raise ValueError(
-                f"data.batch_size={self.data.batch_size} must be a multiple of "
-                f"placement.processes={self.placement.processes}"
-            )
+        for count in sorted(ranks):
+            per_update = count * self.algorithm.mini_batches
+            if samples % per_update:
+                raise ValueError(
+                    f"data.batch_size * rollout.n = {samples} samples must split evenly into "
+                    f"{count} ranks * algorithm.mini_batches = {per_update} parts"
+                )
         return self
 
     def role_model(self, role: ModelRoleConfig) -> Path:

@@ -32,13 +32,14 @@ from hf_core.data import PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
 from hf_core.runtime import Cluster
+from hf_core.trainer.auto_placement import plan_pools
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
 from hf_core.trainer.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     save_run_checkpoint,
 )
-from hf_core.trainer.roles import RoleGroups, spawn_roles
+from hf_core.trainer.roles import RoleGroups, configured_pools, spawn_roles
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,13 @@ class RLTrainer:
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
+        pools = (
+            plan_pools(cfg, self.output_dir)
+            if cfg.placement.mode == "auto"
+            else configured_pools(cfg)
+        )
         with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):
-            self.roles = spawn_roles(cfg)
+            self.roles = spawn_roles(cfg, pools)
             try:
                 return self._fit()
             finally:

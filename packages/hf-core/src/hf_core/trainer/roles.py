@@ -1,12 +1,25 @@
-"""Spawn the role worker groups a config asks for, colocated or split across two pools."""
+"""Spawn the role worker groups a config asks for, over one or more resource pools.
+
+Roles listed in one pool share its processes (hybrid colocation); separate pools are separate
+processes (split placement).  The reference policy always lives in the actor's worker.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hf_core.config import TrainerConfig
 from hf_core.runtime import ResourcePool, RoleSpec, WorkerGroup, spawn
 from hf_core.workers import ActorRolloutRefWorker, CriticWorker, ScoreModelWorker
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """Roles (``actor``, ``critic``, ``reward``, ``cost``) sharing ``processes`` ranks."""
+
+    roles: tuple[str, ...]
+    processes: int
 
 
 @dataclass
@@ -18,46 +31,74 @@ class RoleGroups:
     pools: list[ResourcePool] = field(default_factory=list)
 
     def shutdown(self) -> None:
-        seen: set[int] = set()
-        for group in (self.actor, self.critic, self.reward, self.cost):
-            if group is not None and id(group.hosts) not in seen:
-                seen.add(id(group.hosts))
-                group.shutdown()
-        for pool in self.pools:
-            pool.release()
+        _shutdown([self.actor, self.critic, self.reward, self.cost], self.pools)
 
 
-def _specs(config: TrainerConfig) -> tuple[dict[str, RoleSpec], dict[str, RoleSpec]]:
-    """Roles for the actor's pool and for the other pool (empty when colocated)."""
-    actor = {"actor": RoleSpec(ActorRolloutRefWorker, (config,))}
-    others: dict[str, RoleSpec] = {}
+def _shutdown(groups: Sequence[WorkerGroup | None], pools: Sequence[ResourcePool]) -> None:
+    """Kill each group's processes once (colocated roles share them), release the bundles."""
+    seen: set[int] = set()
+    for group in groups:
+        if group is not None and id(group.hosts) not in seen:
+            seen.add(id(group.hosts))
+            group.shutdown()
+    for pool in pools:
+        pool.release()
+
+
+def role_specs(config: TrainerConfig) -> dict[str, RoleSpec]:
+    """The worker of every role the config uses."""
+    specs = {"actor": RoleSpec(ActorRolloutRefWorker, (config,))}
     if config.critic is not None:
-        others["critic"] = RoleSpec(CriticWorker, (config,))
+        specs["critic"] = RoleSpec(CriticWorker, (config,))
     if config.reward.model is not None:
-        others["reward"] = RoleSpec(ScoreModelWorker, (config, config.reward.model, "reward"))
+        specs["reward"] = RoleSpec(ScoreModelWorker, (config, config.reward.model, "reward"))
     if config.cost is not None and config.cost.model is not None:
-        others["cost"] = RoleSpec(ScoreModelWorker, (config, config.cost.model, "cost"))
-    if config.placement.mode == "colocate":
-        return {**actor, **others}, {}
-    return actor, others
+        specs["cost"] = RoleSpec(ScoreModelWorker, (config, config.cost.model, "cost"))
+    return specs
 
 
-def spawn_roles(config: TrainerConfig) -> RoleGroups:
-    """One process per rank; every role of a pool shares its processes (hybrid colocation)."""
-    main_roles, other_roles = _specs(config)
-    common = dict(failure_timeout_s=config.cluster.failure_timeout_s)
-    use_gpu = config.cluster.use_gpu
-    main_pool = ResourcePool([config.placement.processes], use_gpu=use_gpu, name="main")
-    pools = [main_pool]
-    groups = spawn(main_pool, main_roles, name="main", **common)
-    if other_roles:
-        other_pool = ResourcePool([config.placement.other_processes], use_gpu=use_gpu, name="other")
-        pools.append(other_pool)
-        groups.update(spawn(other_pool, other_roles, name="other", **common))
+def configured_pools(config: TrainerConfig) -> list[PoolSpec]:
+    """Pools for ``colocate`` and ``split`` (``auto`` comes from the planner)."""
+    roles = tuple(role_specs(config))
+    placement = config.placement
+    if placement.mode == "colocate" or roles == ("actor",):
+        return [PoolSpec(roles, placement.processes)]
+    if placement.mode == "split":
+        return [
+            PoolSpec(("actor",), placement.processes),
+            PoolSpec(roles[1:], placement.other_processes),
+        ]
+    raise ValueError(f"placement.mode={placement.mode!r} has no fixed pools")
+
+
+def spawn_roles(config: TrainerConfig, pools: Sequence[PoolSpec]) -> RoleGroups:
+    """One process per rank; every role of a pool shares its processes."""
+    specs = role_specs(config)
+    placed = sorted(r for pool in pools for r in pool.roles)
+    if placed != sorted(specs):
+        raise ValueError(f"pools place roles {placed}, but the config has {sorted(specs)}")
+    groups: dict[str, WorkerGroup] = {}
+    resource_pools: list[ResourcePool] = []
+    try:
+        for i, pool in enumerate(pools):
+            name = "_".join(pool.roles) if i else "main"
+            resource = ResourcePool([pool.processes], use_gpu=config.cluster.use_gpu, name=name)
+            resource_pools.append(resource)
+            groups.update(
+                spawn(
+                    resource,
+                    {r: specs[r] for r in pool.roles},
+                    name=name,
+                    failure_timeout_s=config.cluster.failure_timeout_s,
+                )
+            )
+    except BaseException:
+        _shutdown(list(groups.values()), resource_pools)  # nothing half-started stays up
+        raise
     return RoleGroups(
         actor=groups["actor"],
         critic=groups.get("critic"),
         reward=groups.get("reward"),
         cost=groups.get("cost"),
-        pools=pools,
+        pools=resource_pools,
     )

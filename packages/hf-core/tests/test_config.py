@@ -1,0 +1,58 @@
+"""Recipe loading: YAML + dotted overrides, errors that name key, value and expectation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_core.config import ConfigError, TrainerConfig, describe_fields, load_config
+
+RECIPE = """
+model: {path: models/policy}
+data: {train_files: [data/train.jsonl], batch_size: 4}
+rollout: {n: 4}
+reward: {function: digits_reverse}
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE)
+    return path
+
+
+def test_yaml_and_overrides(recipe: Path) -> None:
+    config = load_config(TrainerConfig, recipe, ["rollout.n=8", "algorithm.kl.coef=0.5"])
+    assert config.rollout.n == 8 and config.algorithm.kl.coef == 0.5
+    assert config.model.path.is_absolute()  # workers do not share the driver's cwd
+    assert config.tokenizer_path == config.model.path
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["actor.lrr=1"], "actor.lrr: unknown key"),
+        (["rollout.n=many"], "rollout.n: got 'many'"),
+        (["rollout.temperature=-1"], "rollout.temperature: got -1"),
+        (["rollout.n=1"], "rollout.n must be >= 2"),
+        (["algorithm.advantage=gae"], "needs a 'critic' section"),
+        (["algorithm.kl.mode=in_loss"], "needs a 'reference'"),
+        (["algorithm.mini_batches=3"], "must split evenly"),
+        (["just-a-word"], "overrides must look like key=value"),
+    ],
+)
+def test_errors_name_the_key(recipe: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(TrainerConfig, recipe, overrides)
+
+
+def test_missing_recipe_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="recipe file not found"):
+        load_config(TrainerConfig, tmp_path / "nope.yaml")
+
+
+def test_field_listing_covers_nested_sections() -> None:
+    keys = {key for key, _, _ in describe_fields(TrainerConfig)}
+    assert {"run.total_steps", "algorithm.kl.coef", "rollout.n", "model.path"} <= keys

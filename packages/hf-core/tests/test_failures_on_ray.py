@@ -55,6 +55,24 @@ def test_constructor_failure_names_role_and_rank() -> None:
         pool.release()
 
 
+def test_error_while_peers_wait_in_a_collective_breaks_the_group() -> None:
+    bound = 3.0
+    pool, group = _probe_group("stuck", failure_timeout_s=bound)
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match="fails before the all-reduce") as info:
+            group.fail_before_collective(rank=1)
+        assert info.value.rank == 1
+        assert time.monotonic() - start < bound + 5.0
+        start = time.monotonic()
+        with pytest.raises(GroupBrokenError, match="blocked in a collective"):
+            group.one_to_all("anyone?")  # would queue behind rank 0 forever
+        assert time.monotonic() - start < 1.0
+    finally:
+        group.shutdown()
+        pool.release()
+
+
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_lost_worker_is_reported_within_the_bound(how: str) -> None:
     bound = 4.0

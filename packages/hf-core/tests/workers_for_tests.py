@@ -108,6 +108,15 @@ class ProbeWorker(Worker):
         return self.rank
 
     @register("ONE_TO_ALL")
+    def fail_before_collective(self, rank: int) -> int:
+        """``rank`` raises; the others enter an all-reduce it never joins."""
+        if self.rank == rank:
+            raise RuntimeError(f"rank {rank} fails before the all-reduce")
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return int(value.item())
+
+    @register("ONE_TO_ALL")
     def die_on(self, rank: int, how: str) -> int:
         """``rank`` dies (or freezes); the others wait as if blocked in a collective."""
         if self.rank == rank:

@@ -52,6 +52,7 @@ class HostSet:
         dist_backend: str | None,
         env: Mapping[str, str] | None,
         failure_timeout_s: float,
+        startup_timeout_s: float,
     ) -> None:
         self.pool, self.name = pool, name
         self.failure_timeout_s = failure_timeout_s
@@ -76,27 +77,45 @@ class HostSet:
         if backend == "auto":
             backend = "nccl" if pool.use_gpu else "gloo"
         try:
+            # Starting a process and importing torch can take long on a loaded machine:
+            # heartbeats only count once every rank is up.
             master_addr, master_port = self.wait(
-                [self.actors[0].address.remote()], [0], ",".join(roles), "address"
+                [self.actors[0].address.remote()],
+                [0],
+                ",".join(roles),
+                "address",
+                silence_s=startup_timeout_s,
             )[0]
             setups = [
                 a.setup.remote(master_addr, master_port, backend, failure_timeout_s * 10)
                 for a in self.actors
             ]
             self.pids: list[int] = self.wait(
-                setups, list(range(self.world_size)), ",".join(roles), "setup"
+                setups,
+                list(range(self.world_size)),
+                ",".join(roles),
+                "setup",
+                silence_s=startup_timeout_s,
             )
         except BaseException:
             self.shutdown()  # no half-started group left holding bundles
             raise
 
-    def wait(self, refs: list[ray.ObjectRef], ranks: list[int], role: str, method: str) -> list:
+    def wait(
+        self,
+        refs: list[ray.ObjectRef],
+        ranks: list[int],
+        role: str,
+        method: str,
+        silence_s: float | None = None,
+    ) -> list:
         """Results of ``refs`` (one per rank in ``ranks``); raise on the first failure.
 
         Polls so that a failed rank is reported at once rather than after the others, and
         pings ranks that are still running so that a hung or vanished process is reported
-        after ``failure_timeout_s`` at most.
+        after ``silence_s`` (default ``failure_timeout_s``) without a heartbeat.
         """
+        silence_s = self.failure_timeout_s if silence_s is None else silence_s
         if self.broken:
             raise GroupBrokenError(f"worker group {self.name!r} is broken: {self.broken}")
         pending = {ref: i for i, ref in enumerate(refs)}
@@ -107,12 +126,36 @@ class HostSet:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
             for ref in ready:
                 i = pending.pop(ref)
-                results[i] = self._get(ref, ranks[i], role, method)
+                try:
+                    results[i] = self._get(ref, ranks[i], role, method)
+                except (WorkerError, StaleMeshError):
+                    self._settle_peers(list(pending), ranks[i], role, method)
+                    raise
             now = time.monotonic()
             if pending and now - last_heartbeat >= self.heartbeat_s:
                 last_heartbeat = now
-                self._check_pings(pings, {ranks[i] for i in pending.values()}, role, method, now)
+                running = {ranks[i] for i in pending.values()}
+                self._check_pings(pings, running, role, method, now, silence_s)
         return results
+
+    def _settle_peers(
+        self, pending: list[ray.ObjectRef], failed_rank: int, role: str, method: str
+    ) -> None:
+        """After one rank raised, give its peers ``failure_timeout_s`` to finish.
+
+        In SPMD code the others may be blocked in a collective the failed rank never joins;
+        then the group can never run another call, so it is marked broken (later calls raise
+        :class:`GroupBrokenError` instead of queueing behind the stuck ranks).
+        """
+        if not pending:
+            return
+        _, stuck = ray.wait(pending, num_returns=len(pending), timeout=self.failure_timeout_s)
+        if stuck:
+            self.broken = (
+                f"rank {failed_rank} ({role}) raised in {method!r} and {len(stuck)} other "
+                f"rank(s) did not finish within {self.failure_timeout_s} s (blocked in a "
+                f"collective?)"
+            )
 
     def _get(self, ref: ray.ObjectRef, rank: int, role: str, method: str) -> Any:
         try:
@@ -135,6 +178,7 @@ class HostSet:
         role: str,
         method: str,
         now: float,
+        silence_s: float,
     ) -> None:
         for rank in running:
             if rank not in pings:
@@ -149,14 +193,13 @@ class HostSet:
                     self.broken = f"rank {rank} ({role}) lost during {method!r}"
                     raise WorkerLostError(role, rank, method, f"process died: {exc}") from None
                 pings[rank] = (self.actors[rank].ping.remote(), now)
-            elif now - sent > self.failure_timeout_s:
+            elif now - sent > silence_s:
                 self.broken = f"rank {rank} ({role}) stopped answering during {method!r}"
                 raise WorkerLostError(
                     role,
                     rank,
                     method,
-                    f"no heartbeat for {now - sent:.1f} s (failure_timeout_s="
-                    f"{self.failure_timeout_s})",
+                    f"no heartbeat for {now - sent:.1f} s (bound {silence_s} s)",
                 )
 
     def shutdown(self) -> None:
@@ -386,11 +429,13 @@ def spawn(
     dist_backend: str | None = "auto",
     env: Mapping[str, str] | None = None,
     failure_timeout_s: float = 30.0,
+    startup_timeout_s: float = 300.0,
 ) -> dict[str, WorkerGroup]:
     """Start one process per bundle hosting every role given; one group per role.
 
     ``dist_backend``: ``"auto"`` (gloo on CPU pools, nccl on GPU pools), an explicit backend,
-    or ``None`` to skip torch.distributed.
+    or ``None`` to skip torch.distributed.  ``failure_timeout_s`` bounds how long a running
+    call may go without a heartbeat; ``startup_timeout_s`` does so while processes start.
     """
     if not roles:
         raise ValueError("spawn needs at least one role")
@@ -405,5 +450,6 @@ def spawn(
         dist_backend=dist_backend,
         env=env,
         failure_timeout_s=failure_timeout_s,
+        startup_timeout_s=startup_timeout_s,
     )
     return {role: WorkerGroup(hosts, role, spec.cls) for role, spec in specs.items()}

@@ -84,7 +84,7 @@ def test_lost_worker_is_reported_within_the_bound(how: str) -> None:
         elapsed = time.monotonic() - start
         assert (info.value.role, info.value.rank, info.value.method) == ("prober", 1, "die_on")
         # SIGKILL is seen when the process exits; SIGSTOP only by missed heartbeats.
-        assert elapsed < bound + 6.0, f"took {elapsed:.1f} s"
+        assert elapsed < bound + 10.0, f"took {elapsed:.1f} s"  # vs 120 s of sleeping peers
         with pytest.raises(GroupBrokenError):
             group.one_to_all("still there?")
     finally:

@@ -13,13 +13,12 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_core.batch import Batch
-from hf_core.engines import SamplingParams
+from hf_core.engines import SamplingParams, filter_logits
 from hf_core.resharding import GenerationLayout, ParallelLayout, build_hybrid_plan
 from hf_fsdp.checkpoint import CheckpointError
 from hf_fsdp.engine import FSDPEngine
 from hf_fsdp.loading import ModelLoadError
 from hf_fsdp.rollout import HFRolloutEngine
-from hf_fsdp.sampling import filter_logits
 
 VOCAB = 128
 

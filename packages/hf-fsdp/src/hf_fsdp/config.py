@@ -8,10 +8,12 @@ whose lines name each bad key, the value given and what was expected.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401  (re-exported)
 
 HeadKind = Literal["lm", "value", "score"]
 """``lm``: causal LM (actor, reference); ``value``: per-token value (critic);
@@ -29,10 +31,6 @@ _DTYPES: dict[str, torch.dtype] = {
 def to_dtype(name: str) -> torch.dtype:
     """The torch dtype for one of the :data:`DTypeName` strings."""
     return _DTYPES[name]
-
-
-class EngineConfigError(ValueError):
-    """A configuration value is missing, misspelt or out of range."""
 
 
 class FSDPEngineConfig(BaseModel):
@@ -118,28 +116,5 @@ class HFRolloutConfig(BaseModel):
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
 
 
-C = TypeVar("C", bound=BaseModel)
-
-
-def parse_config(cls: type[C], data: dict[str, Any] | C) -> C:
-    """Validate ``data`` into ``cls``; every problem is reported in one readable error."""
-    if isinstance(data, cls):
-        return data
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "<config>"
-            given = err.get("input")
-            if err["type"] == "missing":
-                lines.append(f"  {key}: required but missing")
-            elif err["type"] == "extra_forbidden":
-                known = ", ".join(sorted(cls.model_fields))
-                lines.append(f"  {key}={given!r}: unknown key (known keys: {known})")
-            else:
-                shown = given if not isinstance(given, dict) else "{...}"
-                lines.append(f"  {key}={shown!r}: {err['msg']}")
-        raise EngineConfigError(
-            f"invalid {cls.__name__} ({len(lines)} problem(s)):\n" + "\n".join(lines)
-        ) from None
+# Validation with errors naming key, value and expectation is core's (shared by backends).
+parse_config = parse_engine_config

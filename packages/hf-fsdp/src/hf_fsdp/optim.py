@@ -11,6 +11,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from hf_core.engines import lr_factor as shared_lr_factor
 from hf_fsdp.config import FSDPEngineConfig
 
 
@@ -25,21 +26,14 @@ def build_optimizer(params: Iterable[nn.Parameter], cfg: FSDPEngineConfig) -> to
 
 
 def lr_factor(step: int, cfg: FSDPEngineConfig) -> float:
-    """Multiplier of ``cfg.lr`` for the optimiser step after ``step`` completed steps.
-
-    Warm-up is linear and reaches the full rate on step ``warmup_steps - 1`` (it never spends
-    a step at lr 0); decay then runs from the full rate to ``min_lr_ratio`` at ``total_steps``.
-    """
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant" or cfg.total_steps is None:
-        return 1.0
-    span = max(1, cfg.total_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
-    floor = cfg.min_lr_ratio
-    if cfg.lr_schedule == "linear":
-        return floor + (1.0 - floor) * (1.0 - progress)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    """Multiplier of ``cfg.lr`` after ``step`` steps (core's shared warm-up + decay rule)."""
+    return shared_lr_factor(
+        step,
+        warmup_steps=cfg.warmup_steps,
+        schedule=cfg.lr_schedule,
+        total_steps=cfg.total_steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+    )
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: FSDPEngineConfig) -> LambdaLR:

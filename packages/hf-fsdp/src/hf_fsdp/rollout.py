@@ -20,16 +20,20 @@ from typing import Any
 import torch
 
 from hf_core.batch import Batch
-from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams
+from hf_core.engines import (
+    PROMPT_KEYS,
+    NamedTensor,
+    RolloutEngine,
+    SamplingParams,
+    assemble_rollout,
+    select_tokens,
+)
 from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
 from hf_fsdp.distributed import resolve_device
 from hf_fsdp.export import persistent_buffers
 from hf_fsdp.loading import check_model_folder
-from hf_fsdp.sampling import select_tokens
 
 log = logging.getLogger(__name__)
-
-PROMPT_KEYS = ("input_ids", "attention_mask")
 
 
 def _as_list(value: Any) -> list[int]:
@@ -142,18 +146,7 @@ class HFRolloutEngine(RolloutEngine):
         responses, log_probs, response_mask = (
             torch.cat(parts) for parts in zip(*pieces, strict=True)
         )
-        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
-        attention_mask = torch.cat([prompt_mask.long(), response_mask], dim=1)
-        out = batch.select(*[k for k in batch.keys() if k not in ("position_ids", *PROMPT_KEYS)])
-        out["prompts"] = prompt_ids
-        out["responses"] = responses
-        out["response_mask"] = response_mask
-        out["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
-        out["attention_mask"] = attention_mask
-        out["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out["rollout_log_probs"] = log_probs
-        out.meta["temperature"] = params.temperature
-        return out
+        return assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
 
     @torch.no_grad()
     def _decode(

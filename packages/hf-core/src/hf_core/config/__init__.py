@@ -1,6 +1,13 @@
 """Run configuration: typed schema, YAML + dotted overrides, readable errors."""
 
-from hf_core.config.loader import ConfigError, describe_fields, load_config, validate
+from hf_core.config.loader import (
+    ConfigError,
+    EngineConfigError,
+    describe_fields,
+    load_config,
+    parse_engine_config,
+    validate,
+)
 from hf_core.config.schema import (
     AlgorithmConfig,
     ClusterConfig,
@@ -21,6 +28,7 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "DataConfig",
+    "EngineConfigError",
     "KLConfig",
     "ModelConfig",
     "ModelRoleConfig",
@@ -32,5 +40,6 @@ __all__ = [
     "TrainerConfig",
     "describe_fields",
     "load_config",
+    "parse_engine_config",
     "validate",
 ]

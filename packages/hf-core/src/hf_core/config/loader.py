@@ -22,25 +22,49 @@ class ConfigError(ValueError):
     """A recipe or override is malformed, misspelt or out of range."""
 
 
+class EngineConfigError(ConfigError):
+    """An engine's own settings (a role's ``engine:`` block) are misspelt or out of range."""
+
+
+def _shown(value: Any) -> str:
+    return "{...}" if isinstance(value, dict) else repr(value)
+
+
 def _describe(errors: list[dict[str, Any]], source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for error in errors:
         key = ".".join(str(part) for part in error["loc"]) or "<root>"
         if error["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key (got {error['input']!r})")
+            lines.append(f"  {key}: unknown key (got {_shown(error['input'])})")
         elif error["type"] == "missing":
             lines.append(f"  {key}: required key is missing")
         else:
-            lines.append(f"  {key}: got {error['input']!r}: {error['msg']}")
+            lines.append(f"  {key}: got {_shown(error['input'])}: {error['msg']}")
     return "\n".join(lines)
 
 
-def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
-    """``model(**data)`` with a :class:`ConfigError` naming every bad key."""
+def validate(
+    model: type[M],
+    data: dict[str, Any] | M,
+    source: str = "config",
+    error: type[ConfigError] = ConfigError,
+) -> M:
+    """``model(**data)`` (or ``data`` itself if already a ``model``) with one error naming
+    every bad key, the value given and what was expected."""
+    if isinstance(data, model):
+        return data
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc.errors(), source)) from None
+        text = _describe(exc.errors(), source)
+        if any(e["type"] == "extra_forbidden" for e in exc.errors()):
+            text += f"\n  (known keys: {', '.join(sorted(model.model_fields))})"
+        raise error(text) from None
+
+
+def parse_engine_config(model: type[M], data: dict[str, Any] | M) -> M:
+    """Validate an engine's settings (backends call this on their config class)."""
+    return validate(model, data, model.__name__, EngineConfigError)
 
 
 def load_config(model: type[M], path: str | Path | None = None, overrides: Sequence[str] = ()) -> M:

@@ -1,16 +1,23 @@
 """Engine interfaces: what a backend implements so core's role workers can drive it."""
 
-from hf_core.engines.rollout import RolloutEngine, SamplingParams
+from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
+from hf_core.engines.sampling import filter_logits, select_tokens
+from hf_core.engines.schedule import lr_factor
 from hf_core.engines.training import LossFn, TrainingEngine
 from hf_core.engines.weights import NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
 
 __all__ = [
+    "PROMPT_KEYS",
     "LossFn",
     "NamedTensor",
     "RolloutEngine",
     "SamplingParams",
     "TrainingEngine",
     "WeightMapping",
+    "assemble_rollout",
+    "filter_logits",
     "iter_buckets",
+    "lr_factor",
+    "select_tokens",
     "tensor_nbytes",
 ]

@@ -6,12 +6,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from hf_core.engines.weights import NamedTensor
 
 if TYPE_CHECKING:
     from hf_core.batch import Batch
+
+PROMPT_KEYS = ("input_ids", "attention_mask")
 
 
 class SamplingParams(BaseModel):
@@ -62,3 +65,30 @@ class RolloutEngine(ABC):
 
     def resume_memory(self) -> None:
         """Undo :meth:`release_memory` before the next generation. Default: no-op."""
+
+
+def assemble_rollout(
+    prompts: Batch,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    log_probs: torch.Tensor,
+    temperature: float,
+) -> Batch:
+    """The output batch every rollout engine returns (see :class:`RolloutEngine`).
+
+    ``prompts`` is the (already ``n``-times repeated) prompt batch; its other keys are kept.
+    Responses are right-padded; ``position_ids`` count only attended tokens, as the training
+    engines do, so log-probs recomputed there line up with ``rollout_log_probs``.
+    """
+    prompt_ids, prompt_mask = prompts["input_ids"], prompts["attention_mask"]
+    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+    out = prompts.select(*[k for k in prompts.keys() if k not in ("position_ids", *PROMPT_KEYS)])
+    out["prompts"] = prompt_ids
+    out["responses"] = responses
+    out["response_mask"] = response_mask.long()
+    out["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
+    out["attention_mask"] = attention_mask
+    out["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out["rollout_log_probs"] = log_probs.float()
+    out.meta["temperature"] = temperature
+    return out

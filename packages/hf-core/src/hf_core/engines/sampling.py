@@ -1,4 +1,4 @@
-"""Token selection for the HF rollout engine: temperature, top-k, top-p, greedy.
+"""Token selection shared by rollout engines that sample in Python: temperature, top-k, top-p.
 
 Log-probs are always of ``softmax(logits / temperature)`` over the full vocabulary (raw
 logits when greedy), the quantity a training engine recomputes; top-k / top-p only decide
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_core.engines import SamplingParams
+from hf_core.engines.rollout import SamplingParams
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

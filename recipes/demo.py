@@ -51,8 +51,7 @@ def main(argv: list[str]) -> int:
         print("no reward was logged")
         return 1
     verdict = "learned" if learning.delta >= REQUIRED_GAIN else "did not learn enough"
-    print(f"demo: {learning} -> {verdict} (needs +{REQUIRED_GAIN})")
-    print(f"plot: {summary.plot_path}")
+    print(f"demo: {learning} -> {verdict} (needs +{REQUIRED_GAIN}); plot: {summary.plot_path}")
     return 0 if learning.delta >= REQUIRED_GAIN else 1
 
 

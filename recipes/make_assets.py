@@ -19,7 +19,8 @@ DEFAULT = Path("runs/assets")
 
 
 def make_assets(folder: Path = DEFAULT) -> Path:
-    build_tiny_model(folder / "policy", family="qwen2", hidden_size=64, num_layers=2, seed=0)
+    # head_dim 32: vLLM's CPU attention kernels need at least that
+    build_tiny_model(folder / "policy", family="qwen2", hidden_size=128, num_layers=2, seed=0)
     build_tiny_model(
         folder / "critic", family="qwen2", head="value", hidden_size=64, num_layers=2, seed=1
     )

@@ -33,6 +33,7 @@ EXTRA = {
     "ppo_split": ["critic/vf_loss", "actor/kl"],
     "ppo_auto": ["critic/vf_loss", "actor/kl"],
     "grpo": ["actor/kl", "actor/kl_loss"],
+    "grpo_vllm": ["actor/kl", "actor/kl_loss"],
     "remax": [],
     "rloo": ["actor/kl"],
     "reinforce_pp": ["actor/kl"],

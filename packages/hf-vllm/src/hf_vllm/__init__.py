@@ -1,0 +1,30 @@
+"""HybridFlow's vLLM rollout engine (hybrid mode: in-process, next to the training engine).
+
+Names are imported lazily so that loading the plugin (``hf_vllm.plugin``) imports neither
+vLLM nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "VLLMRolloutEngine": "hf_vllm.engine",
+    "VLLMRolloutConfig": "hf_vllm.config",
+    "EngineConfigError": "hf_vllm.config",
+    "GenerationLayout": "hf_vllm.parallel",
+    "SyncStats": "hf_vllm.weights",
+    "sync_weights": "hf_vllm.weights",
+    "VLLMNotInstalledError": "hf_vllm.runtime",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hf_vllm' has no attribute {name!r}")

@@ -1,0 +1,72 @@
+"""Typed configuration of the vLLM rollout engine.
+
+A pydantic model with ``extra="forbid"``, validated by core's ``parse_engine_config``: a
+misspelt key (say ``tensor_paralel_size``) fails loudly with one line naming the key, the
+value and the keys that exist, instead of being silently ignored.  Anything vLLM accepts that
+is not modelled here goes through ``engine_kwargs`` untouched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hf_core.config import EngineConfigError, parse_engine_config
+
+__all__ = ["EngineConfigError", "VLLMRolloutConfig", "parse_engine_config"]
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+ExecutorName = Literal["auto", "external_launcher", "uni"]
+
+
+class VLLMRolloutConfig(BaseModel):
+    """Everything one vLLM rollout engine (one per rank, hybrid mode) needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path = Field(description="local HuggingFace folder (config.json + weights)")
+    dtype: DTypeName = Field(
+        "float32", description="compute dtype; float32 keeps log-probs comparable to training"
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="t_g: ranks that form one engine (must divide the world size)"
+    )
+    distributed_executor_backend: ExecutorName = Field(
+        "auto",
+        description="auto: external_launcher inside a torch.distributed group, else uni",
+    )
+    load_format: Literal["auto", "dummy"] = Field(
+        "auto", description="dummy: random init, for when a weight sync comes before generating"
+    )
+    enforce_eager: bool = Field(
+        True, description="skip torch.compile / CUDA graphs (faster start, slower decode)"
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="share of device memory (hybrid: training needs the rest)"
+    )
+    kv_cache_bytes: int | None = Field(
+        None, ge=1, description="explicit KV-cache size (CPU default: VLLM_CPU_KVCACHE_SPACE)"
+    )
+    max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens")
+    max_num_seqs: int = Field(256, ge=1, description="sequences decoded together")
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+    ignore_eos: bool = Field(False, description="decode to max_new_tokens (benchmarks)")
+    sleep_level: Literal[1, 2] = Field(
+        1, description="GPU release_memory: 1 offloads weights, 2 drops them (full sync needed)"
+    )
+    torch_threads: int | None = Field(
+        1,
+        ge=1,
+        description="torch threads while generating (vLLM serves with 1: multi-threaded ops "
+        "spin-wait between its serial steps); None keeps the trainer's setting",
+    )
+    seed: int = Field(0, description="per-request sampling seeds when SamplingParams.seed is None")
+    check_lockstep: bool = Field(
+        True, description="TP>1: verify all ranks of an engine got the same prompts"
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="passed to vllm.LLM as is (overrides the above)"
+    )

@@ -1,0 +1,293 @@
+"""The vLLM rollout engine in hybrid mode: an in-process ``vllm.LLM`` next to the trainer.
+
+One engine per rank (or one per ``tensor_parallel_size`` ranks), built inside the actor
+worker's process after its training engine, on the same devices.  Weights arrive from any
+training engine's canonical stream and are loaded in place with vLLM's ``reload_weights``
+(no restart, no second copy); generation returns exactly the batch keys of the HF rollout
+engine, with per-token log-probs of ``softmax(logits / temperature)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hf_core.batch import Batch
+from hf_core.engines import (
+    PROMPT_KEYS,
+    NamedTensor,
+    RolloutEngine,
+    SamplingParams,
+    assemble_rollout,
+    tensor_nbytes,
+)
+from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
+from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
+from hf_vllm.model_info import check_model_folder, has_tokenizer, special_tokens
+from hf_vllm.outputs import pack_completions, strip_left_padding
+from hf_vllm.parallel import (
+    GenerationLayout,
+    check_lockstep,
+    launcher_env,
+    prompts_digest,
+    read_layout,
+    resolve_executor,
+)
+from hf_vllm.runtime import preserve_process_state, require_vllm, torch_threads
+from hf_vllm.sampling import build_sampling_params, request_seeds, truncates
+from hf_vllm.weights import (
+    DEFAULT_PACKED_MODULES,
+    FusedGroupBuffer,
+    SyncStats,
+    canonical_params,
+)
+
+log = logging.getLogger(__name__)
+
+
+def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for one hybrid-mode engine."""
+    kwargs: dict[str, Any] = {
+        "model": str(folder),
+        "dtype": cfg.dtype,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "distributed_executor_backend": executor,
+        "load_format": cfg.load_format,
+        "enforce_eager": cfg.enforce_eager,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "max_num_seqs": cfg.max_num_seqs,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "logprobs_mode": "processed_logprobs",  # after temperature, as training computes
+        "skip_tokenizer_init": not has_tokenizer(folder),  # token ids in and out
+        "seed": cfg.seed,
+    }
+    optional = {
+        "kv_cache_memory_bytes": cfg.kv_cache_bytes,
+        "max_model_len": cfg.max_model_len,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    if on_gpu:
+        kwargs["enable_sleep_mode"] = True  # release_memory / resume_memory
+    kwargs.update(cfg.engine_kwargs)
+    return kwargs
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """``vllm.LLM`` in this process; see the module docstring and the package README."""
+
+    def __init__(self, config: VLLMRolloutConfig | dict[str, Any]) -> None:
+        self.config = cfg = parse_engine_config(VLLMRolloutConfig, config)
+        folder = check_model_folder(cfg.model_path)
+        vllm = require_vllm()
+        self.on_gpu = torch.cuda.is_available()
+        self.executor = resolve_executor(cfg)
+        tokens = special_tokens(folder)
+        self.eos_token_ids, self.pad_token_id = tokens.eos_token_ids, tokens.pad_token_id
+        params = canonical_params(folder)
+
+        kwargs = llm_kwargs(cfg, folder, self.executor, self.on_gpu)
+        start = time.perf_counter()
+        # CPU + external_launcher: vLLM's shared-memory names would clash across engines.
+        shm_token = (
+            agreed_token() if self.executor == "external_launcher" and not self.on_gpu else None
+        )
+        shm_names = private_shm_names(shm_token) if shm_token else nullcontext()
+        with preserve_process_state(), launcher_env(self.executor), shm_names:
+            self.llm = vllm.LLM(**kwargs)
+        if shm_token:
+            dist.barrier()  # every rank has joined every segment: the names can go
+            unlink_segments(shm_token)
+        self.startup_seconds = time.perf_counter() - start
+        self._sampling_cls = vllm.SamplingParams
+        self.layout: GenerationLayout = read_layout(self.executor)
+        self._buffer = FusedGroupBuffer(params, self._packed_modules())
+
+        self.weight_version = 0
+        self.last_sync: SyncStats | None = None
+        self._sync: SyncStats | None = None
+        self._calls = 0
+        self._asleep: set[str] = set()
+        self._said_cpu_noop = False
+        log.info(
+            "vLLM engine ready in %.1f s (executor=%s, layout=%s)",
+            self.startup_seconds,
+            self.executor,
+            self.layout,
+        )
+
+    def _packed_modules(self) -> dict[str, tuple[str, ...]]:
+        """vLLM's fusions for this model class (q/k/v -> qkv_proj, ...)."""
+
+        def read(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+            packed = getattr(model, "packed_modules_mapping", None) or {}
+            return {fused: tuple(parts) for fused, parts in packed.items()}
+
+        found = self.llm.apply_model(read)[0]
+        return found or dict(DEFAULT_PACKED_MODULES)
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def last_sync_seconds(self) -> float | None:
+        """Seconds the last completed sync took (first bucket to cache reset)."""
+        return self.last_sync.seconds if self.last_sync else None
+
+    def sync_metrics(self) -> dict[str, float]:
+        """The last sync's numbers under ``weight_sync/`` keys, for the trainer's log."""
+        return self.last_sync.as_metrics() if self.last_sync else {}
+
+    @torch.no_grad()
+    def load_weights(self, bucket: Iterable[NamedTensor]) -> None:
+        """Load a bucket of canonical tensors in place; fused layers wait until complete."""
+        now = time.perf_counter()
+        sync = self._sync
+        if sync is None:
+            sync = self._sync = SyncStats(started=now)
+        self._wake("weights")
+        bucket = list(bucket)
+        ready = self._buffer.add(bucket)
+        sync.buckets += 1
+        sync.tensors += len(bucket)
+        sync.bytes += sum(tensor_nbytes(t) for _, t in bucket)
+        sync.max_held_bytes = max(sync.max_held_bytes, self._buffer.pending_bytes)
+        if ready:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ready})
+            sync.reload_calls += 1
+        sync.engine_seconds += time.perf_counter() - now
+
+    def finish_weight_sync(self) -> None:
+        """End a sync: check no fused layer was left half-sent, drop stale prefix-cache KV."""
+        now = time.perf_counter()
+        sync = self._sync or SyncStats(started=now)
+        self._sync = None
+        missing = self._buffer.missing()
+        stale = self._buffer.stale_aliases()
+        self._buffer.clear()
+        if missing:
+            shown = "; ".join(f"{g}: {', '.join(names)}" for g, names in sorted(missing.items()))
+            raise ValueError(
+                "weight sync ended with fused vLLM layers only partly sent (nothing was loaded "
+                f"into them; vLLM reloads a fused layer whole, send all its parts): {shown}"
+            )
+        if stale:
+            self._refresh_tied(stale)
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+        self.weight_version += 1
+        end = time.perf_counter()
+        sync.engine_seconds += end - now
+        sync.seconds = end - sync.started
+        self.last_sync = sync
+        log.debug("weight sync %d: %s", self.weight_version, sync)
+
+    def _refresh_tied(self, aliases: list[str]) -> None:
+        """Re-run weight post-processing of layers that share a reloaded tensor.
+
+        vLLM's layerwise reload post-processes only the layers it loaded into.  A tied
+        ``lm_head`` shares the embedding's tensor but is never loaded itself, and on CPU its
+        post-processing made a packed copy of that tensor for the GEMM kernel: without this,
+        logits would keep coming from the old embedding.  (On GPU it is a no-op.)
+        """
+        modules = sorted({alias.rpartition(".")[0] for alias in aliases})
+
+        def refresh(model: torch.nn.Module) -> list[str]:
+            done = []
+            for name in modules:
+                try:
+                    module = model.get_submodule(name)
+                except AttributeError:
+                    continue
+                method = getattr(module, "quant_method", None)
+                if method is not None and hasattr(method, "process_weights_after_loading"):
+                    method.process_weights_after_loading(module)
+                    done.append(name)
+            return done
+
+        self.llm.apply_model(refresh)
+
+    # ------------------------------------------------------------------ memory
+    def release_memory(self) -> bool:
+        """GPU: ``sleep`` (KV cache dropped, weights offloaded or dropped). CPU: a no-op.
+
+        Returns whether memory was actually released.
+        """
+        if not self.on_gpu:
+            self._say_cpu_noop("release_memory")
+            return False
+        if not self._asleep:
+            self.llm.sleep(level=self.config.sleep_level)
+            self._asleep = {"weights", "kv_cache"}
+        return True
+
+    def resume_memory(self) -> bool:
+        """Undo :meth:`release_memory` (weights first, then the KV cache)."""
+        if not self.on_gpu:
+            self._say_cpu_noop("resume_memory")
+            return False
+        self._wake("weights")
+        self._wake("kv_cache")
+        return True
+
+    def _wake(self, tag: str) -> None:
+        if tag in self._asleep:
+            self.llm.wake_up(tags=[tag])
+            self._asleep.discard(tag)
+
+    def _say_cpu_noop(self, what: str) -> None:
+        if not self._said_cpu_noop:
+            log.info(
+                "%s is a no-op on CPU: vLLM's sleep mode needs CUDA; weights and the KV cache "
+                "(VLLM_CPU_KVCACHE_SPACE / kv_cache_bytes) stay allocated during training",
+                what,
+            )
+            self._said_cpu_noop = True
+
+    # --------------------------------------------------------------- generation
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
+        ``max_new_tokens``; every rank of a TP engine must call this with the same prompts."""
+        missing = [k for k in PROMPT_KEYS if k not in prompts]
+        if missing:
+            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
+        if self._sync is not None:
+            log.warning("generate called in the middle of a weight sync: finishing it first")
+            self.finish_weight_sync()
+        self._wake("weights")
+        self._wake("kv_cache")
+        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
+        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
+        token_lists = strip_left_padding(prompt_ids, prompt_mask) if len(batch) else []
+        base = params.seed if params.seed is not None else f"auto:{self.config.seed}:{self._calls}"
+        self._calls += 1
+        if self.config.check_lockstep:
+            check_lockstep(prompts_digest(prompt_ids, prompt_mask, params, base), self.layout)
+        seeds = request_seeds(base, self.layout.dp_rank, len(token_lists))
+        requests = build_sampling_params(
+            self._sampling_cls,
+            params,
+            stop_token_ids=(*params.stop_token_ids, *self.eos_token_ids),
+            ignore_eos=self.config.ignore_eos,
+            seeds=seeds,
+        )
+        outputs = []
+        if token_lists:
+            with torch_threads(self.config.torch_threads):
+                outputs = self.llm.generate(
+                    [{"prompt_token_ids": ids} for ids in token_lists], requests, use_tqdm=False
+                )
+        responses, log_probs, response_mask = pack_completions(
+            [output.outputs[0] for output in outputs],
+            params.max_new_tokens,
+            self.pad_token_id,
+            prompt_ids.dtype,
+        )
+        out = assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
+        out.meta["rollout_log_probs_truncated"] = truncates(params)
+        return out

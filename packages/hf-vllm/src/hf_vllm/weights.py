@@ -1,0 +1,180 @@
+"""Canonical (HF) tensors -> vLLM, in place: which names exist, and which must travel together.
+
+vLLM reloads weights layer by layer (``reload_weights`` -> layerwise reload): each call moves
+every layer to ``meta``, loads what the call carries and puts the untouched layers back.  A
+layer that receives only *part* of its tensors in a call is rebuilt from the part it got and
+uninitialised memory for the rest.  vLLM fuses several HF tensors into one layer (q/k/v ->
+``qkv_proj``, gate/up -> ``gate_up_proj``, a projection's weight and bias, MoE experts), so a
+bucket boundary that falls between ``q_proj`` and ``k_proj`` would corrupt the layer.
+
+:class:`FusedGroupBuffer` therefore holds tensors back until every canonical tensor of their
+vLLM layer has arrived, then releases the whole group.  The extra memory this costs is at most
+one fused group (a few tensors of one decoder layer), never a second copy of the model.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hf_core.engines import NamedTensor, tensor_nbytes
+
+if TYPE_CHECKING:
+    from hf_core.engines import RolloutEngine, TrainingEngine
+
+DEFAULT_PACKED_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+"""vLLM's fusions for Llama-style models (used when the model class declares none)."""
+
+_EXPERT = re.compile(r"^(.*\.experts)\.\d+\.")
+
+
+def reload_group(name: str, packed: Mapping[str, Iterable[str]]) -> str:
+    """The vLLM layer a canonical tensor is loaded into (tensors with equal keys go together)."""
+    expert = _EXPERT.match(name)
+    if expert:  # FusedMoE: one layer holds every expert's weights
+        return expert.group(1)
+    module, _, _ = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    for fused, parts in packed.items():
+        if leaf in parts:
+            return f"{parent}.{fused}" if parent else fused
+    return module
+
+
+@dataclass(frozen=True)
+class CanonicalParams:
+    """The canonical tensors a model has: names, shapes, and tied aliases nobody sends."""
+
+    shapes: dict[str, tuple[int, ...]]
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Tied alias -> the name its tensor travels under (``lm_head.weight`` -> embedding)."""
+
+
+def canonical_params(folder: str | Path) -> CanonicalParams:
+    """Names and shapes of the HF model in ``folder``, from a model built on ``meta``.
+
+    These are exactly the names a training engine exports (HF state-dict names, a tied
+    ``lm_head.weight`` folded into the embedding), so every bucket can be checked on arrival.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shapes: dict[str, tuple[int, ...]] = {}
+    owner_of: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in owner_of:
+            aliases[name] = owner_of[id(param)]
+            continue
+        owner_of[id(param)] = name
+        shapes[name] = tuple(param.shape)
+    for module_name, module in model.named_modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                shapes[f"{module_name}.{name}" if module_name else name] = tuple(buf.shape)
+    return CanonicalParams(shapes, aliases)
+
+
+class FusedGroupBuffer:
+    """Releases canonical tensors only as complete vLLM layers (see the module docstring)."""
+
+    def __init__(self, params: CanonicalParams, packed: Mapping[str, Iterable[str]]) -> None:
+        self.params = params
+        self.group_of = {name: reload_group(name, packed) for name in params.shapes}
+        self.members: dict[str, set[str]] = {}
+        for name, group in self.group_of.items():
+            self.members.setdefault(group, set()).add(name)
+        self.pending: dict[str, dict[str, torch.Tensor]] = {}
+        self.released: set[str] = set()
+        """Canonical names handed to vLLM since the last :meth:`clear` (one sync)."""
+
+    def add(self, bucket: Iterable[NamedTensor]) -> list[NamedTensor]:
+        """Take one bucket; return every tensor whose layer is now complete, in arrival order."""
+        ready: list[NamedTensor] = []
+        for name, tensor in bucket:
+            if name in self.params.aliases:
+                continue  # a tied alias: its tensor arrives under the owner's name
+            shape = self.params.shapes.get(name)
+            if shape is None:
+                raise KeyError(f"the rollout model has no parameter {name!r}")
+            if tuple(tensor.shape) != shape:
+                raise ValueError(
+                    f"{name}: got shape {tuple(tensor.shape)}, rollout model has {shape}"
+                )
+            group = self.group_of[name]
+            held = self.pending.setdefault(group, {})
+            held[name] = tensor
+            if held.keys() == self.members[group]:
+                ready.extend(self.pending.pop(group).items())
+        self.released.update(name for name, _ in ready)
+        return ready
+
+    def stale_aliases(self) -> list[str]:
+        """Tied aliases whose owner was reloaded this sync (their vLLM layer must re-pack)."""
+        return sorted(a for a, owner in self.params.aliases.items() if owner in self.released)
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(tensor_nbytes(t) for held in self.pending.values() for t in held.values())
+
+    def missing(self) -> dict[str, list[str]]:
+        """Layers that got some tensors but not all: layer -> the canonical names not sent."""
+        return {
+            group: sorted(self.members[group] - held.keys()) for group, held in self.pending.items()
+        }
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.released.clear()
+
+
+@dataclass
+class SyncStats:
+    """One weight sync as the trainer logs it (``seconds`` is the headline number)."""
+
+    seconds: float = 0.0
+    """Wall time from the first bucket to the end of ``finish_weight_sync`` (includes the
+    training engine's gathers between buckets)."""
+    engine_seconds: float = 0.0
+    """Time spent inside the rollout engine (grouping, ``reload_weights``, cache reset)."""
+    buckets: int = 0
+    tensors: int = 0
+    bytes: int = 0
+    reload_calls: int = 0
+    max_held_bytes: int = 0
+    """Largest amount of tensor data held back waiting for the rest of a fused layer."""
+    started: float = field(default=0.0, repr=False)
+
+    def as_metrics(self, prefix: str = "weight_sync/") -> dict[str, float]:
+        values = asdict(self)
+        values.pop("started")
+        return {prefix + key: float(value) for key, value in values.items()}
+
+
+def sync_weights(
+    source: TrainingEngine, target: RolloutEngine, bucket_bytes: int
+) -> dict[str, Any]:
+    """Stream ``source``'s canonical weights into ``target`` (hybrid mode, same process).
+
+    Every rank of the training group must call this together (exports are collectives).
+    Returns ``target.last_sync`` as metrics when the target records one.
+    """
+    start = time.perf_counter()
+    for bucket in source.export_weights(bucket_bytes):
+        target.load_weights(bucket)
+    target.finish_weight_sync()
+    stats = getattr(target, "last_sync", None)
+    if isinstance(stats, SyncStats):
+        return stats.as_metrics()
+    return {"weight_sync/seconds": time.perf_counter() - start}

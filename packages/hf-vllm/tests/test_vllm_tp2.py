@@ -1,0 +1,93 @@
+"""Generation tensor parallelism inside the training ranks (t_g = 2, external_launcher).
+
+The two FSDP ranks together form ONE vLLM engine with tensor_parallel_size=2: they receive the
+same prompts (3D_ALL_MICRO_DP with a generation mesh of one replica), generate in lockstep and
+vLLM shards the full tensors each rank loads.  Model: an untied Llama (no q/k/v biases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import encode, prompt_texts
+from test_vllm_hybrid import LOGPROB_ATOL, hf_generate, masked_max_diff
+
+from hf_core.batch import Batch
+from hf_core.runtime import ResourcePool, WorkerGroup, spawn
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+MODEL = "llama"
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def group(models: dict[str, Path]) -> Iterator[WorkerGroup]:
+    from vllm_test_workers import HybridWorker
+
+    pool = ResourcePool([2], name="vllm_tp2")
+    workers = spawn(pool, {"hybrid": HybridWorker})["hybrid"]
+    path = str(models[MODEL])
+    workers.build_actor({"model_path": path, "lr": 1e-2, "eps": 1e-6, "micro_batch_size": 8})
+    workers.info = workers.build_vllm(  # type: ignore[attr-defined]
+        {"model_path": path, "tensor_parallel_size": 2}
+    )
+    yield workers
+    workers.shutdown()
+    pool.release()
+
+
+@pytest.fixture(scope="module")
+def prompts(models: dict[str, Path]) -> Batch:
+    enc = encode(models[MODEL], prompt_texts(32))
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+
+
+def test_two_ranks_form_one_tp2_engine(group: WorkerGroup, report: Any) -> None:
+    info = group.info  # type: ignore[attr-defined]
+    assert [i["layout"] for i in info] == [(0, 1, 0, 2), (0, 1, 1, 2)]
+    assert all(i["executor"] == "external_launcher" for i in info)
+    # Private shared-memory names, unlinked once joined: a killed earlier engine on this host
+    # (the t_g=1 group of test_vllm_hybrid) cannot make this one fail with errno 17.
+    assert all(i["shm_left"] == [] for i in info)
+    report("t_g=2 vLLM start-up s per rank", [round(i["startup_seconds"], 1) for i in info])
+
+
+def test_tp2_greedy_matches_hf_generate(group: WorkerGroup, prompts: Batch, models: dict) -> None:
+    out = group.generate_micro_dp(prompts, params={"temperature": 0.0, "max_new_tokens": 12})
+    assert len(out) == len(prompts)  # one replica: collected once, from TP rank 0
+    expected = hf_generate(models[MODEL], prompts, NEW_TOKENS)
+    width = expected.shape[1]
+    mask = out["response_mask"][:, :width].bool()
+    assert torch.equal(out["responses"][:, :width][mask], expected[mask])
+    assert len({tuple(row) for row in out["responses"].tolist()}) > 24
+
+
+def test_tp2_log_probs_match_training_engine_after_update_and_sync(
+    group: WorkerGroup, prompts: Batch, report: Any
+) -> None:
+    params = {"temperature": 0.8, "max_new_tokens": NEW_TOKENS, "seed": 5}
+    batch = group.generate_micro_dp(prompts, params={**params, "temperature": 1.0})
+    batch["advantages"] = torch.randn(batch["responses"].shape, generator=torch.Generator())
+    group.train(batch)
+    stats = group.sync(bucket_bytes=32 * 1024)
+    assert stats[0]["weight_sync/buckets"] > 3
+    sampled = group.generate_micro_dp(prompts, params=params)
+    trainer = group.log_probs(sampled, temperature=0.8)
+    diff = masked_max_diff(
+        sampled["rollout_log_probs"], trainer["log_probs"], sampled["response_mask"]
+    )
+    report("t_g=2 max |vLLM - FSDP| log-prob after update + sync, T=0.8", diff)
+    assert diff < LOGPROB_ATOL
+
+
+def test_tp2_ranks_given_different_prompts_fail_fast(group: WorkerGroup, prompts: Batch) -> None:
+    params = {"temperature": 0.0, "max_new_tokens": 4}
+    errors = group.generate_per_rank([prompts.index([0, 1]), prompts.index([2, 3])], [params] * 2)
+    assert all("different prompts" in error for error in errors), errors
+    same = group.generate_per_rank([prompts.index([0, 1])] * 2, [params] * 2)
+    assert same == ["", ""]  # the engine is still usable

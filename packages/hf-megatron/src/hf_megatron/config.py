@@ -1,0 +1,164 @@
+"""Typed configuration of the megatron training engine and the megatron rollout engine.
+
+The keys shared with hf-fsdp's ``FSDPEngineConfig`` (``model_path``, ``head``, ``trainable``,
+the optimiser and schedule keys, ``micro_batch_size``, ``param_dtype``, ``device``, ``seed``,
+``export_dtype``) mean exactly the same thing, so a recipe switches backend by changing the
+engine name and adding the parallel sizes.  Both models use ``extra="forbid"``: a misspelt key
+fails loudly, and :func:`parse_config` reports every problem at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+HeadKind = Literal["lm", "value", "score"]
+"""``lm``: causal LM (actor, reference); ``value``: per-token value (critic);
+``score``: one scalar per sequence (reward and cost models)."""
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def to_dtype(name: str) -> torch.dtype:
+    """The torch dtype for one of the :data:`DTypeName` strings."""
+    return _DTYPES[name]
+
+
+class EngineConfigError(ValueError):
+    """A configuration value is missing, misspelt or out of range."""
+
+
+class MegatronEngineConfig(BaseModel):
+    """Everything one megatron training engine (any role) needs.
+
+    The data-parallel size is not configured: it is ``world_size / (tp * pp)`` of the process
+    group the engine runs in (megatron's rank order ``tp-dp-pp``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path = Field(description="local HuggingFace folder (config.json + safetensors)")
+    head: HeadKind = "lm"
+    trainable: bool = True
+    tokenizer_path: Path | None = Field(None, description="tokenizer saved with export_hf")
+
+    # parallelism
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    sequence_parallel: bool = Field(False, description="GPU + Transformer Engine spec only")
+    layer_spec: Literal["auto", "local", "transformer_engine"] = Field(
+        "auto", description="auto = Transformer Engine on GPU when installed, else local"
+    )
+    make_vocab_size_divisible_by: int = Field(
+        128, ge=1, description="vocab padded to a multiple of this times the TP size"
+    )
+    use_distributed_optimizer: bool = Field(True, description="shard optimiser state over DP")
+    reshard: Literal["hybrid", "naive"] = Field(
+        "hybrid",
+        description="plan of the training -> generation transition: the paper's micro-DP "
+        "all-gathers (hybrid) or every rank gathering its whole DP replica (naive, for comparison)",
+    )
+
+    # optimiser and schedule (same meaning as hf-fsdp's FSDPEngineConfig)
+    lr: float = Field(1e-6, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    weight_decay_scope: Literal["all", "matrices"] = Field(
+        "all", description="all params (as hf-fsdp) or megatron's rule: no decay on biases/norms"
+    )
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up from lr/warmup_steps to lr")
+    total_steps: int | None = Field(None, ge=1, description="needed by linear and cosine decay")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="decay floor, fraction of lr")
+    grad_clip: float | None = Field(1.0, gt=0.0, description="max global grad norm; None: off")
+    micro_batch_size: int = Field(8, ge=1, description="samples per forward/backward")
+
+    # numerics and placement
+    param_dtype: DTypeName = Field("float32", description="dtype of the model weights")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    export_dtype: DTypeName | None = Field(
+        None, description="dtype of tensors streamed to rollout (default: param_dtype)"
+    )
+    seed: int = Field(0, description="seeds torch's RNG and new head weights (same on all ranks)")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {betas}")
+        return betas
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MegatronEngineConfig:
+        if self.lr_schedule != "constant" and self.total_steps is None:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs total_steps")
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}"
+            )
+        if self.sequence_parallel and self.layer_spec == "local":
+            raise ValueError("sequence_parallel needs the Transformer Engine layer spec")
+        return self
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class MegatronRolloutConfig(BaseModel):
+    """The megatron rollout engine: generation with tensor parallelism over a process group.
+
+    It is the CPU stand-in for a TP rollout backend in the 3D-HybridEngine (vLLM is the
+    product path on GPU): it loads the TP slices a reshard produces without gathering them
+    further.  Greedy or sampled decoding recomputes the whole sequence every step (no KV
+    cache), so it is meant for tests and small models.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path
+    dtype: DTypeName = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_batch_size: int = Field(64, ge=1, description="sequences decoded together")
+    make_vocab_size_divisible_by: int = Field(128, ge=1)
+    padded_vocab_size: int | None = Field(
+        None, description="the training engine's padded vocabulary, so TP slices line up"
+    )
+    seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
+
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def parse_config(cls: type[C], data: dict[str, Any] | C) -> C:
+    """Validate ``data`` into ``cls``; every problem is reported in one readable error."""
+    if isinstance(data, cls):
+        return data
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "<config>"
+            given = err.get("input")
+            if err["type"] == "missing":
+                lines.append(f"  {key}: required but missing")
+            elif err["type"] == "extra_forbidden":
+                known = ", ".join(sorted(cls.model_fields))
+                lines.append(f"  {key}={given!r}: unknown key (known keys: {known})")
+            else:
+                shown = given if not isinstance(given, dict) else "{...}"
+                lines.append(f"  {key}={shown!r}: {err['msg']}")
+        raise EngineConfigError(
+            f"invalid {cls.__name__} ({len(lines)} problem(s)):\n" + "\n".join(lines)
+        ) from None

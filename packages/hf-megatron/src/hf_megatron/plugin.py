@@ -1,0 +1,41 @@
+"""HybridFlow plugin: registers the "megatron" training engine and rollout engine.
+
+Loaded through the ``hybridflow.backends`` entry point.  Importing this module is cheap: the
+factories import megatron-core only when an engine is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hf_core.plugins import hookimpl
+
+
+def create_training_engine(**config: Any) -> Any:
+    """``MegatronEngine`` from keyword config (:class:`hf_megatron.config.MegatronEngineConfig`)."""
+    from hf_megatron.engine import MegatronEngine
+
+    return MegatronEngine(config)
+
+
+def create_rollout_engine(**config: Any) -> Any:
+    """``MegatronRolloutEngine`` (TP generation; the CPU stand-in for a TP rollout backend).
+
+    ``plan`` (a core ``ReshardPlan``) may be passed among the keywords to place the engine
+    on the generation mesh of the 3D-HybridEngine.
+    """
+    from hf_megatron.rollout import MegatronRolloutEngine
+
+    plan = config.pop("plan", None)
+    return MegatronRolloutEngine(config, plan=plan)
+
+
+@hookimpl
+def register_training_engines(register: Callable[[str, Any], None]) -> None:
+    register("megatron", create_training_engine)
+
+
+@hookimpl
+def register_rollout_engines(register: Callable[[str, Any], None]) -> None:
+    register("megatron", create_rollout_engine)

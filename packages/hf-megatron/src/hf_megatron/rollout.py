@@ -1,0 +1,278 @@
+"""A rollout engine on megatron-core with its own tensor-parallel group (generation TP).
+
+In the 3D-HybridEngine, generation may keep tensor parallelism (``t_g > 1``).  This engine
+is the CPU stand-in for such a backend (vLLM is the product path on GPU): a megatron GPT
+model built over the *generation* TP group of a reshard plan (``pg_collection``), so it
+loads the TP slices the training engine's reshard yields with no further communication.
+
+Decoding recomputes the whole sequence every step (no KV cache): fine for tests and small
+models, not for production.  All ranks of a generation TP group call :meth:`generate` with
+the same prompts (core's ``3D_ALL_MICRO_DP`` protocol does that); the tokens chosen on TP
+rank 0 are broadcast so the group never diverges.  Only ``p_g = 1`` is supported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hf_core.batch import Batch
+from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams
+from hf_core.resharding import ReshardPlan
+from hf_megatron import cpu_compat, forward
+from hf_megatron.config import MegatronRolloutConfig, parse_config, to_dtype
+from hf_megatron.loading import FolderReader, check_model_folder, load_hf_config
+from hf_megatron.mapping import CanonicalSlice, MegatronWeightMapping, ModelDims, RankPosition
+from hf_megatron.model import build_gpt, layer_spec, mark_tensor_parallel, transformer_config
+from hf_megatron.parallel import ensure_process_group, resolve_device
+from hf_megatron.sampling import select_tokens
+
+log = logging.getLogger(__name__)
+
+PROMPT_KEYS = ("input_ids", "attention_mask")
+
+_GROUPS: dict[tuple[tuple[int, ...], ...], dict[tuple[int, ...], dist.ProcessGroup]] = {}
+
+
+def _groups(groups: list[tuple[int, ...]]) -> dict[tuple[int, ...], dist.ProcessGroup]:
+    """``new_group`` for each group, on every rank in the same order (once per set)."""
+    key = tuple(groups)
+    if key not in _GROUPS:
+        _GROUPS[key] = {g: dist.new_group(list(g)) for g in groups}
+    return _GROUPS[key]
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+class MegatronRolloutEngine(RolloutEngine):
+    """Greedy / sampled decoding with a megatron GPT model split over a generation TP group."""
+
+    def __init__(
+        self, config: MegatronRolloutConfig | dict[str, Any], plan: ReshardPlan | None = None
+    ) -> None:
+        self.config = cfg = parse_config(MegatronRolloutConfig, config)
+        folder = check_model_folder(cfg.model_path)
+        self.device = resolve_device(cfg.device)
+        ensure_process_group(self.device)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if plan is not None and plan.gen.pp != 1:
+            raise NotImplementedError("the megatron rollout engine supports generation pp = 1")
+        tp_groups = plan.gen_tp_groups if plan is not None else [(r,) for r in range(world)]
+        self.tp_ranks = next(g for g in tp_groups if rank in g)
+        self.tp_rank, self.tp_size = self.tp_ranks.index(rank), len(self.tp_ranks)
+        self.tp_group = _groups(tp_groups)[self.tp_ranks]
+        single = _groups([(r,) for r in range(world)])[(rank,)]
+        self.hf_config = load_hf_config(folder)
+        self.dims = ModelDims.from_hf(self.hf_config, "lm")
+        self.padded_vocab = cfg.padded_vocab_size or self.dims.padded_vocab(
+            self.tp_size, cfg.make_vocab_size_divisible_by
+        )
+        self.mapping = MegatronWeightMapping(
+            self.dims, RankPosition(self.tp_rank, self.tp_size), self.padded_vocab
+        )
+        with cpu_compat.cpu_device_mode():
+            self.model = self._build(single)
+            self._load_folder(folder)
+        self._params = dict(self.model.named_parameters())
+        self._consumers = {
+            name: [p for p in self.mapping.params if name in {x.hf_name for x in p.parts}]
+            for name in self.dims.canonical_shapes()
+        }
+        self._pending: dict[str, CanonicalSlice] = {}
+        self._built_this_sync = 0
+        self.weight_version = 0
+        gen_config = self._generation_config(folder)
+        self.eos_token_ids = _as_list(gen_config.get("eos_token_id")) or _as_list(
+            getattr(self.hf_config, "eos_token_id", None)
+        )
+        pad = gen_config.get("pad_token_id", getattr(self.hf_config, "pad_token_id", None))
+        self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or [0])[0])
+        self._generator = torch.Generator().manual_seed(cfg.seed)
+
+    # ------------------------------------------------------------------ building
+    def _build(self, single: dist.ProcessGroup) -> Any:
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        on_gpu = self.device.type == "cuda"
+        dtype = to_dtype(self.config.dtype)
+        tconfig = transformer_config(
+            self.hf_config, self.dims, tp=self.tp_size, pp=1, dtype=dtype, on_gpu=on_gpu
+        )
+        pgs = ProcessGroupCollection(tp=self.tp_group, pp=single, cp=single, embd=None)
+        model = build_gpt(
+            self.hf_config,
+            self.dims,
+            tconfig,
+            layer_spec("local"),
+            padded_vocab=self.padded_vocab,
+            pre_process=True,
+            post_process=True,
+            pg_collection=pgs,
+        )
+        if on_gpu:
+            model.cuda(self.device)
+        mark_tensor_parallel(model, self.mapping.params)
+        model.eval().requires_grad_(False)
+        self.dtype = dtype
+        return model
+
+    @torch.no_grad()
+    def _load_folder(self, folder: Any) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in self.mapping.load(FolderReader(folder), self.dtype):
+            params[name].copy_(tensor)
+
+    @staticmethod
+    def _generation_config(folder: Any) -> dict[str, Any]:
+        import json
+        from pathlib import Path
+
+        path = Path(folder) / "generation_config.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    # ------------------------------------------------------------------- weights
+    def _fetch(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
+        piece = self._pending[name]
+        if dim is None:
+            return piece.tensor
+        if piece.dim is None:
+            return piece.tensor.narrow(dim, start, stop - start)
+        if piece.dim != dim or not piece.start <= start <= stop <= piece.stop:
+            raise ValueError(
+                f"{name}: got rows [{piece.start}, {piece.stop}) on dim {piece.dim}; TP rank "
+                f"{self.tp_rank}/{self.tp_size} needs [{start}, {stop}) on dim {dim} "
+                "(generation TP size or vocabulary padding differ from the sender's)"
+            )
+        return piece.tensor.narrow(dim, start - piece.start, stop - start)
+
+    @torch.no_grad()
+    def load_weights(self, bucket: Iterable[NamedTensor | CanonicalSlice]) -> None:
+        """Load whole canonical tensors or this rank's TP slices (:class:`CanonicalSlice`);
+        q/k/v (and gate/up) may arrive in different buckets."""
+        for item in bucket:
+            piece = item if isinstance(item, CanonicalSlice) else self._whole(*item)
+            if piece.name not in self._consumers:
+                raise KeyError(f"rollout model has no canonical tensor {piece.name!r}")
+            self._pending[piece.name] = piece
+            for param in self._consumers[piece.name]:
+                needs = {p.hf_name for p in param.parts}
+                if needs <= self._pending.keys():
+                    target = self._params[param.name]
+                    target.copy_(param.build(self._fetch, target.dtype))
+                    self._built_this_sync += 1
+            for name in [n for n in self._pending if self._all_built(n)]:
+                del self._pending[name]
+
+    def _whole(self, name: str, tensor: torch.Tensor) -> CanonicalSlice:
+        return CanonicalSlice(name, tensor, None, 0, tuple(tensor.shape))
+
+    def _all_built(self, name: str) -> bool:
+        """A pending tensor can go once every consumer of it had all its sources."""
+        return all(
+            {p.hf_name for p in param.parts} <= self._pending.keys()
+            for param in self._consumers[name]
+        )
+
+    def finish_weight_sync(self) -> None:
+        if self._pending:
+            raise RuntimeError(
+                f"weight sync ended with incomplete fused tensors: {sorted(self._pending)[:4]}"
+            )
+        log.debug("weight sync %d: %d tensors", self.weight_version + 1, self._built_this_sync)
+        self.weight_version += 1
+        self._built_this_sync = 0
+
+    # ---------------------------------------------------------------- generation
+    @cpu_compat.on_cpu
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
+        ``max_new_tokens``; same output keys as every rollout engine."""
+        missing = [k for k in PROMPT_KEYS if k not in prompts]
+        if missing:
+            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
+        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
+        generator = self._generator
+        if params.seed is not None:
+            generator = torch.Generator().manual_seed(params.seed)
+        stops = sorted({*params.stop_token_ids, *self.eos_token_ids})
+        pieces = [
+            self._decode(p["input_ids"], p["attention_mask"], params, generator, stops)
+            for p in batch.split(self.config.max_batch_size)
+        ]
+        responses, log_probs, response_mask = (torch.cat(x) for x in zip(*pieces, strict=True))
+        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
+        attention_mask = torch.cat([prompt_mask.long(), response_mask], dim=1)
+        out = batch.select(*[k for k in batch.keys() if k not in ("position_ids", *PROMPT_KEYS)])
+        out["prompts"] = prompt_ids
+        out["responses"] = responses
+        out["response_mask"] = response_mask
+        out["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
+        out["attention_mask"] = attention_mask
+        out["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out["rollout_log_probs"] = log_probs
+        out.meta["temperature"] = params.temperature
+        return out
+
+    def _next_logits(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits ``[B, V]`` at each row's last real token."""
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+        width = int(lengths.max())
+        positions = torch.arange(width)[None, :].expand(ids.shape[0], width)
+        local = self.model(ids[:, :width].to(self.device), positions.to(self.device), None)
+        rows = torch.arange(ids.shape[0], device=local.device)
+        last = local[rows, (lengths - 1).to(local.device)]
+        if self.tp_size > 1:
+            last = gather_from_tensor_model_parallel_region(last, group=self.tp_group)
+        return last[:, : self.dims.vocab_size].float()
+
+    @torch.no_grad()
+    def _decode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+        stops: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids, _, lengths = forward.pack_left(input_ids, attention_mask, self.pad_token_id)
+        rows = ids.shape[0]
+        ids = torch.cat([ids, torch.full((rows, params.max_new_tokens), self.pad_token_id)], 1)
+        lengths = lengths.clone()
+        stop_ids = torch.tensor(stops, dtype=ids.dtype)
+        finished = torch.zeros(rows, dtype=torch.bool)
+        tokens_out, logp_out, mask_out = [], [], []
+        for _ in range(params.max_new_tokens):
+            logits = self._next_logits(ids, lengths).cpu()
+            tokens, log_probs = select_tokens(logits, params, generator)
+            if self.tp_size > 1:  # one decision for the whole TP group
+                both = torch.stack([tokens.double(), log_probs.double()]).to(self.device)
+                dist.broadcast(both, src=self.tp_ranks[0], group=self.tp_group)
+                tokens, log_probs = both[0].long().cpu(), both[1].float().cpu()
+            alive = ~finished
+            tokens = torch.where(alive, tokens, self.pad_token_id)
+            tokens_out.append(tokens)
+            logp_out.append(torch.where(alive, log_probs, 0.0))
+            mask_out.append(alive.long())
+            ids[torch.arange(rows), lengths] = tokens
+            lengths = lengths + alive.long()
+            finished = finished | torch.isin(tokens, stop_ids)
+            if bool(finished.all()):
+                break
+        pad = params.max_new_tokens - len(tokens_out)
+        responses = torch.stack(tokens_out, dim=1)
+        log_probs = torch.stack(logp_out, dim=1).float()
+        response_mask = torch.stack(mask_out, dim=1)
+        if pad:
+            responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
+            log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+            response_mask = torch.nn.functional.pad(response_mask, (0, pad), value=0)
+        return responses, log_probs, response_mask

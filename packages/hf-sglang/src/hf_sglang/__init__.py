@@ -1,0 +1,28 @@
+"""HybridFlow's SGLang rollout engine (hybrid mode: an offline ``sglang.Engine`` per actor rank).
+
+Names are imported lazily so that loading the plugin (``hf_sglang.plugin``) imports neither
+SGLang nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "SGLangRolloutEngine": "hf_sglang.engine",
+    "SGLangRolloutConfig": "hf_sglang.config",
+    "EngineConfigError": "hf_sglang.config",
+    "SGLangNotInstalledError": "hf_sglang.runtime",
+    "SyncStats": "hf_sglang.weights",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hf_sglang' has no attribute {name!r}")

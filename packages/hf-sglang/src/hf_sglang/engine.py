@@ -1,0 +1,255 @@
+"""The SGLang rollout engine in hybrid mode: an offline ``sglang.Engine`` owned by the actor.
+
+How SGLang's offline engine runs: ``sglang.Engine(...)`` keeps its tokenizer manager (request
+batching, here without a tokenizer: token ids in, token ids out) in the calling process and
+starts the model runner -- one scheduler process per TP rank -- as child processes on the same
+devices.  In HybridFlow's hybrid placement each actor rank creates one engine after its
+training engine, so the rollout model lives in the actor's process tree, on the actor's
+devices; weights stream from the training engine's canonical export in buckets, in place
+(see :mod:`hf_sglang.weights` for the two transports).  Generation returns exactly the batch
+keys of the HF rollout engine, with per-token log-probs of ``softmax(logits / temperature)``
+(see :mod:`hf_sglang.sampling`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hf_core.batch import Batch
+from hf_core.engines import (
+    PROMPT_KEYS,
+    NamedTensor,
+    RolloutEngine,
+    SamplingParams,
+    assemble_rollout,
+)
+from hf_sglang.config import SGLangRolloutConfig, parse_config
+from hf_sglang.model_info import check_model_folder, special_tokens
+from hf_sglang.outputs import pack_outputs, strip_left_padding
+from hf_sglang.process_state import preserve_process_state
+from hf_sglang.runtime import require_sglang
+from hf_sglang.sampling import request_params
+from hf_sglang.weights import (
+    DistributedTransport,
+    SyncStats,
+    TensorTransport,
+    canonical_shapes,
+    check_bucket,
+    check_result,
+)
+
+log = logging.getLogger(__name__)
+
+CPU_MAX_TOTAL_TOKENS = 16384
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+def resolve_device(choice: str) -> str:
+    """``auto`` picks CUDA when torch sees a GPU, else the CPU."""
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device")
+    return choice
+
+
+def engine_kwargs(cfg: SGLangRolloutConfig, device: str) -> dict[str, Any]:
+    """Keyword arguments of ``sglang.Engine`` for this config and device."""
+    kwargs: dict[str, Any] = {
+        "model_path": str(cfg.model_path),
+        "dtype": cfg.dtype,
+        "device": device,
+        "tp_size": cfg.tp_size,
+        "skip_tokenizer_init": True,  # token ids in, token ids out
+        "random_seed": cfg.seed,
+        "log_level": cfg.log_level,
+    }
+    if device == "cpu":
+        kwargs["attention_backend"] = cfg.attention_backend or "torch_native"
+        kwargs["max_total_tokens"] = cfg.max_total_tokens or CPU_MAX_TOTAL_TOKENS
+        kwargs["mem_fraction_static"] = cfg.mem_fraction_static or 0.05
+    else:
+        kwargs["enable_memory_saver"] = cfg.enable_memory_saver
+        optional = {
+            "attention_backend": cfg.attention_backend,
+            "max_total_tokens": cfg.max_total_tokens,
+            "mem_fraction_static": cfg.mem_fraction_static,
+        }
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+    optional = {
+        "max_running_requests": cfg.max_running_requests,
+        "context_length": cfg.context_length,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    kwargs.update(cfg.engine_kwargs)
+    return kwargs
+
+
+def make_transport(
+    engine: Any, cfg: SGLangRolloutConfig, device: str
+) -> TensorTransport | DistributedTransport:
+    """The weight-sync transport ``cfg.weight_sync`` selects, bound to a running engine."""
+    if cfg.weight_sync == "tensor":
+        return TensorTransport(engine)
+    return DistributedTransport(engine, cfg.sync_group, cfg.tp_size, device)
+
+
+class SGLangRolloutEngine(RolloutEngine):
+    """``sglang.Engine`` next to the trainer; see the module docstring and the package README."""
+
+    def __init__(self, config: SGLangRolloutConfig | dict[str, Any]) -> None:
+        self.config = cfg = parse_config(config)
+        folder = check_model_folder(cfg.model_path)
+        self.device = resolve_device(cfg.device)
+        sglang = require_sglang(self.device)
+        tokens = special_tokens(folder)
+        self.eos_token_ids, self.pad_token_id = tokens.eos_token_ids, tokens.pad_token_id
+        self._shapes = canonical_shapes(folder)
+
+        start = time.perf_counter()
+        with preserve_process_state():
+            self.engine = sglang.Engine(**engine_kwargs(cfg, self.device))
+        self.startup_seconds = time.perf_counter() - start
+        self.transport = make_transport(self.engine, cfg, self.device)
+        self.weight_version = 0
+        self.last_sync: SyncStats | None = None
+        self._sync: SyncStats | None = None
+        self._released: set[str] = set()
+        self._said_cpu_noop = False
+        self._closed = False
+        log.info(
+            "SGLang engine ready in %.1f s (device=%s, tp=%d, weight_sync=%s)",
+            self.startup_seconds,
+            self.device,
+            cfg.tp_size,
+            cfg.weight_sync,
+        )
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def last_sync_seconds(self) -> float | None:
+        """Seconds the last completed sync took (first bucket to cache flush)."""
+        return self.last_sync.seconds if self.last_sync else None
+
+    def sync_metrics(self) -> dict[str, float]:
+        """The last sync's numbers under ``weight_sync/`` keys, for the trainer's log."""
+        return self.last_sync.as_metrics() if self.last_sync else {}
+
+    def _engine_call(self, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        now = time.perf_counter()
+        try:
+            result = call(*args, **kwargs)
+            check_result(what, result)
+            return result
+        finally:
+            if self._sync is not None:
+                self._sync.engine_seconds += time.perf_counter() - now
+
+    def load_weights(self, bucket: Iterable[NamedTensor]) -> None:
+        """Load one bucket of canonical tensors in place (the first bucket opens the sync)."""
+        bucket = list(bucket)
+        check_bucket(bucket, self._shapes)
+        if self._sync is None:
+            self._resume("weights")
+            self._sync = SyncStats.begin()
+            self._sync.transport = self.transport.name
+            self._engine_call("begin_weight_update", self.engine.begin_weight_update)
+        self._engine_call(f"{self.transport.name} weight bucket", self.transport.send, bucket)
+        self._sync.add(bucket)
+
+    def finish_weight_sync(self) -> None:
+        """Close the sync (``end_weight_update``) and flush the radix cache's stale KV."""
+        if self._sync is None:  # nothing was sent: still drop cached KV, as promised
+            self._sync = SyncStats.begin()
+            self._sync.transport = self.transport.name
+        else:
+            self._engine_call("end_weight_update", self.engine.end_weight_update)
+        self._engine_call("flush_cache", self.engine.flush_cache)
+        sync, self._sync = self._sync, None
+        sync.seconds = time.perf_counter() - sync.started
+        self.last_sync = sync
+        self.weight_version += 1
+        log.debug("weight sync %d: %s", self.weight_version, sync)
+
+    # ------------------------------------------------------------------ memory
+    def release_memory(self) -> bool:
+        """GPU: free weights and KV cache (``release_memory_occupation``). CPU: a no-op.
+
+        Returns whether memory was actually released.
+        """
+        if self.device != "cuda":
+            self._say_cpu_noop("release_memory")
+            return False
+        if not self._released:
+            self.engine.release_memory_occupation(tags=list(MEMORY_TAGS))
+            self._released = set(MEMORY_TAGS)
+        return True
+
+    def resume_memory(self) -> bool:
+        """Undo :meth:`release_memory` (weights first, then the KV cache)."""
+        if self.device != "cuda":
+            self._say_cpu_noop("resume_memory")
+            return False
+        for tag in MEMORY_TAGS:
+            self._resume(tag)
+        return True
+
+    def _resume(self, tag: str) -> None:
+        if tag in self._released:
+            self.engine.resume_memory_occupation(tags=[tag])
+            self._released.discard(tag)
+
+    def _say_cpu_noop(self, what: str) -> None:
+        if not self._said_cpu_noop:
+            log.info(
+                "%s is a no-op on CPU: SGLang's memory saver (torch_memory_saver) needs CUDA; "
+                "weights and the KV cache (max_total_tokens) stay allocated during training",
+                what,
+            )
+            self._said_cpu_noop = True
+
+    # --------------------------------------------------------------- generation
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
+        ``max_new_tokens`` so batches from different ranks concatenate."""
+        missing = [k for k in PROMPT_KEYS if k not in prompts]
+        if missing:
+            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
+        if self._released:
+            self.resume_memory()
+        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
+        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
+        token_lists = strip_left_padding(prompt_ids, prompt_mask) if len(batch) else []
+        requests = request_params(
+            params,
+            len(token_lists),
+            stop_token_ids=(*params.stop_token_ids, *self.eos_token_ids),
+            ignore_eos=self.config.ignore_eos,
+        )
+        outputs = (
+            self.engine.generate(
+                input_ids=token_lists, sampling_params=requests, return_logprob=True
+            )
+            if token_lists
+            else []
+        )
+        responses, log_probs, response_mask = pack_outputs(
+            outputs, params.max_new_tokens, self.pad_token_id, prompt_ids.dtype
+        )
+        return assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Leave the sync group and stop SGLang's processes (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.transport.close()
+        finally:
+            self.engine.shutdown()

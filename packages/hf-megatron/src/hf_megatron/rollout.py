@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hf_core.batch import Batch
-from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams
+from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, select_tokens
 from hf_core.resharding import ReshardPlan
 from hf_megatron import cpu_compat, forward
 from hf_megatron.config import MegatronRolloutConfig, parse_config, to_dtype
@@ -29,7 +29,6 @@ from hf_megatron.loading import FolderReader, check_model_folder, load_hf_config
 from hf_megatron.mapping import CanonicalSlice, MegatronWeightMapping, ModelDims, RankPosition
 from hf_megatron.model import build_gpt, layer_spec, mark_tensor_parallel, transformer_config
 from hf_megatron.parallel import ensure_process_group, resolve_device
-from hf_megatron.sampling import select_tokens
 
 log = logging.getLogger(__name__)
 

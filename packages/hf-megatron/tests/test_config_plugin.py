@@ -19,8 +19,8 @@ def test_config_errors_name_key_value_and_expectation() -> None:
             {"model_path": "m", "tensor_paralel_size": 2, "lr": -1.0, "head": "policy"},
         )
     text = str(err.value)
-    assert "tensor_paralel_size=2: unknown key" in text and "tensor_parallel_size" in text
-    assert "lr=-1.0" in text and "head='policy'" in text
+    assert "tensor_paralel_size: unknown key (got 2)" in text and "tensor_parallel_size" in text
+    assert "lr: got -1.0" in text and "head: got 'policy'" in text
     with pytest.raises(EngineConfigError, match="needs total_steps"):
         parse_config(MegatronEngineConfig, {"model_path": "m", "lr_schedule": "cosine"})
     with pytest.raises(EngineConfigError, match="Transformer Engine"):

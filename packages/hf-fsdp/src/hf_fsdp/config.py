@@ -14,23 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401  (re-exported)
-
-HeadKind = Literal["lm", "value", "score"]
-"""``lm``: causal LM (actor, reference); ``value``: per-token value (critic);
-``score``: one scalar per sequence (reward and cost models)."""
-
-DTypeName = Literal["float32", "bfloat16", "float16"]
-
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
-
-def to_dtype(name: str) -> torch.dtype:
-    """The torch dtype for one of the :data:`DTypeName` strings."""
-    return _DTYPES[name]
+from hf_core.engines import DTypeName, HeadKind, to_dtype
 
 
 class FSDPEngineConfig(BaseModel):

@@ -10,31 +10,12 @@ fails loudly, and :func:`parse_config` reports every problem at once.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-HeadKind = Literal["lm", "value", "score"]
-"""``lm``: causal LM (actor, reference); ``value``: per-token value (critic);
-``score``: one scalar per sequence (reward and cost models)."""
-
-DTypeName = Literal["float32", "bfloat16", "float16"]
-
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
-
-def to_dtype(name: str) -> torch.dtype:
-    """The torch dtype for one of the :data:`DTypeName` strings."""
-    return _DTYPES[name]
-
-
-class EngineConfigError(ValueError):
-    """A configuration value is missing, misspelt or out of range."""
+from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401  (re-exported)
+from hf_core.engines import DTypeName, HeadKind, to_dtype  # noqa: F401  (re-exported)
 
 
 class MegatronEngineConfig(BaseModel):
@@ -137,28 +118,5 @@ class MegatronRolloutConfig(BaseModel):
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
 
 
-C = TypeVar("C", bound=BaseModel)
-
-
-def parse_config(cls: type[C], data: dict[str, Any] | C) -> C:
-    """Validate ``data`` into ``cls``; every problem is reported in one readable error."""
-    if isinstance(data, cls):
-        return data
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "<config>"
-            given = err.get("input")
-            if err["type"] == "missing":
-                lines.append(f"  {key}: required but missing")
-            elif err["type"] == "extra_forbidden":
-                known = ", ".join(sorted(cls.model_fields))
-                lines.append(f"  {key}={given!r}: unknown key (known keys: {known})")
-            else:
-                shown = given if not isinstance(given, dict) else "{...}"
-                lines.append(f"  {key}={shown!r}: {err['msg']}")
-        raise EngineConfigError(
-            f"invalid {cls.__name__} ({len(lines)} problem(s)):\n" + "\n".join(lines)
-        ) from None
+# Validation with errors naming key, value and expectation is core's (shared by backends).
+parse_config = parse_engine_config

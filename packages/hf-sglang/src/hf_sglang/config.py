@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hf_core.config import EngineConfigError, parse_engine_config
+from hf_core.engines import DTypeName
 
-DTypeName = Literal["float32", "bfloat16", "float16"]
 WeightSyncMode = Literal["tensor", "distributed"]
 
 

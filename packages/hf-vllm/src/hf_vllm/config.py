@@ -14,10 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hf_core.config import EngineConfigError, parse_engine_config
+from hf_core.engines import DTypeName
 
 __all__ = ["EngineConfigError", "VLLMRolloutConfig", "parse_engine_config"]
 
-DTypeName = Literal["float32", "bfloat16", "float16"]
 ExecutorName = Literal["auto", "external_launcher", "uni"]
 
 

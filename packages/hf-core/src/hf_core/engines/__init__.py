@@ -1,5 +1,6 @@
 """Engine interfaces: what a backend implements so core's role workers can drive it."""
 
+from hf_core.engines.dtypes import DTypeName, HeadKind, to_dtype
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.sampling import filter_logits, select_tokens
 from hf_core.engines.schedule import lr_factor
@@ -8,6 +9,8 @@ from hf_core.engines.weights import NamedTensor, WeightMapping, iter_buckets, te
 
 __all__ = [
     "PROMPT_KEYS",
+    "DTypeName",
+    "HeadKind",
     "LossFn",
     "NamedTensor",
     "RolloutEngine",
@@ -20,4 +23,5 @@ __all__ = [
     "lr_factor",
     "select_tokens",
     "tensor_nbytes",
+    "to_dtype",
 ]

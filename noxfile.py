@@ -34,7 +34,9 @@ def _install_base(session: nox.Session) -> None:
     session.install("--upgrade", "pip", "setuptools")
     if CONSTRAINTS:
         session.install("-c", CONSTRAINTS, "torch")
-    session.install(*_constraints(), "-e", f"{PACKAGES / 'hf-core'}[test]")
+    session.install(
+        *_constraints(), "-e", f"{PACKAGES / 'hf-core'}[test]", "-e", str(PACKAGES / "hf-testing")
+    )
 
 
 def _tests_of(package: str) -> Path:

@@ -130,7 +130,7 @@ def main() -> None:
 
     import torch.multiprocessing as mp
 
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     world = 2
     with tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:

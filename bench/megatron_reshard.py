@@ -164,7 +164,7 @@ def main() -> None:
 
     import torch.multiprocessing as mp
 
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:
         args.model = str(

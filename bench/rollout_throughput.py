@@ -144,7 +144,7 @@ def main() -> None:
         _child(args)
         return
 
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     engines = ["hf", "vllm", *(["vllm-compiled"] if args.compiled else [])]
     rows = []

@@ -208,7 +208,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     engines = ["hf", "sglang", *(["vllm"] if args.vllm_python else [])]
     rows = []

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hf_core.rewards import write_digit_task
-from hf_fsdp.tiny import build_tiny_model
+from hf_testing.tasks import write_digit_task
+from hf_testing.tiny import build_tiny_model
 
 DEFAULT = Path("runs/assets")
 

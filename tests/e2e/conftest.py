@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_core.testing import local_ray_cluster
+from hf_testing.ray_cluster import local_ray_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_core.testing import local_ray_cluster
+from hf_testing.ray_cluster import local_ray_cluster
 
 
 @pytest.fixture(scope="session")

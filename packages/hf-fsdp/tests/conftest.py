@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_core.testing import local_ray_cluster
+from hf_testing.ray_cluster import local_ray_cluster
 
 TESTS_DIR = Path(__file__).parent
 GPU_REASON = "needs a CUDA GPU (nccl, bf16 mixed precision, offload); this machine has none"
@@ -36,7 +36,7 @@ def ray_cluster() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny model folders: both families, tied and untied, and the three head kinds."""
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_core.testing import local_ray_cluster
+from hf_testing.ray_cluster import local_ray_cluster
 
 TESTS_DIR = Path(__file__).parent
 GPU_REASON = "needs a CUDA GPU (nccl, Transformer Engine, bf16); this machine has none"
@@ -32,7 +32,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Both families, tied and untied, a value model, and an odd vocabulary (real padding)."""
     from megatron_test_workers import build_odd_vocab_model
 
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return {

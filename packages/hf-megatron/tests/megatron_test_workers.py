@@ -84,7 +84,7 @@ def build_odd_vocab_model(path: Path, vocab_size: int) -> Path:
     """A random Llama with a vocabulary no TP size divides (no tokenizer: ids only)."""
     from transformers import AutoModelForCausalLM
 
-    from hf_fsdp.tiny import tiny_config
+    from hf_testing.tiny import tiny_config
 
     config = tiny_config("llama", vocab_size)
     with torch.random.fork_rng(devices=[]):

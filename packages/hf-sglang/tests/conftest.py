@@ -41,7 +41,7 @@ needs_sglang = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    from hf_core.testing import local_ray_cluster
+    from hf_testing.ray_cluster import local_ray_cluster
 
     with local_ray_cluster([TESTS_DIR]):
         yield
@@ -50,7 +50,7 @@ def ray_cluster() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tied Qwen2 (q/k/v biases, lm_head shared with the embedding), initializer_range 0.2."""
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return build_tiny_model(root / "qwen2_tied", "qwen2", tie_word_embeddings=True)

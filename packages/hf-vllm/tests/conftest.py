@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    from hf_core.testing import local_ray_cluster
+    from hf_testing.ray_cluster import local_ray_cluster
 
     with local_ray_cluster([TESTS_DIR]):
         yield
@@ -74,7 +74,7 @@ def ray_cluster() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tied Qwen2 (q/k/v biases, lm_head shared with the embedding) and an untied Llama."""
-    from hf_fsdp.tiny import build_tiny_model
+    from hf_testing.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return {

@@ -20,8 +20,8 @@ _EXPORTS = {
     "FSDPWeightMapping": "hf_fsdp.export",
     "CheckpointError": "hf_fsdp.checkpoint",
     "ModelLoadError": "hf_fsdp.loading",
-    "build_tiny_model": "hf_fsdp.tiny",
-    "build_tokenizer": "hf_fsdp.tiny",
+    "build_tiny_model": "hf_testing.tiny",
+    "build_tokenizer": "hf_testing.tiny",
 }
 
 __all__ = sorted(_EXPORTS)

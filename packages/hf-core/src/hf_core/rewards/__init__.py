@@ -23,7 +23,6 @@ from hf_core.rewards.registry import (
     reward_function_names,
 )
 from hf_core.rewards.scorer import RewardFunctionError, RuleReward
-from hf_core.rewards.tasks import make_digit_task, write_digit_task
 
 __all__ = [
     "LENGTH_TOLERANCE",
@@ -35,8 +34,6 @@ __all__ = [
     "UnknownRewardFunctionError",
     "digit_partial_credit",
     "get_reward_function",
-    "make_digit_task",
     "reward_function",
     "reward_function_names",
-    "write_digit_task",
 ]

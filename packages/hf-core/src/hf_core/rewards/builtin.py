@@ -15,7 +15,7 @@ missing positions, up to ``tol`` extra characters cost one position each, and an
 scores 0.  Characters that are not digits never match (the targets are digits), so a garbage
 answer of the right length scores 0 too.  Uniform random digits of the right length score about
 0.1.  Both tasks use the same rule against their own target (the reversed, resp. sorted,
-digits); the ground truth is that target, as :func:`hf_core.rewards.tasks.make_digit_task`
+digits); the ground truth is that target, as :func:`hf_testing.tasks.make_digit_task`
 writes it.
 
 ``exact_match``: 1.0 when the stripped response equals the stripped ground truth (or one of

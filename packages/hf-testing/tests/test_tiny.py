@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from hf_fsdp.tiny import build_tiny_model, build_tokenizer
+from hf_testing.tiny import build_tiny_model, build_tokenizer
 
 
 @pytest.mark.parametrize("folder", ["qwen2_tied", "llama", "value", "score"])

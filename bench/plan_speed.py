@@ -17,7 +17,7 @@ import platform
 import statistics
 import time
 
-from hf_core.mapping import Plan, Planner, make_cluster
+from hf_core.planner import Plan, Planner, make_cluster
 
 ROLES = ("actor", "critic", "reference", "reward")
 SIZES = ("llama2-7b", "llama2-13b", "codellama-34b", "llama2-70b")

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from hf_core.config import TrainerConfig, load_config
-from hf_testing.tasks import write_digit_task
 from hf_core.trainer import RLTrainer
+from hf_testing.tasks import write_digit_task
 from hf_testing.tiny import build_tiny_model
 
 RECIPE = Path(__file__).with_name("demo.yaml")

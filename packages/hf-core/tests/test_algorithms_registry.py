@@ -146,7 +146,7 @@ def test_algorithms_layer_imports_no_runtime_or_backends() -> None:
         "import sys, hf_core.algorithms\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('ray', 'hf_fsdp', 'hf_megatron', 'hf_vllm', 'hf_sglang') "
-        "or m.startswith(('hf_core.runtime', 'hf_core.workers', 'hf_core.worker'))]\n"
+        "or m.startswith(('hf_core.runtime', 'hf_core.roles', 'hf_core.worker'))]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,8 +1,9 @@
 """HybridFlow core: the protocol package every backend builds on.
 
 Layers (imports only point down):
-ground (batch, resharding) -> protocols, engines (interfaces), algorithms, mapping -> worker ->
-runtime (Ray), plugins -> role workers -> trainer -> CLI.  hf-core never imports a backend.
+ground (batch, resharding) -> protocols, engines (interfaces), algorithms, planner (auto-mapping)
+-> worker (the SPMD base class) -> runtime (Ray), plugins -> roles (role workers) -> trainer -> CLI.
+hf-core never imports a backend.
 """
 
 from __future__ import annotations

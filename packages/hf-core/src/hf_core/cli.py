@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hf_core.config import ConfigError
 from hf_core.data import DataError
-from hf_core.mapping.cli import add_plan_command
+from hf_core.planner.cli import add_plan_command
 from hf_core.plugins import PluginLoadError, list_backends
 from hf_core.rewards import RewardFunctionError
 

@@ -45,7 +45,6 @@ from hf_core.resharding import (
 from hf_megatron import checkpoint, cpu_compat, forward
 from hf_megatron.config import MegatronEngineConfig, parse_config, to_dtype
 from hf_megatron.loading import FolderReader, architecture_for, check_model_folder, load_hf_config
-from hf_megatron.mapping import CanonicalSlice, MegatronWeightMapping, ModelDims, RankPosition
 from hf_megatron.model import (
     build_gpt,
     layer_spec,
@@ -63,6 +62,12 @@ from hf_megatron.parallel import (
     worker_mesh,
 )
 from hf_megatron.reshard import Resharder, ReshardStats, resolve_plan
+from hf_megatron.weight_mapping import (
+    CanonicalSlice,
+    MegatronWeightMapping,
+    ModelDims,
+    RankPosition,
+)
 
 log = logging.getLogger(__name__)
 

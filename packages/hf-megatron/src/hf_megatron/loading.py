@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hf_megatron.mapping import SUPPORTED_ARCHITECTURES, HeadKind
+from hf_megatron.weight_mapping import SUPPORTED_ARCHITECTURES, HeadKind
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def weight_files(folder: Path) -> dict[str, Path]:
 
 
 class FolderReader:
-    """A :data:`hf_megatron.mapping.Fetch` over a folder's safetensors files."""
+    """A :data:`hf_megatron.weight_mapping.Fetch` over a folder's safetensors files."""
 
     def __init__(
         self, folder: Path, *, seed: int = 0, init_std: float = 0.02, hidden_size: int = 0

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hf_megatron.mapping import MappingError, ModelDims, NativeParam
+from hf_megatron.weight_mapping import MappingError, ModelDims, NativeParam
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel

@@ -4,7 +4,7 @@ Core's plan (:mod:`hf_core.resharding`) says, per rank, whom to all-gather with.
 turns it into collectives over this rank's megatron parameters:
 
 1. Every rank's *training unit* (all its megatron parameters, in the order of
-   :func:`hf_megatron.mapping.rank_params`) is a flat sequence of ``numel`` elements.  Units
+   :func:`hf_megatron.weight_mapping.rank_params`) is a flat sequence of ``numel`` elements.  Units
    are padded to the largest unit ``U`` of the model, so the model size the all-gathers move
    is ``M = p * t * U`` elements and every all-gather has equal-sized inputs.
 2. The rank all-gathers within its plan's gather group only (a ``torch.distributed`` group
@@ -44,7 +44,7 @@ from hf_core.resharding import (
     build_hybrid_plan,
     build_naive_plan,
 )
-from hf_megatron.mapping import (
+from hf_megatron.weight_mapping import (
     CanonicalSlice,
     ModelDims,
     NativeParam,

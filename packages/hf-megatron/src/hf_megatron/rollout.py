@@ -26,9 +26,14 @@ from hf_core.resharding import ReshardPlan
 from hf_megatron import cpu_compat, forward
 from hf_megatron.config import MegatronRolloutConfig, parse_config, to_dtype
 from hf_megatron.loading import FolderReader, check_model_folder, load_hf_config
-from hf_megatron.mapping import CanonicalSlice, MegatronWeightMapping, ModelDims, RankPosition
 from hf_megatron.model import build_gpt, layer_spec, mark_tensor_parallel, transformer_config
 from hf_megatron.parallel import ensure_process_group, resolve_device
+from hf_megatron.weight_mapping import (
+    CanonicalSlice,
+    MegatronWeightMapping,
+    ModelDims,
+    RankPosition,
+)
 
 log = logging.getLogger(__name__)
 

@@ -2,6 +2,6 @@
 
 from hf_core.trainer.checkpoint import CheckpointError
 from hf_core.trainer.rl import RLTrainer
-from hf_core.trainer.roles import RoleGroups, spawn_roles
+from hf_core.trainer.spawning import RoleGroups, spawn_roles
 
 __all__ = ["CheckpointError", "RLTrainer", "RoleGroups", "spawn_roles"]

@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from hf_core.config import TrainerConfig
-from hf_core.mapping import (
+from hf_core.planner import (
     Dataflow,
     Op,
     Workload,
@@ -29,7 +29,7 @@ from hf_core.mapping import (
     plan_to_placement,
     set_partitions,
 )
-from hf_core.trainer.roles import PoolSpec, role_specs
+from hf_core.trainer.spawning import PoolSpec, role_specs
 
 log = logging.getLogger(__name__)
 

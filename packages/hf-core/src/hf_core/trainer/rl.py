@@ -39,7 +39,7 @@ from hf_core.trainer.checkpoint import (
     load_trainer_state,
     save_run_checkpoint,
 )
-from hf_core.trainer.roles import RoleGroups, configured_pools, spawn_roles
+from hf_core.trainer.spawning import RoleGroups, configured_pools, spawn_roles
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from hf_core.mapping.devices import GIB
-from hf_core.mapping.plan import Plan
+from hf_core.planner.devices import GIB
+from hf_core.planner.plan import Plan
 
 _SHORT = {"generation": "gen", "preparation": "prep", "training": "train"}
 

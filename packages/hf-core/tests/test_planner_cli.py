@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_core.mapping.cli import add_plan_command, run_plan
-from hf_core.mapping.recipe import load_recipe
+from hf_core.planner.cli import add_plan_command, run_plan
+from hf_core.planner.recipe import load_recipe
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "plan_ppo_7b.yaml"
 

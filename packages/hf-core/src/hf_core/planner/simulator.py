@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hf_core.mapping.devices import Cluster
-from hf_core.mapping.memory import kv_bytes_per_token, split_batch
-from hf_core.mapping.models import BF16_BYTES, ModelSpec
-from hf_core.mapping.workload import Workload
+from hf_core.planner.devices import DeviceCluster
+from hf_core.planner.memory import kv_bytes_per_token, split_batch
+from hf_core.planner.models import BF16_BYTES, ModelSpec
+from hf_core.planner.workload import Workload
 from hf_core.resharding import GenerationLayout, ParallelLayout, hybrid_engine_volume_fraction
 
 
@@ -37,7 +37,7 @@ def allreduce_seconds(nbytes: float, ranks: int, bandwidth: float, latency: floa
     return latency + 2.0 * (ranks - 1) / ranks * nbytes / bandwidth
 
 
-def _latency(cluster: Cluster) -> float:
+def _latency(cluster: DeviceCluster) -> float:
     """Fixed cost of one collective, seconds."""
     return cluster.device.collective_latency_us * 1e-6
 
@@ -48,7 +48,11 @@ def _pipeline_factor(micro_batches: int, pp: int) -> float:
 
 
 def train_seconds(
-    spec: ModelSpec, layout: ParallelLayout, workload: Workload, cluster: Cluster, sequences: int
+    spec: ModelSpec,
+    layout: ParallelLayout,
+    workload: Workload,
+    cluster: DeviceCluster,
+    sequences: int,
 ) -> float:
     """Seconds of the PPO update: ``epochs x mini_batches`` optimizer steps.
 
@@ -79,7 +83,11 @@ def train_seconds(
 
 
 def infer_seconds(
-    spec: ModelSpec, layout: ParallelLayout, workload: Workload, cluster: Cluster, sequences: int
+    spec: ModelSpec,
+    layout: ParallelLayout,
+    workload: Workload,
+    cluster: DeviceCluster,
+    sequences: int,
 ) -> float:
     """Seconds of one forward pass over the rollouts (log-probs, values or scores): ``2 N``
     FLOPs per token, two TP all-reduces per layer and micro-batch, one pipeline send, bubble."""
@@ -116,7 +124,7 @@ def generate(
     layout: ParallelLayout,
     gen_tp: int,
     workload: Workload,
-    cluster: Cluster,
+    cluster: DeviceCluster,
     sequences: int,
     free_bytes: float,
 ) -> GenerationEstimate | None:
@@ -171,7 +179,7 @@ def generate(
 
 
 def transition_seconds(
-    spec: ModelSpec, layout: ParallelLayout, gen_tp: int, cluster: Cluster
+    spec: ModelSpec, layout: ParallelLayout, gen_tp: int, cluster: DeviceCluster
 ) -> float:
     """The 3D-HybridEngine reshard: Table 2's per-rank volume over the bandwidth of the
     micro-DP gather group, which lives inside one DP replica of ``t p`` consecutive ranks."""

@@ -12,10 +12,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hf_core.mapping.autoparallel import Candidate, RoleModel
-from hf_core.mapping.devices import Cluster
-from hf_core.mapping.simulator import GenerationEstimate, generate
-from hf_core.mapping.workload import Workload
+from hf_core.planner.autoparallel import Candidate, RoleModel
+from hf_core.planner.devices import DeviceCluster
+from hf_core.planner.simulator import GenerationEstimate, generate
+from hf_core.planner.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class PoolCoster:
         fronts: Mapping[str, list[Candidate]],
         generator: RoleModel | None,
         workload: Workload,
-        cluster: Cluster,
+        cluster: DeviceCluster,
     ) -> None:
         self.fronts = fronts
         self.generator = generator
@@ -197,7 +197,7 @@ def cost_pool(
     fronts: Mapping[str, list[Candidate]],
     generator: RoleModel | None,
     workload: Workload,
-    cluster: Cluster,
+    cluster: DeviceCluster,
     stages: Sequence[str],
 ) -> PoolResult | None:
     """The best joint strategy of a colocated set, or ``None`` when it cannot fit.

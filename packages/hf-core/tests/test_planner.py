@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import hf_core.mapping as mapping_pkg
-from hf_core.mapping import (
+import hf_core.planner as mapping_pkg
+from hf_core.planner import (
     PRESETS,
     Planner,
     aggregate,
@@ -32,11 +32,11 @@ from hf_core.mapping import (
     set_partitions,
     to_text,
 )
-from hf_core.mapping.memory import persistent_bytes
-from hf_core.mapping.placement import assign_nodes
-from hf_core.mapping.score import combine
-from hf_core.mapping.simulator import generate, transition_seconds
-from hf_core.mapping.workload import Workload
+from hf_core.planner.memory import persistent_bytes
+from hf_core.planner.placement import assign_nodes
+from hf_core.planner.score import combine
+from hf_core.planner.simulator import generate, transition_seconds
+from hf_core.planner.workload import Workload
 from hf_core.resharding import GenerationLayout, ParallelLayout, hybrid_engine_volume_fraction
 
 PPO_ROLES = ("actor", "critic", "reference", "reward")
@@ -286,7 +286,7 @@ def test_plan_to_placement_is_plain_data_for_pools() -> None:
 
 
 def test_mapping_imports_no_torch_ray_or_runtime() -> None:
-    banned = ("torch", "ray", "tensordict", "hf_core.runtime", "hf_core.workers", "hf_core.batch")
+    banned = ("torch", "ray", "tensordict", "hf_core.runtime", "hf_core.roles", "hf_core.batch")
     for path in MAPPING_DIR.glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hf_core.mapping.autoparallel import RoleModel, layouts
-from hf_core.mapping.devices import GIB, Cluster
-from hf_core.mapping.memory import (
+from hf_core.planner.autoparallel import RoleModel, layouts
+from hf_core.planner.devices import GIB, DeviceCluster
+from hf_core.planner.memory import (
     generation_weight_bytes,
     infer_activation_bytes,
     kv_bytes_per_token,
     persistent_bytes,
     train_activation_bytes,
 )
-from hf_core.mapping.workload import Workload
+from hf_core.planner.workload import Workload
 from hf_core.resharding import ParallelLayout
 
 
@@ -34,7 +34,7 @@ def footprint(rm: RoleModel, layout: ParallelLayout, workload: Workload) -> floa
     return need + transient
 
 
-def too_big(rm: RoleModel, cluster: Cluster, workload: Workload) -> str:
+def too_big(rm: RoleModel, cluster: DeviceCluster, workload: Workload) -> str:
     """Why one model cannot run on the whole cluster, naming it and the memory needed vs had."""
     n, usable = cluster.num_devices, cluster.device.usable_bytes
     what = (
@@ -66,7 +66,7 @@ def too_big(rm: RoleModel, cluster: Cluster, workload: Workload) -> str:
     )
 
 
-def nothing_fits(roles: Sequence[RoleModel], cluster: Cluster) -> str:
+def nothing_fits(roles: Sequence[RoleModel], cluster: DeviceCluster) -> str:
     """Why every model fits alone but no placement fits them all."""
     n, usable = cluster.num_devices, cluster.device.usable_bytes
     need = sum(r.state_bytes for r in roles)

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hf_core.config import TrainerConfig
+from hf_core.roles import ActorRolloutRefWorker, CriticWorker, ScoreModelWorker
 from hf_core.runtime import ResourcePool, RoleSpec, WorkerGroup, spawn
-from hf_core.workers import ActorRolloutRefWorker, CriticWorker, ScoreModelWorker
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,14 @@ import torch
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.protocols import register
-from hf_core.worker import Worker
-from hf_core.workers.common import (
+from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
     role_path,
     training_mesh,
 )
-from hf_core.workers.losses import ValueLoss
+from hf_core.roles.losses import ValueLoss
+from hf_core.worker import Worker
 
 
 class CriticWorker(Worker):

@@ -12,11 +12,11 @@ import time
 
 from rich.console import Console
 
-from hf_core.mapping.devices import PROFILES
-from hf_core.mapping.plan import plan_to_placement
-from hf_core.mapping.recipe import load_recipe
-from hf_core.mapping.render import summary_table
-from hf_core.mapping.search import Planner
+from hf_core.planner.devices import PROFILES
+from hf_core.planner.plan import plan_to_placement
+from hf_core.planner.recipe import load_recipe
+from hf_core.planner.render import summary_table
+from hf_core.planner.search import Planner
 
 
 def add_plan_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -197,7 +197,7 @@ def _validated(values: Mapping[str, Any], source: str) -> DeviceProfile:
         raise ValueError(f"{source}: {problems}") from None
 
 
-class Cluster(BaseModel):
+class DeviceCluster(BaseModel):
     """``nodes`` x ``devices_per_node`` identical devices."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -232,9 +232,9 @@ def make_cluster(
     device: str | DeviceProfile = "a100-80g",
     overrides: Mapping[str, Any] | None = None,
     profile: str | Path | Mapping[str, Any] | None = None,
-) -> Cluster:
+) -> DeviceCluster:
     """Convenience constructor: a named device with optional overrides and calibration."""
-    return Cluster(
+    return DeviceCluster(
         nodes=nodes,
         devices_per_node=devices_per_node,
         device=device_profile(device, overrides, profile),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from hf_core.mapping.models import BF16_BYTES, ModelSpec
-from hf_core.mapping.workload import Workload
+from hf_core.planner.models import BF16_BYTES, ModelSpec
+from hf_core.planner.workload import Workload
 from hf_core.resharding import ParallelLayout
 
 GRAD_BYTES = 2

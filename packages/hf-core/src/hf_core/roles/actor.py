@@ -18,14 +18,14 @@ from hf_core.config import TrainerConfig
 from hf_core.engines import SamplingParams
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
-from hf_core.worker import Worker
-from hf_core.workers.common import (
+from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
     role_path,
     training_mesh,
 )
-from hf_core.workers.losses import PolicyLoss, sft_loss
+from hf_core.roles.losses import PolicyLoss, sft_loss
+from hf_core.worker import Worker
 
 
 class ActorRolloutRefWorker(Worker):

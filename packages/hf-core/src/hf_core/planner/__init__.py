@@ -3,13 +3,13 @@
 Pure Python over an analytical cost model -- no torch, no Ray, no devices -- so a plan can be
 computed anywhere, printed by ``hybridflow plan`` and handed to a runner as plain data.
 
->>> from hf_core.mapping import make_cluster, plan
+>>> from hf_core.planner import make_cluster, plan
 >>> best = plan("ppo", {r: "llama2-7b" for r in ("actor", "critic", "reference", "reward")},
 ...             {}, make_cluster(nodes=2, devices_per_node=8))[0]  # doctest: +SKIP
 """
 
-from hf_core.mapping.autoparallel import Candidate, RoleModel, auto_parallel
-from hf_core.mapping.dataflow import (
+from hf_core.planner.autoparallel import Candidate, RoleModel, auto_parallel
+from hf_core.planner.dataflow import (
     DATAFLOWS,
     GRPO,
     PPO,
@@ -19,22 +19,22 @@ from hf_core.mapping.dataflow import (
     Op,
     get_dataflow,
 )
-from hf_core.mapping.devices import (
+from hf_core.planner.devices import (
     PROFILES,
-    Cluster,
+    DeviceCluster,
     DeviceProfile,
     calibrate,
     device_profile,
     make_cluster,
 )
-from hf_core.mapping.models import PRESETS, ModelSpec, from_hf_config, load_model, preset
-from hf_core.mapping.placement import allocations, allowed_sizes, bell, set_partitions
-from hf_core.mapping.plan import ModelPlan, Plan, PoolPlan, plan_to_placement
-from hf_core.mapping.recipe import PlanRecipe, load_recipe
-from hf_core.mapping.render import plan_table, summary_table, to_text
-from hf_core.mapping.score import aggregate
-from hf_core.mapping.search import Planner, plan
-from hf_core.mapping.workload import Workload
+from hf_core.planner.models import PRESETS, ModelSpec, from_hf_config, load_model, preset
+from hf_core.planner.placement import allocations, allowed_sizes, bell, set_partitions
+from hf_core.planner.plan import ModelPlan, Plan, PoolPlan, plan_to_placement
+from hf_core.planner.recipe import PlanRecipe, load_recipe
+from hf_core.planner.render import plan_table, summary_table, to_text
+from hf_core.planner.score import aggregate
+from hf_core.planner.search import Planner, plan
+from hf_core.planner.workload import Workload
 
 __all__ = [
     "DATAFLOWS",
@@ -45,8 +45,8 @@ __all__ = [
     "REMAX",
     "SAFE_RLHF",
     "Candidate",
-    "Cluster",
     "Dataflow",
+    "DeviceCluster",
     "DeviceProfile",
     "ModelPlan",
     "ModelSpec",

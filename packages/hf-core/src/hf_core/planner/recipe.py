@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hf_core.mapping.dataflow import Dataflow, get_dataflow
-from hf_core.mapping.devices import Cluster, make_cluster
-from hf_core.mapping.models import ModelSpec, load_model
-from hf_core.mapping.workload import Workload
+from hf_core.planner.dataflow import Dataflow, get_dataflow
+from hf_core.planner.devices import DeviceCluster, make_cluster
+from hf_core.planner.models import ModelSpec, load_model
+from hf_core.planner.workload import Workload
 
 
 class ClusterSpec(BaseModel):
@@ -62,7 +62,7 @@ class PlanRecipe(BaseModel):
         devices_per_node: int | None = None,
         device: str | None = None,
         profile: str | None = None,
-    ) -> Cluster:
+    ) -> DeviceCluster:
         """The cluster, command-line values taking precedence over the recipe's."""
         spec = self.cluster
         path = profile or spec.profile

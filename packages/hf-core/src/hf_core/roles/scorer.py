@@ -7,8 +7,8 @@ import torch
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
 from hf_core.protocols import register
+from hf_core.roles.common import build_training_engine
 from hf_core.worker import Worker
-from hf_core.workers.common import build_training_engine
 
 
 class ScoreModelWorker(Worker):

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_core.mapping.autoparallel import Candidate, RoleModel, auto_parallel, pareto
-from hf_core.mapping.colocation import PoolResult, cost_pool
-from hf_core.mapping.dataflow import VALUE_HEAD_ROLES, Dataflow, get_dataflow
-from hf_core.mapping.devices import Cluster
-from hf_core.mapping.diagnostics import nothing_fits, too_big
-from hf_core.mapping.models import ModelSpec, load_model
-from hf_core.mapping.placement import allocations, allowed_sizes, assign_nodes, set_partitions
-from hf_core.mapping.plan import ModelPlan, Plan, PoolPlan
-from hf_core.mapping.score import combine
-from hf_core.mapping.workload import Workload
+from hf_core.planner.autoparallel import Candidate, RoleModel, auto_parallel, pareto
+from hf_core.planner.colocation import PoolResult, cost_pool
+from hf_core.planner.dataflow import VALUE_HEAD_ROLES, Dataflow, get_dataflow
+from hf_core.planner.devices import DeviceCluster
+from hf_core.planner.diagnostics import nothing_fits, too_big
+from hf_core.planner.models import ModelSpec, load_model
+from hf_core.planner.placement import allocations, allowed_sizes, assign_nodes, set_partitions
+from hf_core.planner.plan import ModelPlan, Plan, PoolPlan
+from hf_core.planner.score import combine
+from hf_core.planner.workload import Workload
 from hf_core.resharding import GenerationLayout
 
 ModelSource = ModelSpec | str | Path | Mapping[str, Any]
@@ -51,7 +51,7 @@ class Planner:
         dataflow: Dataflow | str,
         models: Mapping[str, ModelSource],
         workload: Workload | Mapping[str, Any] | None,
-        cluster: Cluster,
+        cluster: DeviceCluster,
     ) -> None:
         self.dataflow = get_dataflow(dataflow)
         self.workload = (
@@ -115,7 +115,7 @@ class Planner:
 
     def _cost_pool(self, roles: tuple[str, ...], devices: int) -> PoolResult | None:
         """Gather each model's strategies (Pareto fronts; all of the generator's) and let
-        :func:`~hf_core.mapping.colocation.cost_pool` choose them jointly."""
+        :func:`~hf_core.planner.colocation.cost_pool` choose them jointly."""
         gen = self.dataflow.generator
         generator = self.roles[gen] if gen in roles else None
         fronts: dict[str, list[Candidate]] = {}
@@ -258,7 +258,7 @@ def plan(
     dataflow: Dataflow | str,
     models: Mapping[str, ModelSource],
     workload: Workload | Mapping[str, Any] | None,
-    cluster: Cluster,
+    cluster: DeviceCluster,
     top_k: int = 3,
     placements: Iterable[Sequence[Sequence[str]]] | None = None,
 ) -> list[Plan]:

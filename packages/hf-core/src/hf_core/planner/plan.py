@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hf_core.mapping.devices import GIB, Cluster
-from hf_core.mapping.workload import Workload
+from hf_core.planner.devices import GIB, DeviceCluster
+from hf_core.planner.workload import Workload
 from hf_core.resharding import GenerationLayout, ParallelLayout
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Plan:
     """A device mapping with its estimated cost (Algorithm 1's output for one placement)."""
 
     algorithm: str
-    cluster: Cluster
+    cluster: DeviceCluster
     workload: Workload
     pools: tuple[PoolPlan, ...]
     stage_seconds: Mapping[str, float]
@@ -120,7 +120,7 @@ class Plan:
 
     def render(self) -> Table:
         """A rich table of pools, layouts, memory and per-stage seconds."""
-        from hf_core.mapping.render import plan_table
+        from hf_core.planner.render import plan_table
 
         return plan_table(self)
 

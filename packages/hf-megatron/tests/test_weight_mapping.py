@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, LlamaConfig, Qwen2Config
 
-from hf_megatron.mapping import (
+from hf_megatron.reshard import SliceAssembler, generation_targets
+from hf_megatron.weight_mapping import (
     MappingError,
     MegatronWeightMapping,
     ModelDims,
@@ -18,7 +19,6 @@ from hf_megatron.mapping import (
     rank_params,
     tp_slice_range,
 )
-from hf_megatron.reshard import SliceAssembler, generation_targets
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 

@@ -4,8 +4,8 @@ They hold engines chosen by name (plugins) and expose ``@register``-ed methods t
 calls through worker groups.
 """
 
-from hf_core.workers.actor import ActorRolloutRefWorker
-from hf_core.workers.critic import CriticWorker
-from hf_core.workers.scorer import ScoreModelWorker
+from hf_core.roles.actor import ActorRolloutRefWorker
+from hf_core.roles.critic import CriticWorker
+from hf_core.roles.scorer import ScoreModelWorker
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "ScoreModelWorker"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hf_core.mapping.dataflow import Op
-from hf_core.mapping.devices import Cluster
-from hf_core.mapping.memory import (
+from hf_core.planner.dataflow import Op
+from hf_core.planner.devices import DeviceCluster
+from hf_core.planner.memory import (
     generation_weight_bytes,
     infer_activation_bytes,
     kv_bytes_per_token,
@@ -22,9 +22,9 @@ from hf_core.mapping.memory import (
     state_bytes,
     train_activation_bytes,
 )
-from hf_core.mapping.models import ModelSpec
-from hf_core.mapping.simulator import infer_seconds, train_seconds, transition_seconds
-from hf_core.mapping.workload import Workload
+from hf_core.planner.models import ModelSpec
+from hf_core.planner.simulator import infer_seconds, train_seconds, transition_seconds
+from hf_core.planner.workload import Workload
 from hf_core.resharding import ParallelLayout
 
 
@@ -110,7 +110,9 @@ def layouts(spec: ModelSpec, n: int, per_node: int) -> list[ParallelLayout]:
     return out
 
 
-def auto_parallel(role: RoleModel, n: int, workload: Workload, cluster: Cluster) -> list[Candidate]:
+def auto_parallel(
+    role: RoleModel, n: int, workload: Workload, cluster: DeviceCluster
+) -> list[Candidate]:
     """Feasible strategies of ``role`` on ``n`` devices, fastest forward/training work first.
 
     A strategy is dropped when the model alone would not fit a device: its resident state plus

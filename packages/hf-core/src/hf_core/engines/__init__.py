@@ -1,5 +1,14 @@
 """Engine interfaces: what a backend implements so core's role workers can drive it."""
 
+from hf_core.engines.capabilities import (
+    Closeable,
+    ExportsHF,
+    GenerationRank,
+    HasGenerationRank,
+    HasWorkerMesh,
+    LoadsTPSlices,
+    Offloadable,
+)
 from hf_core.engines.dtypes import DTypeName, HeadKind, to_dtype
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.sampling import filter_logits, select_tokens
@@ -8,6 +17,13 @@ from hf_core.engines.training import LossFn, TrainingEngine
 from hf_core.engines.weights import NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
 
 __all__ = [
+    "Closeable",
+    "ExportsHF",
+    "GenerationRank",
+    "HasGenerationRank",
+    "HasWorkerMesh",
+    "LoadsTPSlices",
+    "Offloadable",
     "PROMPT_KEYS",
     "DTypeName",
     "HeadKind",

@@ -66,6 +66,14 @@ class RolloutEngine(ABC):
     def resume_memory(self) -> None:
         """Undo :meth:`release_memory` before the next generation. Default: no-op."""
 
+    def sync_metrics(self) -> dict[str, float]:
+        """Numbers of the last weight sync under ``weight_sync/`` keys (seconds, buckets,
+        bytes), for the trainer's log.  Default: none measured."""
+        return {}
+
+    def close(self) -> None:
+        """Release processes, process groups and memory the engine holds. Default: nothing."""
+
 
 def assemble_rollout(
     prompts: Batch,

@@ -31,7 +31,11 @@ class LossFn(Protocol):
 
 
 class TrainingEngine(ABC):
-    """One model's training-side engine, run SPMD on every rank of its worker group."""
+    """One model's training-side engine, run SPMD on every rank of its worker group.
+
+    Optional features (model-parallel mesh, HF export, offload, close) are the protocols of
+    :mod:`hf_core.engines.capabilities`.
+    """
 
     @abstractmethod
     def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
@@ -62,9 +66,3 @@ class TrainingEngine(ABC):
     @abstractmethod
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore what :meth:`save_checkpoint` wrote; a bad checkpoint is a clear error."""
-
-    def offload(self) -> None:
-        """Move parameters, gradients and optimiser state off the accelerator. Default: no-op."""
-
-    def onload(self) -> None:
-        """Undo :meth:`offload`. Default: no-op."""

@@ -15,7 +15,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.engines import SamplingParams
+from hf_core.engines import ExportsHF, HasGenerationRank, SamplingParams
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
 from hf_core.roles.common import (
@@ -53,13 +53,13 @@ class ActorRolloutRefWorker(Worker):
         """Tell the controller how this rank is laid out, so the 3D protocols route data.
 
         Training coordinates come from the actor engine when it has model parallelism
-        (``worker_mesh()``, e.g. megatron's TP/PP/DP); generation coordinates from a rollout
-        engine with generation parallelism (``layout``: its ``dp_rank``/``dp_size``/
-        ``tp_rank``/``tp_size``).  Without either, both follow plain data parallelism.
+        (:class:`HasWorkerMesh`, e.g. megatron's TP/PP/DP); generation coordinates from a
+        rollout engine with generation parallelism (:class:`HasGenerationRank`).  Without
+        either, both follow plain data parallelism.
         """
         mesh = training_mesh(self.actor, self.mesh)
-        layout = getattr(self.rollout, "layout", None)
-        if layout is not None:
+        if isinstance(self.rollout, HasGenerationRank):
+            layout = self.rollout.generation_rank()
             mesh = dataclasses.replace(
                 mesh,
                 gen_dp_rank=layout.dp_rank,
@@ -146,7 +146,6 @@ class ActorRolloutRefWorker(Worker):
 
     @register("ONE_TO_ALL")
     def export_hf(self, path: str) -> str:
-        export = getattr(self.actor, "export_hf", None)
-        if export is None:
+        if not isinstance(self.actor, ExportsHF):
             raise NotImplementedError(f"{type(self.actor).__name__} cannot export an HF folder")
-        return str(export(Path(path), tokenizer=str(self.config.tokenizer_path)))
+        return str(self.actor.export_hf(Path(path), tokenizer=str(self.config.tokenizer_path)))

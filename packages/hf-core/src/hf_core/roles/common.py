@@ -9,7 +9,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
-from hf_core.engines import LossFn, TrainingEngine
+from hf_core.engines import HasWorkerMesh, LossFn, TrainingEngine
 from hf_core.plugins import get_training_engine
 from hf_core.protocols import WorkerMesh
 
@@ -58,8 +58,7 @@ def mini_batch_updates(
 
 def training_mesh(engine: TrainingEngine, default: WorkerMesh) -> WorkerMesh:
     """The engine's own TP/PP/DP coordinates if it has model parallelism, else ``default``."""
-    report = getattr(engine, "worker_mesh", None)
-    return report() if callable(report) else default
+    return engine.worker_mesh() if isinstance(engine, HasWorkerMesh) else default
 
 
 def role_path(path: str | Path, role: str) -> Path:

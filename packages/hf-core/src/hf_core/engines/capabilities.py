@@ -1,0 +1,90 @@
+"""Optional engine features, declared as small runtime-checkable protocols.
+
+The two engine interfaces (:class:`~hf_core.engines.TrainingEngine`,
+:class:`~hf_core.engines.RolloutEngine`) hold what every engine does.  What only some engines
+can do is a protocol here; an engine has the capability by implementing its methods, and core
+asks ``isinstance(engine, Capability)`` -- never ``getattr`` -- so a misspelt or mistyped
+method is caught by the type checker and by the conformance kit, not silently skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from hf_core.protocols.mesh import WorkerMesh
+    from hf_core.resharding import GenerationLayout
+
+
+@dataclass(frozen=True)
+class GenerationRank:
+    """One rank's place among the rollout engine's replicas (micro-DP) and its TP group."""
+
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    @property
+    def is_collect_rank(self) -> bool:
+        """The rank whose output stands for its engine (generation TP rank 0)."""
+        return self.tp_rank == 0
+
+
+@runtime_checkable
+class HasWorkerMesh(Protocol):
+    """A training engine with model parallelism (TP/PP) reports its rank's coordinates.
+
+    Without it a role worker assumes plain data parallelism over the whole group.
+    """
+
+    def worker_mesh(self) -> WorkerMesh: ...
+
+
+@runtime_checkable
+class HasGenerationRank(Protocol):
+    """A rollout engine whose replicas span several ranks (generation TP ``t_g > 1``).
+
+    Core's ``3D_ALL_MICRO_DP`` protocol routes one prompt chunk to each replica with it.
+    """
+
+    def generation_rank(self) -> GenerationRank: ...
+
+
+@runtime_checkable
+class LoadsTPSlices(Protocol):
+    """A rollout engine whose ``load_weights`` takes generation-TP slices, not whole tensors.
+
+    Its generation layout ``(p_g, t_g)`` is what a reshard plan maps the training layout onto.
+    """
+
+    def generation_layout(self) -> GenerationLayout: ...
+
+
+@runtime_checkable
+class ExportsHF(Protocol):
+    """A training engine that writes its model as a HuggingFace folder ``from_pretrained`` loads."""
+
+    def export_hf(self, path: Path, tokenizer: str | Path | None = None) -> Path: ...
+
+
+@runtime_checkable
+class Offloadable(Protocol):
+    """A training engine that moves parameters, gradients and optimiser state off the device.
+
+    ``offload`` before generation frees the accelerator for the rollout engine; ``onload``
+    brings them back before the next forward or update.
+    """
+
+    def offload(self) -> None: ...
+
+    def onload(self) -> None: ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """An engine holding processes, process groups or files that must be released at the end."""
+
+    def close(self) -> None: ...

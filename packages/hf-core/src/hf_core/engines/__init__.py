@@ -17,18 +17,18 @@ from hf_core.engines.training import LossFn, TrainingEngine
 from hf_core.engines.weights import NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
 
 __all__ = [
+    "PROMPT_KEYS",
     "Closeable",
+    "DTypeName",
     "ExportsHF",
     "GenerationRank",
     "HasGenerationRank",
     "HasWorkerMesh",
-    "LoadsTPSlices",
-    "Offloadable",
-    "PROMPT_KEYS",
-    "DTypeName",
     "HeadKind",
+    "LoadsTPSlices",
     "LossFn",
     "NamedTensor",
+    "Offloadable",
     "RolloutEngine",
     "SamplingParams",
     "TrainingEngine",

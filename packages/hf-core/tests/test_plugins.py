@@ -23,7 +23,13 @@ def _reversed_owner(ctx):
 
 
 REVERSED_DP = TransferProtocol(
-    "REVERSED_DP", _reversed_owner, DP_PROTO.collect_ranks, DP_PROTO.split, DP_PROTO.combine
+    "REVERSED_DP",
+    _reversed_owner,
+    DP_PROTO.collect_ranks,
+    DP_PROTO.split,
+    DP_PROTO.combine,
+    chunked=True,
+    pad_batches=True,
 )
 
 

@@ -84,6 +84,12 @@ class TransferProtocol:
     """Run the method on rank 0 alone (the other ranks are not called at all)."""
     chunked: bool = False
     """Outputs are data chunks that concatenate: eligible for passing chunk by chunk."""
+    single_output: bool = False
+    """The combined output is one collected rank's output unchanged: it may pass as-is to a
+    consumer that takes a single chunk, without a round trip through the driver."""
+    pad_batches: bool = False
+    """A :class:`Batch` argument is padded to a multiple of the chunk count before ``split``
+    (so any batch size splits evenly), and the padding rows are dropped from a batch output."""
 
     def num_chunks(self, ctx: GroupContext) -> int:
         return max(self.chunk_owner(ctx)) + 1
@@ -146,17 +152,35 @@ ALL_TO_ALL = TransferProtocol("ALL_TO_ALL", _each_rank, _each_rank, split=split_
 """Rank i receives entry i of each (per-rank list) argument; collect every output."""
 
 RANK_ZERO = TransferProtocol(
-    "RANK_ZERO", _rank_zero, _rank_zero, combine=first_output, rank_zero_only=True
+    "RANK_ZERO",
+    _rank_zero,
+    _rank_zero,
+    combine=first_output,
+    rank_zero_only=True,
+    single_output=True,
 )
 """Call rank 0 only and return its output."""
 
 DP_PROTO = TransferProtocol(
-    "DP_PROTO", _each_rank, _each_rank, split_batches, concat_outputs, chunked=True
+    "DP_PROTO",
+    _each_rank,
+    _each_rank,
+    split_batches,
+    concat_outputs,
+    chunked=True,
+    pad_batches=True,
 )
 """Split batches evenly over all ranks (pure data parallel); concatenate the outputs."""
 
 THREE_D_PROTO = TransferProtocol(
-    "3D_PROTO", _dp_owner, _dp_collect, split_batches, concat_outputs, needs_mesh=True, chunked=True
+    "3D_PROTO",
+    _dp_owner,
+    _dp_collect,
+    split_batches,
+    concat_outputs,
+    needs_mesh=True,
+    chunked=True,
+    pad_batches=True,
 )
 """Split over DP, broadcast inside each TP/PP group; collect TP rank 0 of the last PP stage."""
 
@@ -168,6 +192,7 @@ THREE_D_ALL_MICRO_DP = TransferProtocol(
     concat_outputs,
     needs_mesh=True,
     chunked=True,
+    pad_batches=True,
 )
 """3D_PROTO over the generation mesh: one chunk per generation replica (micro-DP included)."""
 

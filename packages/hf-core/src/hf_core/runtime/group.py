@@ -31,7 +31,7 @@ from hf_core.batch import Batch
 from hf_core.plugins import get_protocol
 from hf_core.protocols.decorator import MethodSpec, registered_methods
 from hf_core.protocols.mesh import WorkerMesh
-from hf_core.protocols.transfer import GroupContext, TransferProtocol, first_output, split_batches
+from hf_core.protocols.transfer import GroupContext, TransferProtocol
 from hf_core.runtime.errors import GroupBrokenError, WorkerError, WorkerLostError
 from hf_core.runtime.host import CONTROL_GROUP, RoleSpec, WorkerHost
 from hf_core.runtime.pool import ResourcePool
@@ -240,7 +240,7 @@ class GroupFuture:
         refs = [self.refs[rank] for rank in self.protocol.collect_ranks(self.ctx)]
         if self.protocol.chunked and chunked_target and len(refs) == chunks:
             return refs
-        if self.protocol.combine is first_output and chunks == 1:
+        if self.protocol.single_output and chunks == 1:
             return refs
         return None
 
@@ -372,7 +372,7 @@ class WorkerGroup:
                     upstream.append(value)
                     return refs
                 value = value.result()
-            if isinstance(value, Batch) and protocol.split is split_batches:
+            if isinstance(value, Batch) and protocol.pad_batches:
                 value, pad = value.pad_to_multiple(chunks)
                 pads.add(pad)
                 padded_lens.add(len(value))

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch
 
+from hf_core.device import default_device
 from hf_core.protocols.mesh import WorkerMesh
 
 _LOCAL_WORKERS: dict[str, Worker] = {}
@@ -65,9 +66,7 @@ class Worker:
     @property
     def device(self) -> torch.device:
         """The accelerator this rank drives (Ray sets CUDA_VISIBLE_DEVICES per actor)."""
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        return default_device()
 
     # ------------------------------------------------------------ colocation
     def colocated(self, role: str) -> Worker:

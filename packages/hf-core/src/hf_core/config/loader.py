@@ -15,15 +15,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
+from hf_core.errors import ConfigError, EngineConfigError
+
 M = TypeVar("M", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A recipe or override is malformed, misspelt or out of range."""
-
-
-class EngineConfigError(ConfigError):
-    """An engine's own settings (a role's ``engine:`` block) are misspelt or out of range."""
 
 
 def _shown(value: Any) -> str:

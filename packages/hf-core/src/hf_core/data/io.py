@@ -21,13 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_core.errors import DataError
+
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
-
-
-class DataError(ValueError):
-    """A prompt dataset is malformed: the message names the file and the record or line."""
 
 
 @dataclass(frozen=True)

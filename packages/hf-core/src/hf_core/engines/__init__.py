@@ -9,11 +9,28 @@ from hf_core.engines.capabilities import (
     LoadsTPSlices,
     Offloadable,
 )
+from hf_core.engines.decoding import (
+    ResponseSteps,
+    expand_prompts,
+    pack_responses,
+    strip_left_padding,
+)
 from hf_core.engines.dtypes import DTypeName, HeadKind, to_dtype
+from hf_core.engines.hf_folder import (
+    SpecialTokens,
+    check_model_folder,
+    save_hf_folder,
+    special_tokens,
+    token_ids,
+    weight_files,
+)
+from hf_core.engines.process_state import preserve_process_state
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.sampling import filter_logits, select_tokens
 from hf_core.engines.schedule import lr_factor
+from hf_core.engines.sync_stats import RecordsSyncs, SyncStats
 from hf_core.engines.training import LossFn, TrainingEngine
+from hf_core.engines.training_config import TrainingEngineConfig
 from hf_core.engines.weights import NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
 
 __all__ = [
@@ -29,15 +46,29 @@ __all__ = [
     "LossFn",
     "NamedTensor",
     "Offloadable",
+    "RecordsSyncs",
+    "ResponseSteps",
     "RolloutEngine",
     "SamplingParams",
+    "SpecialTokens",
+    "SyncStats",
     "TrainingEngine",
+    "TrainingEngineConfig",
     "WeightMapping",
     "assemble_rollout",
+    "check_model_folder",
+    "expand_prompts",
     "filter_logits",
     "iter_buckets",
     "lr_factor",
+    "pack_responses",
+    "preserve_process_state",
+    "save_hf_folder",
     "select_tokens",
+    "special_tokens",
+    "strip_left_padding",
     "tensor_nbytes",
     "to_dtype",
+    "token_ids",
+    "weight_files",
 ]

@@ -1,15 +1,18 @@
-"""Stage timers, throughput and peak memory for the per-step metrics."""
+"""Stage timers, throughput and peak memory for the per-step metrics.
+
+Peak memory is read by :mod:`hf_core.device` (the one place that asks the accelerator).
+"""
 
 from __future__ import annotations
 
-import sys
 import time
 from types import TracebackType
-from typing import Any
 
 import torch
 
-_GIB = float(1 << 30)
+from hf_core.device import peak_memory, peak_rss_gib
+
+__all__ = ["Timer", "peak_memory", "peak_rss_gib", "throughput"]
 
 
 class Timer:
@@ -71,33 +74,3 @@ def throughput(tokens: float, seconds: float, num_devices: int = 1) -> float:
     if num_devices < 1:
         raise ValueError(f"num_devices must be >= 1, got {num_devices}")
     return float(tokens) / float(seconds) / num_devices
-
-
-def peak_rss_gib() -> float | None:
-    """This process's peak resident memory (GiB) from ``resource``; ``None`` where unavailable."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return peak / _GIB if sys.platform == "darwin" else peak * 1024 / _GIB
-
-
-def peak_memory(reset: bool = False) -> dict[str, float]:
-    """Peak memory metrics of this process, in GiB.
-
-    ``memory/peak_cuda_allocated_gib`` (``torch.cuda.max_memory_allocated``) when CUDA is
-    initialised in this process, and ``memory/peak_rss_gib`` (the process's peak resident set,
-    never reset by the OS) wherever ``resource`` exists.  ``reset=True`` resets the CUDA peak
-    after reading it, so the next call reports the next interval's peak.
-    """
-    out: dict[str, Any] = {}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["memory/peak_cuda_allocated_gib"] = torch.cuda.max_memory_allocated() / _GIB
-        if reset:
-            torch.cuda.reset_peak_memory_stats()
-    rss = peak_rss_gib()
-    if rss is not None:
-        out["memory/peak_rss_gib"] = rss
-    return out

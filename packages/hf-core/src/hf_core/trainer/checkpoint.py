@@ -16,9 +16,7 @@ from typing import Any
 
 import torch
 
-
-class CheckpointError(RuntimeError):
-    """A run checkpoint is missing, incomplete or unreadable."""
+from hf_core.errors import CheckpointError
 
 
 def checkpoints_dir(output_dir: Path) -> Path:

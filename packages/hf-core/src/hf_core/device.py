@@ -1,0 +1,104 @@
+"""The accelerator this process drives, the distributed backend that goes with it, and memory.
+
+Defaults serve a GPU cluster: ``auto`` is this rank's CUDA device when torch sees one (Ray and
+torchrun expose each rank's GPU as its current device), else the CPU; collectives use nccl on
+CUDA and gloo on the CPU.  The same calls work unchanged on a CPU-only machine, so engines,
+workers and metrics ask here instead of probing ``torch.cuda`` each in its own way.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+"""What an engine config's ``device`` key accepts."""
+
+_GIB = float(1 << 30)
+
+
+def default_device() -> torch.device:
+    """This rank's current CUDA device when there is one, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def resolve_device(choice: str = "auto") -> torch.device:
+    """The device an engine config asks for: ``auto`` (see :func:`default_device`), ``cuda``
+    (this rank's GPU; an error without one) or ``cpu``."""
+    if choice == "auto":
+        return default_device()
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device")
+        return default_device()
+    if choice == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {choice!r}")
+
+
+def distributed_backend(device: torch.device | str) -> str:
+    """The torch.distributed backend for collectives on ``device``: nccl on CUDA, else gloo."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """A one-rank group when nobody initialised torch.distributed (scripts, unit tests), so an
+    engine runs the same collective code path alone as inside a worker group."""
+    if dist.is_initialized():
+        return
+    backend = distributed_backend(device)
+    log.info("torch.distributed not initialised: starting a one-rank %s group", backend)
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def collective_device() -> torch.device:
+    """Where tensors for the default group's collectives must live (its backend decides)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """After moving tensors off ``device``: wait for the copies and return cached blocks to
+    the driver, so the memory is free for another engine.  Nothing to do on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def peak_rss_gib() -> float | None:
+    """This process's peak resident memory (GiB) from ``resource``; ``None`` where unavailable."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return peak / _GIB if sys.platform == "darwin" else peak * 1024 / _GIB
+
+
+def peak_memory(reset: bool = False) -> dict[str, float]:
+    """Peak memory metrics of this process, in GiB.
+
+    ``memory/peak_cuda_allocated_gib`` (``torch.cuda.max_memory_allocated``) when CUDA is
+    initialised in this process, and ``memory/peak_rss_gib`` (the process's peak resident set,
+    never reset by the OS) wherever ``resource`` exists.  ``reset=True`` resets the CUDA peak
+    after reading it, so the next call reports the next interval's peak.
+    """
+    out: dict[str, float] = {}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["memory/peak_cuda_allocated_gib"] = torch.cuda.max_memory_allocated() / _GIB
+        if reset:
+            torch.cuda.reset_peak_memory_stats()
+    rss = peak_rss_gib()
+    if rss is not None:
+        out["memory/peak_rss_gib"] = rss
+    return out

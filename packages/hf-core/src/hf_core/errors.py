@@ -1,0 +1,41 @@
+"""One error hierarchy for HybridFlow: everything the project raises on purpose derives from
+:class:`HybridFlowError`, so a launcher can tell "the run is misconfigured or its files are
+bad" from a bug with one ``except``.
+
+Each class also keeps the built-in base existing callers catch (``ValueError``,
+``RuntimeError``, ``FileNotFoundError``), so code written against those keeps working.
+Imports nothing beyond the standard library: every layer (and every backend) may use it.
+"""
+
+from __future__ import annotations
+
+
+class HybridFlowError(Exception):
+    """Base of every error HybridFlow raises deliberately."""
+
+
+class ConfigError(HybridFlowError, ValueError):
+    """A recipe or override is malformed, misspelt or out of range."""
+
+
+class EngineConfigError(ConfigError):
+    """An engine's own settings (a role's ``engine:`` block) are misspelt or out of range."""
+
+
+class DataError(HybridFlowError, ValueError):
+    """A prompt dataset is malformed: the message names the file and the record or line."""
+
+
+class CheckpointError(HybridFlowError, RuntimeError, ValueError):
+    """A checkpoint (a run's or an engine's) is missing, incomplete, damaged, or was saved from
+    a different model.  ``RuntimeError`` and ``ValueError`` both stay bases: the trainer's
+    callers catch the first, megatron's the second."""
+
+
+class ModelFolderError(HybridFlowError, FileNotFoundError):
+    """A model path is not a HuggingFace folder: it is missing, a file, or lacks
+    ``config.json`` or safetensors weights."""
+
+
+class ModelLoadError(HybridFlowError, ValueError):
+    """The model folder exists but its weights do not fit the model asked for."""

@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from hf_core.errors import CheckpointError
 from hf_fsdp.distributed import broadcast_object
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,6 @@ log = logging.getLogger(__name__)
 MANIFEST = "hybridflow_fsdp.json"
 FORMAT = "hybridflow-fsdp-checkpoint"
 VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing pieces, damaged, or was saved from a different model."""
 
 
 def _rank() -> int:

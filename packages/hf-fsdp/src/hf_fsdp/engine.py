@@ -26,25 +26,26 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from hf_core.batch import Batch
-from hf_core.engines import LossFn, NamedTensor, TrainingEngine, iter_buckets
-from hf_fsdp import checkpoint, heads
-from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
-from hf_fsdp.distributed import (
-    all_gather_objects,
-    all_reduce_int,
-    data_parallel_mesh,
+from hf_core.device import (
+    collective_device,
     ensure_process_group,
+    release_cached_memory,
     resolve_device,
 )
-from hf_fsdp.export import FSDPWeightMapping, canonical_name, save_hf_folder, stream_canonical
-from hf_fsdp.loading import (
-    build_empty_model,
+from hf_core.engines import (
+    LossFn,
+    NamedTensor,
+    TrainingEngine,
     check_model_folder,
-    load_hf_config,
-    materialize_and_load,
-    shard_model,
+    iter_buckets,
+    save_hf_folder,
 )
-from hf_fsdp.offload import move_model, move_optimizer, synchronize
+from hf_fsdp import checkpoint, heads
+from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
+from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
+from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
+from hf_fsdp.loading import build_empty_model, load_hf_config, materialize_and_load, shard_model
+from hf_fsdp.offload import move_model, move_optimizer
 from hf_fsdp.optim import build_optimizer, build_scheduler, clip_grad_norm
 
 if TYPE_CHECKING:
@@ -93,9 +94,7 @@ class FSDPEngine(TrainingEngine):
         else:
             model.requires_grad_(False)
         self.step = 0
-        self._collective_device = (
-            self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        )
+        self._collective_device = collective_device()
         self._offloaded = False
         self._said_cpu_offload = False
 
@@ -270,13 +269,13 @@ class FSDPEngine(TrainingEngine):
     def export_hf(
         self,
         path: str | Path,
-        tokenizer: Any = None,
+        tokenizer: str | Path | None = None,
         shard_bytes: int = 2 * 1024**3,
     ) -> Path:
         """Write the model as a HuggingFace folder (``from_pretrained`` loads it).
 
-        Every rank calls this; rank 0 writes.  ``tokenizer`` (a path or a tokenizer object;
-        default ``config.tokenizer_path``) is saved alongside.
+        Every rank calls this; rank 0 writes.  ``tokenizer`` (a tokenizer folder; default
+        ``config.tokenizer_path``) is saved alongside.
         """
         self._require_onloaded("export_hf")
         self._reshard()
@@ -341,7 +340,7 @@ class FSDPEngine(TrainingEngine):
             move_model(self.model, cpu)
         if self.config.offload_optimizer and self.optimizer is not None:
             move_optimizer(self.optimizer, cpu)
-        synchronize(self.device)
+        release_cached_memory(self.device)
         self._offloaded = True
 
     def onload(self) -> None:
@@ -352,7 +351,7 @@ class FSDPEngine(TrainingEngine):
             move_model(self.model, self.device)
         if self.config.offload_optimizer and self.optimizer is not None:
             move_optimizer(self.optimizer, self.device)
-        synchronize(self.device)
+        release_cached_memory(self.device)
         self._offloaded = False
 
     @property

@@ -1,4 +1,4 @@
-"""FSDP <-> canonical weights: the name mapping, the streamed export, the HF folder writer.
+"""FSDP <-> canonical weights: the name mapping and the streamed export.
 
 FSDP2 trains the HuggingFace module itself, so the mapping is nearly the identity: it strips
 wrapper path components (``torch.compile``'s ``_orig_mod``, FSDP1 / activation-checkpoint
@@ -15,21 +15,13 @@ one bucket of full tensors is alive at a time.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hf_core.engines import NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+from hf_core.engines import NamedTensor, WeightMapping
 
 WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 
@@ -110,76 +102,3 @@ def stream_canonical(
         yield mapping.to_hf[native], tensor.to(dtype) if dtype is not None else tensor
     for native, buf in persistent_buffers(model):
         yield canonical_name(native), buf.detach().clone()
-
-
-def _write_shards(buckets: Iterable[list[NamedTensor]], folder: Path, write: bool) -> None:
-    """Write each bucket as one safetensors file (plus an index when there are several)."""
-    from safetensors.torch import save_file
-
-    files: list[tuple[Path, list[str]]] = []
-    total = 0
-    for i, bucket in enumerate(buckets):
-        if not write:
-            continue  # other ranks only take part in the gathers
-        path = folder / f"part-{i:05d}.safetensors"
-        save_file(
-            {name: t.detach().cpu().contiguous() for name, t in bucket}, path, {"format": "pt"}
-        )
-        files.append((path, [name for name, _ in bucket]))
-        total += sum(tensor_nbytes(t) for _, t in bucket)
-    if not write:
-        return
-    if len(files) == 1:
-        files[0][0].rename(folder / "model.safetensors")
-        return
-    weight_map: dict[str, str] = {}
-    for i, (path, names) in enumerate(files, start=1):
-        final = f"model-{i:05d}-of-{len(files):05d}.safetensors"
-        path.rename(folder / final)
-        weight_map.update(dict.fromkeys(names, final))
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
-def save_hf_folder(
-    stream: Iterable[NamedTensor],
-    path: str | Path,
-    hf_config: PretrainedConfig,
-    architecture: str,
-    *,
-    shard_bytes: int,
-    tokenizer: Any = None,
-    source_folder: Path | None = None,
-) -> Path:
-    """Write a folder that ``from_pretrained`` loads; every rank calls, rank 0 writes.
-
-    The folder appears atomically: it is written next to ``path`` and renamed into place, so a
-    crash leaves either the previous folder or none, never a half-written one.
-    """
-    path = Path(path)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    tmp = path.parent / f".{path.name}.tmp-export"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _write_shards(iter_buckets(stream, shard_bytes), tmp, write=rank == 0)
-    if rank == 0:
-        hf_config.architectures = [architecture]
-        hf_config.save_pretrained(tmp)
-        if source_folder is not None and (source_folder / "generation_config.json").is_file():
-            shutil.copy2(source_folder / "generation_config.json", tmp)
-        if tokenizer is not None:
-            if isinstance(tokenizer, (str, Path)):
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-            tokenizer.save_pretrained(tmp)
-        old = path.parent / f".{path.name}.old-export"
-        shutil.rmtree(old, ignore_errors=True)
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-    if dist.is_initialized():
-        dist.barrier()
-    return path

@@ -18,7 +18,6 @@ model started from a causal LM); they are initialised from ``seed`` identically 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import zlib
@@ -32,6 +31,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from hf_core.engines import check_model_folder, weight_files  # noqa: F401  (re-exported)
+from hf_core.errors import ModelLoadError
 from hf_fsdp.config import FSDPEngineConfig, HeadKind, to_dtype
 
 if TYPE_CHECKING:
@@ -46,42 +47,6 @@ HEAD_MODULES: dict[HeadKind, tuple[str, ...]] = {
     "score": ("score",),
 }
 """Top-level modules a head kind adds to the backbone; only these may be absent on disk."""
-
-
-class ModelLoadError(ValueError):
-    """The model folder exists but its weights do not fit the model asked for."""
-
-
-def check_model_folder(path: str | Path) -> Path:
-    """The folder as a Path, or a :class:`FileNotFoundError` saying what is missing."""
-    folder = Path(path).expanduser()
-    if not folder.exists():
-        raise FileNotFoundError(f"model folder {folder} does not exist")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model path {folder} is not a folder (expected a HF model dir)")
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model folder {folder} has no config.json (is it a HuggingFace model folder?)"
-        )
-    return folder
-
-
-def weight_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file holding it (single-file or sharded with an index)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
-    single = folder / "model.safetensors"
-    if single.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(single), framework="pt") as handle:
-            return dict.fromkeys(handle.keys(), single)
-    raise FileNotFoundError(
-        f"model folder {folder} has no model.safetensors or model.safetensors.index.json "
-        f"(save the model with save_pretrained(..., safe_serialization=True))"
-    )
 
 
 class SafetensorsReader:

@@ -25,9 +25,3 @@ def move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> No
             # AdamW keeps "step" on the CPU unless capturable; leave it where torch wants it.
             if isinstance(value, torch.Tensor) and key != "step":
                 state[key] = value.to(device, non_blocking=True)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()

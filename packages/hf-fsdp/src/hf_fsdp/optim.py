@@ -11,7 +11,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from hf_core.engines import lr_factor as shared_lr_factor
 from hf_fsdp.config import FSDPEngineConfig
 
 
@@ -27,13 +26,7 @@ def build_optimizer(params: Iterable[nn.Parameter], cfg: FSDPEngineConfig) -> to
 
 def lr_factor(step: int, cfg: FSDPEngineConfig) -> float:
     """Multiplier of ``cfg.lr`` after ``step`` steps (core's shared warm-up + decay rule)."""
-    return shared_lr_factor(
-        step,
-        warmup_steps=cfg.warmup_steps,
-        schedule=cfg.lr_schedule,
-        total_steps=cfg.total_steps,
-        min_lr_ratio=cfg.min_lr_ratio,
-    )
+    return cfg.lr_factor(step)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: FSDPEngineConfig) -> LambdaLR:

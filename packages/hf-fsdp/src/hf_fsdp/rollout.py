@@ -20,26 +20,22 @@ from typing import Any
 import torch
 
 from hf_core.batch import Batch
+from hf_core.device import release_cached_memory, resolve_device
 from hf_core.engines import (
-    PROMPT_KEYS,
     NamedTensor,
+    ResponseSteps,
     RolloutEngine,
     SamplingParams,
     assemble_rollout,
+    check_model_folder,
+    expand_prompts,
     select_tokens,
+    special_tokens,
 )
 from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
-from hf_fsdp.distributed import resolve_device
 from hf_fsdp.export import persistent_buffers
-from hf_fsdp.loading import check_model_folder
 
 log = logging.getLogger(__name__)
-
-
-def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 @torch.no_grad()
@@ -58,7 +54,7 @@ class HFRolloutEngine(RolloutEngine):
     """A ``AutoModelForCausalLM`` per rank, decoding left-padded prompts in batches."""
 
     def __init__(self, config: HFRolloutConfig | dict[str, Any]) -> None:
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoModelForCausalLM
 
         self.config = cfg = parse_config(HFRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
@@ -74,17 +70,8 @@ class HFRolloutEngine(RolloutEngine):
         )
         self._targets.update(persistent_buffers(self.model))
 
-        try:
-            gen_config = GenerationConfig.from_pretrained(folder)
-        except OSError:
-            gen_config = GenerationConfig.from_model_config(self.model.config)
-        self.eos_token_ids = _as_list(gen_config.eos_token_id) or _as_list(
-            self.model.config.eos_token_id
-        )
-        pad = gen_config.pad_token_id
-        if pad is None:
-            pad = self.model.config.pad_token_id
-        self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or [0])[0])
+        tokens = special_tokens(folder, self.model.config)
+        self.eos_token_ids, self.pad_token_id = list(tokens.eos_token_ids), tokens.pad_token_id
         self._generator = torch.Generator(self.device).manual_seed(cfg.seed)
         self.weight_version = 0
         self._tensors_this_sync = 0
@@ -117,7 +104,7 @@ class HFRolloutEngine(RolloutEngine):
         """On a GPU, park the weights in host memory while training runs."""
         if self.device.type == "cuda" and not self._released:
             self.model.to("cpu")
-            torch.cuda.empty_cache()
+            release_cached_memory(self.device)
             self._released = True
 
     def resume_memory(self) -> None:
@@ -129,12 +116,9 @@ class HFRolloutEngine(RolloutEngine):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
         ``max_new_tokens`` so batches from different ranks concatenate."""
-        missing = [k for k in PROMPT_KEYS if k not in prompts]
-        if missing:
-            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
+        batch = expand_prompts(prompts, params)
         if self._released:
             self.resume_memory()
-        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
         generator = self._generator
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
@@ -161,8 +145,6 @@ class HFRolloutEngine(RolloutEngine):
 
         ids = input_ids.to(self.device)
         mask = attention_mask.to(self.device).long()
-        batch_size = ids.shape[0]
-        stop_ids = torch.tensor(stops, device=self.device, dtype=ids.dtype)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         logits = self.model(
@@ -172,17 +154,10 @@ class HFRolloutEngine(RolloutEngine):
             past_key_values=cache,
             use_cache=True,
         ).logits[:, -1]
-        finished = torch.zeros(batch_size, dtype=torch.bool, device=self.device)
-        tokens_out, logp_out, mask_out = [], [], []
+        steps = ResponseSteps(ids.shape[0], stops, self.pad_token_id, self.device)
         for step in range(params.max_new_tokens):
-            tokens, log_probs = select_tokens(logits, params, generator)
-            alive = ~finished
-            tokens = torch.where(alive, tokens, self.pad_token_id)
-            tokens_out.append(tokens)
-            logp_out.append(torch.where(alive, log_probs, 0.0))
-            mask_out.append(alive.long())
-            finished = finished | torch.isin(tokens, stop_ids)
-            if bool(finished.all()) or step == params.max_new_tokens - 1:
+            tokens, _ = steps.add(*select_tokens(logits, params, generator))
+            if steps.done or step == params.max_new_tokens - 1:
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
@@ -193,12 +168,5 @@ class HFRolloutEngine(RolloutEngine):
                 past_key_values=cache,
                 use_cache=True,
             ).logits[:, -1]
-        pad = params.max_new_tokens - len(tokens_out)
-        responses = torch.stack(tokens_out, dim=1)
-        log_probs = torch.stack(logp_out, dim=1).float()
-        response_mask = torch.stack(mask_out, dim=1)
-        if pad:
-            responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
-            log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
-            response_mask = torch.nn.functional.pad(response_mask, (0, pad), value=0)
+        responses, log_probs, response_mask = steps.tensors(params.max_new_tokens)
         return responses.cpu(), log_probs.cpu(), response_mask.cpu()

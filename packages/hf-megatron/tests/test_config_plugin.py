@@ -61,7 +61,7 @@ def test_plugin_registers_the_megatron_engines_without_importing_megatron() -> N
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU layer is off with CUDA")
 def test_cpu_compat_maps_cuda_requests_to_cpu_only_inside_the_mode() -> None:
-    from hf_megatron import cpu_compat
+    from hf_megatron import _cpu_compat as cpu_compat
 
     with cpu_compat.cpu_device_mode():
         made = torch.empty(3, device=torch.cuda.current_device())

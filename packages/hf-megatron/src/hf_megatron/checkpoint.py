@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from hf_core.errors import CheckpointError
+
 if TYPE_CHECKING:
     from hf_megatron.engine import MegatronEngine
 
 FORMAT = "hf-megatron-checkpoint/1"
-
-
-class CheckpointError(ValueError):
-    """The checkpoint is missing, incomplete, or was written by another layout or model."""
 
 
 def _layout(engine: MegatronEngine) -> dict[str, Any]:

@@ -12,25 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401  (re-exported)
-from hf_core.engines import DTypeName, HeadKind, to_dtype  # noqa: F401  (re-exported)
+from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
+    DTypeName,
+    HeadKind,
+    TrainingEngineConfig,
+    to_dtype,
+)
 
 
-class MegatronEngineConfig(BaseModel):
+class MegatronEngineConfig(TrainingEngineConfig):
     """Everything one megatron training engine (any role) needs.
 
-    The data-parallel size is not configured: it is ``world_size / (tp * pp)`` of the process
+    The model, optimiser, schedule and placement keys are core's
+    :class:`~hf_core.engines.TrainingEngineConfig` (the same meaning as on hf-fsdp).  The
+    data-parallel size is not configured: it is ``world_size / (tp * pp)`` of the process
     group the engine runs in (megatron's rank order ``tp-dp-pp``).
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model_path: Path = Field(description="local HuggingFace folder (config.json + safetensors)")
-    head: HeadKind = "lm"
-    trainable: bool = True
-    tokenizer_path: Path | None = Field(None, description="tokenizer saved with export_hf")
 
     # parallelism
     tensor_parallel_size: int = Field(1, ge=1)
@@ -48,45 +48,13 @@ class MegatronEngineConfig(BaseModel):
         description="plan of the training -> generation transition: the paper's micro-DP "
         "all-gathers (hybrid) or every rank gathering its whole DP replica (naive, for comparison)",
     )
-
-    # optimiser and schedule (same meaning as hf-fsdp's FSDPEngineConfig)
-    lr: float = Field(1e-6, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
     weight_decay_scope: Literal["all", "matrices"] = Field(
         "all", description="all params (as hf-fsdp) or megatron's rule: no decay on biases/norms"
     )
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up from lr/warmup_steps to lr")
-    total_steps: int | None = Field(None, ge=1, description="needed by linear and cosine decay")
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="decay floor, fraction of lr")
-    grad_clip: float | None = Field(1.0, gt=0.0, description="max global grad norm; None: off")
-    micro_batch_size: int = Field(8, ge=1, description="samples per forward/backward")
-
-    # numerics and placement
     param_dtype: DTypeName = Field("float32", description="dtype of the model weights")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    export_dtype: DTypeName | None = Field(
-        None, description="dtype of tensors streamed to rollout (default: param_dtype)"
-    )
-    seed: int = Field(0, description="seeds torch's RNG and new head weights (same on all ranks)")
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"each beta must be in [0, 1), got {betas}")
-        return betas
 
     @model_validator(mode="after")
-    def _consistent(self) -> MegatronEngineConfig:
-        if self.lr_schedule != "constant" and self.total_steps is None:
-            raise ValueError(f"lr_schedule={self.lr_schedule!r} needs total_steps")
-        if self.total_steps is not None and self.warmup_steps > self.total_steps:
-            raise ValueError(
-                f"warmup_steps={self.warmup_steps} exceeds total_steps={self.total_steps}"
-            )
+    def _sequence_parallel_has_its_spec(self) -> MegatronEngineConfig:
         if self.sequence_parallel and self.layer_spec == "local":
             raise ValueError("sequence_parallel needs the Transformer Engine layer spec")
         return self

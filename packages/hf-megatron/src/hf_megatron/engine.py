@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from hf_core.batch import Batch
-from hf_core.engines import LossFn, NamedTensor, TrainingEngine
+from hf_core.device import collective_device, ensure_process_group, resolve_device
+from hf_core.engines import LossFn, NamedTensor, TrainingEngine, check_model_folder, save_hf_folder
 from hf_core.protocols import WorkerMesh
 from hf_core.resharding import (
     GenerationLayout,
@@ -42,9 +43,10 @@ from hf_core.resharding import (
     build_hybrid_plan,
     build_naive_plan,
 )
-from hf_megatron import checkpoint, cpu_compat, forward
+from hf_megatron import _cpu_compat as cpu_compat
+from hf_megatron import checkpoint, forward
 from hf_megatron.config import MegatronEngineConfig, parse_config, to_dtype
-from hf_megatron.loading import FolderReader, architecture_for, check_model_folder, load_hf_config
+from hf_megatron.loading import FolderReader, architecture_for, load_hf_config
 from hf_megatron.model import (
     build_gpt,
     layer_spec,
@@ -57,8 +59,6 @@ from hf_megatron.parallel import (
     MegatronLayout,
     current_generation,
     ensure_model_parallel,
-    ensure_process_group,
-    resolve_device,
     worker_mesh,
 )
 from hf_megatron.reshard import Resharder, ReshardStats, resolve_plan
@@ -358,7 +358,7 @@ class MegatronEngine(TrainingEngine):
 
         group = ps.get_pipeline_model_parallel_group()
         src = ps.get_pipeline_model_parallel_last_rank()
-        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        device = collective_device()
         shared = {}
         for key in keys:
             tensor = out[key].to(device) if key in out else torch.empty(shape, device=device)
@@ -391,7 +391,7 @@ class MegatronEngine(TrainingEngine):
     # -------------------------------------------------------------- train step
     def _loss_meta(self, batch: Batch, num_micro: int) -> dict[str, Any]:
         tokens = int(batch["response_mask"].sum()) if "response_mask" in batch else 0
-        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        device = collective_device()
         totals = torch.tensor([len(batch), tokens], device=device)
         dist.all_reduce(totals, group=self._dp_group())
         return {
@@ -509,11 +509,12 @@ class MegatronEngine(TrainingEngine):
             yield [(s.name, s.tensor) for s in bucket]
 
     def export_hf(
-        self, path: str | Path, tokenizer: Any = None, shard_bytes: int = 2 * 1024**3
+        self, path: str | Path, tokenizer: str | Path | None = None, shard_bytes: int = 2 * 1024**3
     ) -> Path:
-        """Write the model as a HuggingFace folder (every rank calls; rank 0 writes)."""
-        from hf_megatron.export import save_hf_folder
+        """Write the model as a HuggingFace folder (every rank calls; rank 0 writes).
 
+        ``tokenizer`` (a tokenizer folder; default ``config.tokenizer_path``) is saved alongside.
+        """
         hf_config = copy.deepcopy(self.hf_config)
         hf_config.dtype = self.config.param_dtype
         if self.config.head != "lm":  # a critic may start from a causal-LM folder

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_core.engines import RolloutEngine
+from hf_core.engines import LoadsTPSlices, RolloutEngine
 from hf_core.resharding import RankPlan, ReshardPlan
 from hf_megatron.engine import MegatronEngine
 from hf_megatron.reshard import ReshardStats
 
 
 def accepts_slices(rollout: RolloutEngine) -> bool:
-    """Whether ``rollout`` loads generation TP slices (:class:`CanonicalSlice`) itself."""
-    from hf_megatron.rollout import MegatronRolloutEngine
-
-    return isinstance(rollout, MegatronRolloutEngine) or bool(
-        getattr(rollout, "accepts_tp_slices", False)
-    )
+    """Whether ``rollout`` loads generation TP slices (:class:`CanonicalSlice`) itself: it
+    declares so by implementing core's :class:`~hf_core.engines.LoadsTPSlices`."""
+    return isinstance(rollout, LoadsTPSlices)
 
 
 def hybrid_sync(

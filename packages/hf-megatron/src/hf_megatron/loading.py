@@ -8,30 +8,20 @@ LM) is initialised from the seed, identically on every rank.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hf_megatron.weight_mapping import SUPPORTED_ARCHITECTURES, HeadKind
+from hf_core.engines import HeadKind, check_model_folder, weight_files  # noqa: F401  (re-exported)
+from hf_core.errors import ModelLoadError
+from hf_megatron.weight_mapping import SUPPORTED_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
 HEAD_TENSORS = ("score.weight", "score.bias")
 """Canonical tensors a head adds to the backbone; only these may be absent on disk."""
-
-
-class ModelLoadError(ValueError):
-    """The model folder exists but its weights do not fit the model asked for."""
-
-
-def check_model_folder(path: str | Path) -> Path:
-    folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a HuggingFace model folder (no config.json)")
-    return folder
 
 
 def load_hf_config(folder: Path) -> Any:
@@ -52,21 +42,6 @@ def architecture_for(hf_config: Any, head: HeadKind) -> str:
     name = prefix + suffix[head]
     assert SUPPORTED_ARCHITECTURES[name] == (family, head)
     return name
-
-
-def weight_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file holding it."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
-    single = folder / "model.safetensors"
-    if not single.is_file():
-        raise FileNotFoundError(f"{folder} has no model.safetensors(.index.json)")
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as handle:
-        return dict.fromkeys(handle.keys(), single)
 
 
 class FolderReader:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hf_core.device import release_cached_memory
+
 if TYPE_CHECKING:
     from hf_megatron.engine import MegatronEngine
 
@@ -53,8 +55,7 @@ def offload_engine(engine: MegatronEngine) -> None:
         buf._hf_grad_bytes = buf.grad_data.untyped_storage().size()
         buf.grad_data.untyped_storage().resize_(0)
     _move_optimizer(engine, torch.device("cpu"))
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    release_cached_memory(engine.device)
 
 
 def onload_engine(engine: MegatronEngine) -> None:

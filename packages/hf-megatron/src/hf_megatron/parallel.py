@@ -9,9 +9,8 @@ old layout must not be used afterwards (:func:`ensure_model_parallel` logs when 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import torch
 import torch.distributed as dist
 
 from hf_core.protocols import WorkerMesh
@@ -23,26 +22,6 @@ MEGATRON_ORDER = "tp-dp-pp"
 """megatron's rank order (``tp-cp-ep-dp-pp`` with cp = ep = 1), fastest axis first."""
 
 _GENERATION = 0  # bumped on every re-initialisation; engines compare it before running
-
-
-def resolve_device(choice: str) -> torch.device:
-    """``auto`` picks this rank's GPU if there is one, else the CPU."""
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device")
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def ensure_process_group(device: torch.device) -> None:
-    """A one-rank group when nobody initialised torch.distributed (scripts, unit tests)."""
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    log.info("torch.distributed not initialised: starting a one-rank %s group", backend)
-    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 @dataclass(frozen=True)
@@ -137,13 +116,8 @@ def worker_mesh(layout: MegatronLayout, plan: ReshardPlan | None = None) -> Work
         return mesh
     rp = plan.for_rank(layout.rank)
     d_g = plan.gen.micro_dp_size(plan.train)
-    return WorkerMesh(
-        dp_rank=c.dp,
-        dp_size=layout.dp,
-        tp_rank=c.tp,
-        tp_size=layout.tp,
-        pp_rank=c.pp,
-        pp_size=layout.pp,
+    return replace(
+        mesh,
         gen_dp_rank=c.dp * d_g + rp.micro_dp_rank,
         gen_dp_size=layout.dp * d_g,
         gen_tp_rank=rp.gen_tp_rank,

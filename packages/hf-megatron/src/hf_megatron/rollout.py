@@ -21,13 +21,24 @@ import torch
 import torch.distributed as dist
 
 from hf_core.batch import Batch
-from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, select_tokens
-from hf_core.resharding import ReshardPlan
-from hf_megatron import cpu_compat, forward
+from hf_core.device import ensure_process_group, resolve_device
+from hf_core.engines import (
+    NamedTensor,
+    ResponseSteps,
+    RolloutEngine,
+    SamplingParams,
+    assemble_rollout,
+    check_model_folder,
+    expand_prompts,
+    select_tokens,
+    special_tokens,
+)
+from hf_core.resharding import GenerationLayout, ReshardPlan
+from hf_megatron import _cpu_compat as cpu_compat
+from hf_megatron import forward
 from hf_megatron.config import MegatronRolloutConfig, parse_config, to_dtype
-from hf_megatron.loading import FolderReader, check_model_folder, load_hf_config
+from hf_megatron.loading import FolderReader, load_hf_config
 from hf_megatron.model import build_gpt, layer_spec, mark_tensor_parallel, transformer_config
-from hf_megatron.parallel import ensure_process_group, resolve_device
 from hf_megatron.weight_mapping import (
     CanonicalSlice,
     MegatronWeightMapping,
@@ -36,8 +47,6 @@ from hf_megatron.weight_mapping import (
 )
 
 log = logging.getLogger(__name__)
-
-PROMPT_KEYS = ("input_ids", "attention_mask")
 
 _GROUPS: dict[tuple[tuple[int, ...], ...], dict[tuple[int, ...], dist.ProcessGroup]] = {}
 
@@ -48,12 +57,6 @@ def _groups(groups: list[tuple[int, ...]]) -> dict[tuple[int, ...], dist.Process
     if key not in _GROUPS:
         _GROUPS[key] = {g: dist.new_group(list(g)) for g in groups}
     return _GROUPS[key]
-
-
-def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 class MegatronRolloutEngine(RolloutEngine):
@@ -93,12 +96,8 @@ class MegatronRolloutEngine(RolloutEngine):
         self._pending: dict[str, CanonicalSlice] = {}
         self._built_this_sync = 0
         self.weight_version = 0
-        gen_config = self._generation_config(folder)
-        self.eos_token_ids = _as_list(gen_config.get("eos_token_id")) or _as_list(
-            getattr(self.hf_config, "eos_token_id", None)
-        )
-        pad = gen_config.get("pad_token_id", getattr(self.hf_config, "pad_token_id", None))
-        self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or [0])[0])
+        tokens = special_tokens(folder, self.hf_config)
+        self.eos_token_ids, self.pad_token_id = list(tokens.eos_token_ids), tokens.pad_token_id
         self._generator = torch.Generator().manual_seed(cfg.seed)
 
     # ------------------------------------------------------------------ building
@@ -134,13 +133,10 @@ class MegatronRolloutEngine(RolloutEngine):
         for name, tensor in self.mapping.load(FolderReader(folder), self.dtype):
             params[name].copy_(tensor)
 
-    @staticmethod
-    def _generation_config(folder: Any) -> dict[str, Any]:
-        import json
-        from pathlib import Path
-
-        path = Path(folder) / "generation_config.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+    def generation_layout(self) -> GenerationLayout:
+        """The generation layout ``(p_g = 1, t_g)`` this engine's TP group was built for: it
+        loads generation TP slices itself (:class:`~hf_core.engines.LoadsTPSlices`)."""
+        return GenerationLayout(pp=1, tp=self.tp_size)
 
     # ------------------------------------------------------------------- weights
     def _fetch(self, name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
@@ -199,10 +195,7 @@ class MegatronRolloutEngine(RolloutEngine):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
         ``max_new_tokens``; same output keys as every rollout engine."""
-        missing = [k for k in PROMPT_KEYS if k not in prompts]
-        if missing:
-            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
-        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
+        batch = expand_prompts(prompts, params)
         generator = self._generator
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed)
@@ -212,18 +205,7 @@ class MegatronRolloutEngine(RolloutEngine):
             for p in batch.split(self.config.max_batch_size)
         ]
         responses, log_probs, response_mask = (torch.cat(x) for x in zip(*pieces, strict=True))
-        prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
-        attention_mask = torch.cat([prompt_mask.long(), response_mask], dim=1)
-        out = batch.select(*[k for k in batch.keys() if k not in ("position_ids", *PROMPT_KEYS)])
-        out["prompts"] = prompt_ids
-        out["responses"] = responses
-        out["response_mask"] = response_mask
-        out["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
-        out["attention_mask"] = attention_mask
-        out["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out["rollout_log_probs"] = log_probs
-        out.meta["temperature"] = params.temperature
-        return out
+        return assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
 
     def _next_logits(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits ``[B, V]`` at each row's last real token."""
@@ -251,9 +233,7 @@ class MegatronRolloutEngine(RolloutEngine):
         rows = ids.shape[0]
         ids = torch.cat([ids, torch.full((rows, params.max_new_tokens), self.pad_token_id)], 1)
         lengths = lengths.clone()
-        stop_ids = torch.tensor(stops, dtype=ids.dtype)
-        finished = torch.zeros(rows, dtype=torch.bool)
-        tokens_out, logp_out, mask_out = [], [], []
+        steps = ResponseSteps(rows, stops, self.pad_token_id)
         for _ in range(params.max_new_tokens):
             logits = self._next_logits(ids, lengths).cpu()
             tokens, log_probs = select_tokens(logits, params, generator)
@@ -261,22 +241,9 @@ class MegatronRolloutEngine(RolloutEngine):
                 both = torch.stack([tokens.double(), log_probs.double()]).to(self.device)
                 dist.broadcast(both, src=self.tp_ranks[0], group=self.tp_group)
                 tokens, log_probs = both[0].long().cpu(), both[1].float().cpu()
-            alive = ~finished
-            tokens = torch.where(alive, tokens, self.pad_token_id)
-            tokens_out.append(tokens)
-            logp_out.append(torch.where(alive, log_probs, 0.0))
-            mask_out.append(alive.long())
+            tokens, alive = steps.add(tokens, log_probs)
             ids[torch.arange(rows), lengths] = tokens
             lengths = lengths + alive.long()
-            finished = finished | torch.isin(tokens, stop_ids)
-            if bool(finished.all()):
+            if steps.done:
                 break
-        pad = params.max_new_tokens - len(tokens_out)
-        responses = torch.stack(tokens_out, dim=1)
-        log_probs = torch.stack(logp_out, dim=1).float()
-        response_mask = torch.stack(mask_out, dim=1)
-        if pad:
-            responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
-            log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
-            response_mask = torch.nn.functional.pad(response_mask, (0, pad), value=0)
-        return responses, log_probs, response_mask
+        return steps.tensors(params.max_new_tokens)

@@ -27,9 +27,8 @@ from typing import Any, Literal
 
 import torch
 
-from hf_core.engines import NamedTensor, WeightMapping
+from hf_core.engines import HeadKind, NamedTensor, WeightMapping
 
-HeadKind = Literal["lm", "value", "score"]
 Fetch = Callable[[str, int | None, int, int], torch.Tensor]
 """``fetch(hf_name, dim, start, stop)``: rows/cols ``[start, stop)`` of a canonical tensor along
 ``dim``, or the whole tensor when ``dim`` is None."""

@@ -1,5 +1,10 @@
 """The CPU compatibility layer: lets megatron-core 0.16 run on a machine without CUDA.
 
+Why it exists: megatron-core is written for GPU clusters; HybridFlow's tests and small runs
+must also work on CPU-only machines.  It is private (``_cpu_compat``) and switched on
+explicitly: the engines enter :func:`cpu_device_mode` around their entry points, which does
+nothing when CUDA is available, so a GPU user runs megatron unpatched.
+
 megatron-core assumes a GPU in a handful of places that have nothing to do with the maths:
 it asks ``torch.cuda`` for the current device, the RNG state and a synchronisation, and it
 allocates buffers with ``device="cuda"`` / ``torch.cuda.current_device()`` or ``.cuda()``.

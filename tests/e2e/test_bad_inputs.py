@@ -36,6 +36,36 @@ def test_wrong_type(in_workdir: Path, capsys: pytest.CaptureFixture[str]) -> Non
     _nothing_written(out)
 
 
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("actor.engine.lrr=1", "actor.engine.lrr: unknown key"),
+        ("actor.engine.lr=-1", "actor.engine.lr: got -1"),
+        ("rollout.engine.max_new_tokenz=3", "rollout.engine.max_new_tokenz: unknown key"),
+        ("actor.backend=fsdpp", "did you mean 'fsdp'"),
+        ("algorithm.advantage=grpoo", "did you mean 'grpo'"),
+    ],
+)
+def test_engine_settings_checked_before_ray_starts(
+    in_workdir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    override: str,
+    named: str,
+) -> None:
+    import ray
+
+    started: list[object] = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append((a, k)))
+    out = in_workdir / "runs" / "bad_engine_key"
+    code, err = _run_cli(capsys, f"run.output_dir={out}", override)
+    assert code == 2, err
+    assert named in err
+    assert "Traceback" not in err and "[bold" not in err
+    assert not started, "Ray was started before the configuration was checked"
+    _nothing_written(out)
+
+
 def test_missing_dataset(in_workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = in_workdir / "runs" / "no_data"
     code, err = _run_cli(capsys, f"run.output_dir={out}", "data.train_files=[nowhere.jsonl]")

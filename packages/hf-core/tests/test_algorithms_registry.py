@@ -91,6 +91,36 @@ def test_registry_register_aliases_and_duplicates() -> None:
         registry.register()
 
 
+def test_estimators_declare_what_their_dataflow_needs() -> None:
+    from hf_core.algorithms import ESTIMATOR_TRAITS, EstimatorTraits, get_estimator_traits
+
+    assert get_estimator_traits("gae") == EstimatorTraits(needs_critic=True)
+    for name in ("grpo", "dr_grpo", "rloo"):
+        assert get_estimator_traits(name) == EstimatorTraits(needs_groups=True)
+    assert get_estimator_traits("remax") == EstimatorTraits(needs_greedy_baseline=True)
+    assert get_estimator_traits("reinforce++") == EstimatorTraits()
+    assert ESTIMATOR_TRAITS.names() == ADVANTAGE_ESTIMATORS.names()  # every estimator has traits
+    with pytest.raises(UnknownAlgorithmError, match="did you mean 'gae'"):
+        get_estimator_traits("gea")
+
+
+def test_a_new_estimator_registers_its_traits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hf_core.algorithms import registry as registry_module
+
+    monkeypatch.setattr(registry_module, "ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS.copy())
+    monkeypatch.setattr(
+        registry_module, "ESTIMATOR_TRAITS", registry_module.ESTIMATOR_TRAITS.copy()
+    )
+
+    @registry_module.advantage_estimator("paired", needs_groups=True, needs_critic=True)
+    def paired(rewards, mask, **_):
+        return rewards, rewards
+
+    traits = registry_module.get_estimator_traits("paired")
+    assert traits.needs_groups and traits.needs_critic and not traits.needs_greedy_baseline
+    assert registry_module.get_advantage_estimator("paired") is paired
+
+
 def test_every_public_name_is_exported() -> None:
     for name in algorithms.__all__:
         assert hasattr(algorithms, name), name

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hf_core.config import ConfigError, TrainerConfig, describe_fields, load_config
+from hf_core.trainer.preflight import load_run_config
 
 RECIPE = """
 model: {path: models/policy}
@@ -40,12 +41,14 @@ def test_yaml_and_overrides(recipe: Path) -> None:
         (["algorithm.advantage=gae"], "needs a 'critic' section"),
         (["algorithm.kl.mode=in_loss"], "needs a 'reference'"),
         (["algorithm.mini_batches=3"], "must split evenly"),
+        (["algorithm.advantage=gea"], "algorithm.advantage: unknown advantage estimator 'gea'"),
+        (["algorithm.policy_loss=ppo"], "algorithm.policy_loss: unknown policy loss 'ppo'"),
         (["just-a-word"], "overrides must look like key=value"),
     ],
 )
 def test_errors_name_the_key(recipe: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_config(TrainerConfig, recipe, overrides)
+        load_run_config(recipe, overrides)
 
 
 def test_missing_recipe_file(tmp_path: Path) -> None:

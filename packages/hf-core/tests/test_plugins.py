@@ -14,6 +14,8 @@ import pytest
 from hf_core import plugins
 
 TOY_PLUGIN = """
+from pydantic import BaseModel, ConfigDict, Field
+
 from hf_core.plugins import hookimpl
 from hf_core.protocols import DP_PROTO, TransferProtocol
 
@@ -38,9 +40,18 @@ class ToyTrainer:
         self.config = config
 
 
+class ToySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_path: str
+    head: str = "lm"
+    trainable: bool = True
+    seed: int = 0
+    lr: float = Field(1e-6, ge=0.0)
+
+
 @hookimpl
 def register_training_engines(register):
-    register("toy-train", ToyTrainer)
+    register("toy-train", ToyTrainer, config="hf_toy.plugin:ToySettings")
 
 
 @hookimpl
@@ -154,8 +165,40 @@ def test_registries_expose_plugin_engines(plugin_dirs: dict[str, Path], on_path)
     factory = plugins.get_training_engine("toy-train")
     assert factory(lr=1.0).config == {"lr": 1.0}
     assert plugins.get_rollout_engine("toy-rollout") is factory
-    with pytest.raises(plugins.UnknownNameError, match="no training engine named 'nope'"):
+    with pytest.raises(
+        plugins.UnknownNameError, match=r"unknown training engine .nope.; available"
+    ):
         plugins.get_training_engine("nope")
+
+
+def test_engine_blocks_are_checked_against_the_plugins_settings_model(
+    plugin_dirs: dict[str, Path], on_path, tmp_path: Path
+) -> None:
+    from hf_core.config import ConfigError, TrainerConfig
+    from hf_core.trainer.preflight import preflight
+
+    on_path(plugin_dirs["good"])
+    assert plugins.get_engine_config("training", "toy-train").__name__ == "ToySettings"
+    assert plugins.get_engine_config("rollout", "toy-rollout") is None  # none registered
+    base = {
+        "model": {"path": str(tmp_path)},
+        "reward": {"function": "digits_reverse"},
+        "rollout": {"backend": "toy-rollout", "n": 2},
+    }
+
+    def config(engine: dict[str, object]) -> TrainerConfig:
+        return TrainerConfig.model_validate(
+            {**base, "actor": {"backend": "toy-train", "engine": engine}}
+        )
+
+    preflight(config({"lr": 0.5}))  # a valid block passes
+    for engine, message in [
+        ({"lrr": 0.5}, "actor.engine.lrr: unknown key"),
+        ({"lr": -1}, "actor.engine.lr: got -1"),
+        ({"head": "value"}, "actor.engine.head: set by the trainer"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            preflight(config(engine))
 
 
 def test_broken_plugin_raises_plugin_load_error(plugin_dirs: dict[str, Path], on_path) -> None:

@@ -26,7 +26,7 @@ from hf_core.rewards import registry as registry_module
 @pytest.fixture(autouse=True)
 def private_registry(monkeypatch):
     """Registrations made by a test vanish after it (the built-ins stay visible)."""
-    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry_module._REGISTRY.copy())
 
 
 @pytest.fixture(scope="module")

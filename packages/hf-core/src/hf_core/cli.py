@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from hf_core.config import ConfigError
 from hf_core.data import DataError
@@ -54,11 +55,11 @@ def _fields_epilog() -> str:
 def _run(args: argparse.Namespace) -> int:
     import logging
 
-    from hf_core.config import TrainerConfig, load_config
     from hf_core.trainer import RLTrainer
+    from hf_core.trainer.preflight import load_run_config
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = load_config(TrainerConfig, args.recipe, args.overrides)
+    config = load_run_config(args.recipe, args.overrides)
     RLTrainer(config, resume=args.resume).fit()  # prints its own summary table
     return 0
 
@@ -92,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except PluginLoadError as exc:
-        Console(stderr=True).print(f"[bold red]plugin error:[/] {exc}", highlight=False)
+        Console(stderr=True).print(Text.assemble(("plugin error: ", "bold red"), str(exc)))
         return 2
     except (ConfigError, DataError, FileNotFoundError, RewardFunctionError) as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=False)
+        Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
         return 2
 
 

@@ -6,8 +6,7 @@ transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hf_core.plugins.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -20,14 +19,8 @@ _EXPORTS = {
     "FSDPWeightMapping": "hf_fsdp.export",
     "CheckpointError": "hf_fsdp.checkpoint",
     "ModelLoadError": "hf_fsdp.loading",
-    "build_tiny_model": "hf_testing.tiny",
-    "build_tokenizer": "hf_testing.tiny",
 }
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hf_fsdp' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -7,8 +7,7 @@ megatron-core or transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hf_core.plugins.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -30,8 +29,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hf_megatron' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -10,13 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_core.plugins import hookimpl
+from hf_core.plugins.lazy import engine_factory
 
-
-def create_training_engine(**config: Any) -> Any:
-    """``MegatronEngine`` from keyword config (:class:`hf_megatron.config.MegatronEngineConfig`)."""
-    from hf_megatron.engine import MegatronEngine
-
-    return MegatronEngine(config)
+create_training_engine = engine_factory("hf_megatron.engine:MegatronEngine")
 
 
 def create_rollout_engine(**config: Any) -> Any:
@@ -32,10 +28,10 @@ def create_rollout_engine(**config: Any) -> Any:
 
 
 @hookimpl
-def register_training_engines(register: Callable[[str, Any], None]) -> None:
-    register("megatron", create_training_engine)
+def register_training_engines(register: Callable[..., None]) -> None:
+    register("megatron", create_training_engine, config="hf_megatron.config:MegatronEngineConfig")
 
 
 @hookimpl
-def register_rollout_engines(register: Callable[[str, Any], None]) -> None:
-    register("megatron", create_rollout_engine)
+def register_rollout_engines(register: Callable[..., None]) -> None:
+    register("megatron", create_rollout_engine, config="hf_megatron.config:MegatronRolloutConfig")

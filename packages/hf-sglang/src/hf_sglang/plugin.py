@@ -8,20 +8,13 @@ it when an engine is built and names the extra to install when it is missing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from hf_core.plugins import hookimpl
+from hf_core.plugins.lazy import engine_factory
 
-
-def create_rollout_engine(**config: Any) -> Any:
-    """``SGLangRolloutEngine`` from keyword config (see ``SGLangRolloutConfig``).
-
-    SGLang is imported here, not when the plugin loads."""
-    from hf_sglang.engine import SGLangRolloutEngine
-
-    return SGLangRolloutEngine(config)
+create_rollout_engine = engine_factory("hf_sglang.engine:SGLangRolloutEngine")
 
 
 @hookimpl
-def register_rollout_engines(register: Callable[[str, Any], None]) -> None:
-    register("sglang", create_rollout_engine)
+def register_rollout_engines(register: Callable[..., None]) -> None:
+    register("sglang", create_rollout_engine, config="hf_sglang.config:SGLangRolloutConfig")

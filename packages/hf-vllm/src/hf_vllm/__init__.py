@@ -6,8 +6,7 @@ vLLM nor transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hf_core.plugins.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -23,8 +22,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hf_vllm' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

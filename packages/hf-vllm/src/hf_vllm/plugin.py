@@ -8,18 +8,13 @@ when an engine is built and says which extra to install when it is missing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from hf_core.plugins import hookimpl
+from hf_core.plugins.lazy import engine_factory
 
-
-def create_rollout_engine(**config: Any) -> Any:
-    """``VLLMRolloutEngine`` from keyword config (see :class:`hf_vllm.config.VLLMRolloutConfig`)."""
-    from hf_vllm.engine import VLLMRolloutEngine
-
-    return VLLMRolloutEngine(config)
+create_rollout_engine = engine_factory("hf_vllm.engine:VLLMRolloutEngine")
 
 
 @hookimpl
-def register_rollout_engines(register: Callable[[str, Any], None]) -> None:
-    register("vllm", create_rollout_engine)
+def register_rollout_engines(register: Callable[..., None]) -> None:
+    register("vllm", create_rollout_engine, config="hf_vllm.config:VLLMRolloutConfig")

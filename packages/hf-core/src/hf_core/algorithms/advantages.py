@@ -118,7 +118,7 @@ def leave_one_out_scores(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
 
 
 # ------------------------------------------------------------------------------- estimators
-@advantage_estimator("gae")
+@advantage_estimator("gae", needs_critic=True)
 @torch.no_grad()
 def gae_advantage(
     token_level_rewards: torch.Tensor,
@@ -157,7 +157,7 @@ def gae_advantage(
     return advantages, returns
 
 
-@advantage_estimator("grpo")
+@advantage_estimator("grpo", needs_groups=True)
 @torch.no_grad()
 def grpo_advantage(
     token_level_rewards: torch.Tensor,
@@ -182,7 +182,7 @@ def grpo_advantage(
     return advantages, advantages
 
 
-@advantage_estimator("dr_grpo")
+@advantage_estimator("dr_grpo", needs_groups=True)
 @torch.no_grad()
 def dr_grpo_advantage(
     token_level_rewards: torch.Tensor,
@@ -205,7 +205,7 @@ def dr_grpo_advantage(
     )
 
 
-@advantage_estimator("rloo")
+@advantage_estimator("rloo", needs_groups=True)
 @torch.no_grad()
 def rloo_advantage(
     token_level_rewards: torch.Tensor,
@@ -225,7 +225,7 @@ def rloo_advantage(
     return advantages, advantages
 
 
-@advantage_estimator("remax")
+@advantage_estimator("remax", needs_greedy_baseline=True)
 @torch.no_grad()
 def remax_advantage(
     token_level_rewards: torch.Tensor,

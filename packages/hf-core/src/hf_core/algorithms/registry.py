@@ -6,15 +6,22 @@ estimator or loss with the same decorator the built-ins use.  A lookup miss rais
 :class:`UnknownAlgorithmError` listing every registered name (and the closest match), so a typo in
 a config fails at start-up with the fix in the message.
 
+Advantage estimators are registered with :class:`EstimatorTraits` -- what the dataflow around
+them must provide (a critic, groups of samples, a greedy baseline).  Config validation, the
+trainer's stages and the planner's dataflow read the traits, so no estimator name is
+hard-coded outside this registry.
+
 This module imports nothing from its siblings: the built-ins register themselves when
 ``hf_core.algorithms`` imports its submodules, which is the package's only import-time effect.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hf_core.registry import NamedRegistry, UnknownNameError
 
 if TYPE_CHECKING:
     import torch
@@ -32,23 +39,27 @@ KLEstimator = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 AggregationFn = Callable[..., "torch.Tensor"]
 
 
-class UnknownAlgorithmError(KeyError):
-    """A name was looked up in a registry that does not hold it.
-
-    A :class:`KeyError` (so ``except KeyError`` still works) whose text is the plain message
-    rather than KeyError's quoted repr.
-    """
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+class UnknownAlgorithmError(UnknownNameError):
+    """A name was looked up in an algorithm registry that does not hold it."""
 
 
-class Registry(Generic[F]):
+@dataclass(frozen=True)
+class EstimatorTraits:
+    """What an advantage estimator needs from the dataflow around it."""
+
+    needs_critic: bool = False
+    """Uses per-token ``values`` from a critic (GAE): the run must have a critic role."""
+    needs_groups: bool = False
+    """Compares the ``n`` samples of one prompt: ``rollout.n`` must be at least 2."""
+    needs_greedy_baseline: bool = False
+    """Takes the reward of one extra greedy response per prompt as its baseline (ReMax)."""
+
+
+class Registry(NamedRegistry[F]):
     """A name -> function table for one kind of building block (e.g. "advantage estimator")."""
 
     def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, F] = {}
+        super().__init__(kind, miss_error=UnknownAlgorithmError)
 
     def register(self, *names: str, override: bool = False) -> Callable[[F], F]:
         """Decorator registering the function under every name in ``names`` (aliases allowed).
@@ -59,60 +70,47 @@ class Registry(Generic[F]):
         if not names:
             raise ValueError(f"register a {self.kind} under at least one name")
         for name in names:
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
-            if name in self._entries and not override:
+            if name in self and not override:
                 raise ValueError(
-                    f"{self.kind} {name!r} is already registered "
-                    f"(by {self._entries[name].__qualname__}); pass override=True to replace it"
+                    f"{self.kind} {name!r} is already registered (by {self.owner(name)}); "
+                    "pass override=True to replace it"
                 )
 
         def decorator(fn: F) -> F:
             for name in names:
-                self._entries[name] = fn
+                self.add(name, fn, override=True)
             return fn
 
         return decorator
 
-    def get(self, name: str) -> F:
-        """The function registered as ``name``; :class:`UnknownAlgorithmError` if none is."""
-        try:
-            return self._entries[name]
-        except (KeyError, TypeError):
-            pass
-        available = self.names()
-        message = f"unknown {self.kind} {name!r}; available: {', '.join(available) or '(none)'}"
-        close = difflib.get_close_matches(str(name), available, n=1)
-        if close:
-            message += f" (did you mean {close[0]!r}?)"
-        raise UnknownAlgorithmError(message)
-
-    def names(self) -> list[str]:
-        """Every registered name (aliases included), sorted."""
-        return sorted(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, {self.names()})"
-
 
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
+ESTIMATOR_TRAITS: NamedRegistry[EstimatorTraits] = NamedRegistry(
+    "advantage estimator", miss_error=UnknownAlgorithmError
+)
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
 AGGREGATION_MODES: Registry[AggregationFn] = Registry("loss aggregation mode")
 
 
-def advantage_estimator(*names: str, override: bool = False) -> Callable[[F], F]:
-    """Register an advantage estimator: ``@advantage_estimator("gae")``."""
-    return ADVANTAGE_ESTIMATORS.register(*names, override=override)
+def advantage_estimator(
+    *names: str,
+    needs_critic: bool = False,
+    needs_groups: bool = False,
+    needs_greedy_baseline: bool = False,
+    override: bool = False,
+) -> Callable[[F], F]:
+    """Register an advantage estimator and its traits: ``@advantage_estimator("gae",
+    needs_critic=True)``."""
+    register = ADVANTAGE_ESTIMATORS.register(*names, override=override)
+    traits = EstimatorTraits(needs_critic, needs_groups, needs_greedy_baseline)
+
+    def decorator(fn: F) -> F:
+        for name in names:
+            ESTIMATOR_TRAITS.add(name, traits, override=True)
+        return register(fn)
+
+    return decorator
 
 
 def policy_loss(*names: str, override: bool = False) -> Callable[[F], F]:
@@ -133,6 +131,11 @@ def aggregation_mode(*names: str, override: bool = False) -> Callable[[F], F]:
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
     """The advantage estimator registered as ``name``."""
     return ADVANTAGE_ESTIMATORS.get(name)
+
+
+def get_estimator_traits(name: str) -> EstimatorTraits:
+    """What the advantage estimator registered as ``name`` needs (critic, groups, baseline)."""
+    return ESTIMATOR_TRAITS.get(name)
 
 
 def get_policy_loss(name: str) -> PolicyLoss:

@@ -21,20 +21,22 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def register_training_engines(register: Callable[[str, Any], None]) -> None:
-    """Register training engines: ``register(name, factory)``.
+def register_training_engines(register: Callable[..., None]) -> None:
+    """Register training engines: ``register(name, factory, config=SettingsModel)``.
 
     ``factory(**config)`` must return an object implementing
-    :class:`hf_core.engines.TrainingEngine`.
+    :class:`hf_core.engines.TrainingEngine`.  ``config`` (optional, recommended) is the
+    pydantic model of the engine's settings: a recipe's ``engine:`` block is validated against
+    it when the recipe loads, before any process starts.
     """
 
 
 @hookspec
-def register_rollout_engines(register: Callable[[str, Any], None]) -> None:
-    """Register rollout engines: ``register(name, factory)``.
+def register_rollout_engines(register: Callable[..., None]) -> None:
+    """Register rollout engines: ``register(name, factory, config=SettingsModel)``.
 
     ``factory(**config)`` must return an object implementing
-    :class:`hf_core.engines.RolloutEngine`.
+    :class:`hf_core.engines.RolloutEngine`; ``config`` as for training engines.
     """
 
 

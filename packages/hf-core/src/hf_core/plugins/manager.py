@@ -8,15 +8,18 @@ install should never silently fall back to another engine).
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata as md
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pluggy
+from pydantic import BaseModel
 
 from hf_core.plugins import builtin, hookspecs
 from hf_core.protocols.transfer import TransferProtocol
+from hf_core.registry import DuplicateNameError, NamedRegistry, UnknownNameError
 
 CORE_PLUGIN = "hf-core"
 
@@ -25,20 +28,8 @@ class PluginLoadError(RuntimeError):
     """A backend plugin could not be imported or registered something invalid."""
 
 
-class UnknownNameError(KeyError):
+class UnknownEngineError(UnknownNameError):
     """A name asked for (engine, protocol) is not provided by any installed plugin."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0])
-
-
-@dataclass(frozen=True)
-class Provided:
-    """One registered thing and the plugin that provided it."""
-
-    name: str
-    value: Any
-    plugin: str
 
 
 @dataclass
@@ -54,11 +45,39 @@ class BackendInfo:
     protocols: list[str] = field(default_factory=list)
 
 
+ConfigRef = type[BaseModel] | str
+"""An engine's settings model, or its import path ``"package.module:Class"`` (so that loading
+a plugin stays cheap: the model is imported only when a recipe is checked)."""
+
+
+def _table(kind: str, hint: str) -> NamedRegistry[Any]:
+    return NamedRegistry(kind, miss_error=UnknownEngineError, miss_hint=hint)
+
+
+_INSTALL_HINT = "install the backend that provides it (e.g. pip install hf-<backend>)"
+
+
 @dataclass
 class Registry:
-    training_engines: dict[str, Provided] = field(default_factory=dict)
-    rollout_engines: dict[str, Provided] = field(default_factory=dict)
-    protocols: dict[str, Provided] = field(default_factory=dict)
+    """Everything the installed plugins provide, each table remembering which plugin did."""
+
+    training_engines: NamedRegistry[Callable[..., Any]] = field(
+        default_factory=lambda: _table("training engine", _INSTALL_HINT)
+    )
+    rollout_engines: NamedRegistry[Callable[..., Any]] = field(
+        default_factory=lambda: _table("rollout engine", _INSTALL_HINT)
+    )
+    training_engine_configs: NamedRegistry[ConfigRef] = field(
+        default_factory=lambda: _table("training engine config", _INSTALL_HINT)
+    )
+    rollout_engine_configs: NamedRegistry[ConfigRef] = field(
+        default_factory=lambda: _table("rollout engine config", _INSTALL_HINT)
+    )
+    protocols: NamedRegistry[TransferProtocol] = field(
+        default_factory=lambda: _table(
+            "transfer protocol", "register new ones via the register_protocols hook"
+        )
+    )
     backends: dict[str, BackendInfo] = field(default_factory=dict)
 
 
@@ -87,15 +106,22 @@ def _load_entry_points(pm: pluggy.PluginManager, registry: Registry) -> None:
 
 
 def _collect(
-    pm: pluggy.PluginManager, hook_name: str, table: dict[str, Provided], kind: str
+    pm: pluggy.PluginManager,
+    hook_name: str,
+    table: NamedRegistry[Any],
+    configs: NamedRegistry[ConfigRef] | None,
 ) -> dict[str, list[str]]:
-    """Call each plugin's implementation of one hook, recording who registered what."""
+    """Call each plugin's implementation of one hook, recording who registered what.
+
+    Engine hooks take ``register(name, factory, config=ConfigModel)``: the optional pydantic
+    model of the engine's settings, so a recipe's ``engine:`` block is checked at load time.
+    """
     by_plugin: dict[str, list[str]] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         plugin = impl.plugin_name
 
-        def register(*args: Any, _plugin: str = plugin) -> None:
-            if kind == "protocol":
+        def register(*args: Any, _plugin: str = plugin, config: Any = None) -> None:
+            if configs is None:
                 (value,) = args
                 if not isinstance(value, TransferProtocol):
                     raise PluginLoadError(
@@ -104,11 +130,20 @@ def _collect(
                 name = value.name
             else:
                 name, value = args
-            if name in table:
-                raise PluginLoadError(
-                    f"{kind} {name!r} is registered by both {table[name].plugin!r} and {_plugin!r}"
-                )
-            table[name] = Provided(name, value, _plugin)
+                if config is not None and not (
+                    (isinstance(config, str) and ":" in config)
+                    or (isinstance(config, type) and issubclass(config, BaseModel))
+                ):
+                    raise PluginLoadError(
+                        f"plugin {_plugin!r}: the config of {table.kind} {name!r} must be a "
+                        f"pydantic model class or 'module:Class', got {config!r}"
+                    )
+            try:
+                table.add(name, value, owner=_plugin)
+            except DuplicateNameError as exc:
+                raise PluginLoadError(str(exc)) from None
+            if configs is not None and config is not None:
+                configs.add(name, config, owner=_plugin)
             by_plugin.setdefault(_plugin, []).append(name)
 
         try:
@@ -133,19 +168,19 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
     )
     _load_entry_points(pm, registry)
     hooks = [
-        ("register_training_engines", registry.training_engines, "training engine"),
-        ("register_rollout_engines", registry.rollout_engines, "rollout engine"),
-        ("register_protocols", registry.protocols, "protocol"),
+        ("register_training_engines", registry.training_engines, registry.training_engine_configs),
+        ("register_rollout_engines", registry.rollout_engines, registry.rollout_engine_configs),
+        ("register_protocols", registry.protocols, None),
     ]
-    for hook_name, table, kind in hooks:
-        for plugin, names in _collect(pm, hook_name, table, kind).items():
+    for hook_name, table, configs in hooks:
+        for plugin, names in _collect(pm, hook_name, table, configs).items():
             info = registry.backends.get(plugin)
             if info is not None:
                 listing = {
-                    "training engine": info.training_engines,
-                    "rollout engine": info.rollout_engines,
-                    "protocol": info.protocols,
-                }[kind]
+                    "register_training_engines": info.training_engines,
+                    "register_rollout_engines": info.rollout_engines,
+                    "register_protocols": info.protocols,
+                }[hook_name]
                 listing.extend(names)
     return pm, registry
 
@@ -176,37 +211,46 @@ def reset() -> None:
     _state.cache_clear()
 
 
-def _lookup(table: dict[str, Provided], name: str, kind: str, hint: str) -> Any:
-    if name not in table:
-        known = ", ".join(sorted(table)) or "none"
-        raise UnknownNameError(
-            f"no {kind} named {name!r} is installed (available: {known}). {hint}"
-        )
-    return table[name].value
-
-
 def get_protocol(name: str) -> TransferProtocol:
-    return _lookup(
-        registry().protocols, name, "transfer protocol", "Register new ones via register_protocols."
-    )
+    return registry().protocols.get(name)
 
 
 def get_training_engine(name: str) -> Callable[..., Any]:
-    return _lookup(
-        registry().training_engines,
-        name,
-        "training engine",
-        f"Install the backend that provides it (e.g. pip install hf-{name}).",
-    )
+    return registry().training_engines.get(name)
 
 
 def get_rollout_engine(name: str) -> Callable[..., Any]:
-    return _lookup(
-        registry().rollout_engines,
-        name,
-        "rollout engine",
-        f"Install the backend that provides it (e.g. pip install hf-{name}).",
-    )
+    return registry().rollout_engines.get(name)
+
+
+def get_engine_config(kind: Literal["training", "rollout"], name: str) -> type[BaseModel] | None:
+    """The settings model a plugin registered with engine ``name``, or None if it gave none."""
+    if kind == "training":
+        get_training_engine(name)  # an unknown engine is an error, not "no config"
+        configs = registry().training_engine_configs
+    else:
+        get_rollout_engine(name)
+        configs = registry().rollout_engine_configs
+    if name not in configs:
+        return None
+    ref = configs.get(name)
+    return ref if isinstance(ref, type) else _import_config(ref, configs.owner(name), name)
+
+
+def _import_config(path: str, plugin: str, engine: str) -> type[BaseModel]:
+    module_name, _, attr = path.partition(":")
+    try:
+        model = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PluginLoadError(
+            f"plugin {plugin!r}: the config model {path!r} of engine {engine!r} cannot be "
+            f"imported: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise PluginLoadError(
+            f"plugin {plugin!r}: {path!r} (config of engine {engine!r}) is not a pydantic model"
+        )
+    return model
 
 
 def list_backends() -> list[BackendInfo]:

@@ -25,11 +25,12 @@ A config names a function as ``"digits_reverse"`` (the registry) or ``"my_pkg.re
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from hf_core.registry import NamedRegistry, UnknownNameError
 
 BatchedRewardFn = Callable[[list[str], list[Any], dict[str, list[Any]]], Sequence[float]]
 PerSampleRewardFn = Callable[[str, Any, dict[str, Any]], float]
@@ -37,11 +38,8 @@ PerSampleRewardFn = Callable[[str, Any, dict[str, Any]], float]
 _ATTR = "__hf_reward_function__"
 
 
-class UnknownRewardFunctionError(KeyError):
+class UnknownRewardFunctionError(UnknownNameError):
     """A reward function name or import path did not resolve (the message says why)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,11 @@ def _per_sample_adapter(fn: PerSampleRewardFn) -> BatchedRewardFn:
     return batched
 
 
-_REGISTRY: dict[str, RewardFunction] = {}
+_REGISTRY: NamedRegistry[RewardFunction] = NamedRegistry(
+    "reward function",
+    miss_error=UnknownRewardFunctionError,
+    miss_hint="or give an import path 'package.module:function'",
+)
 
 
 def reward_function(
@@ -90,14 +92,14 @@ def reward_function(
         if not isinstance(key, str) or not key:
             raise ValueError(f"reward function names must be non-empty strings, got {key!r}")
         entry = RewardFunction(key, fn if batched else _per_sample_adapter(fn), batched)
-        existing = _REGISTRY.get(key)
+        existing = _REGISTRY.get(key) if key in _REGISTRY else None
         same = existing is not None and _qualified(existing.fn) == _qualified(entry.fn)
         if existing is not None and not override and not same:
             raise ValueError(
                 f"reward function {key!r} is already registered (by {_qualified(existing.fn)}); "
                 "pass override=True to replace it"
             )
-        _REGISTRY[key] = entry
+        _REGISTRY.add(key, entry, owner=_qualified(entry.fn), override=True)
         setattr(fn, _ATTR, entry)
         return fn
 
@@ -110,7 +112,7 @@ def _qualified(fn: Any) -> str:
 
 def reward_function_names() -> list[str]:
     """Every registered reward function name, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def _import_path(spec: str) -> RewardFunction:
@@ -157,14 +159,4 @@ def get_reward_function(spec: str | Callable[..., Any] | RewardFunction) -> Rewa
         raise TypeError(f"a reward function is a name, an import path or a callable, got {spec!r}")
     if ":" in spec:
         return _import_path(spec)
-    if spec in _REGISTRY:
-        return _REGISTRY[spec]
-    available = reward_function_names()
-    message = (
-        f"unknown reward function {spec!r}; registered: {', '.join(available) or '(none)'}; "
-        "or give an import path 'package.module:function'"
-    )
-    close = difflib.get_close_matches(spec, available, n=1)
-    if close:
-        message += f" (did you mean {close[0]!r}?)"
-    raise UnknownRewardFunctionError(message)
+    return _REGISTRY.get(spec)

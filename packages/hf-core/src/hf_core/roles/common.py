@@ -23,10 +23,21 @@ def build_training_engine(
     the role's ``engine:`` block adds backend-specific settings.
     """
     factory = get_training_engine(role.backend)
-    settings: dict[str, Any] = {"seed": config.run.seed, **role.engine}
-    return factory(
-        model_path=str(config.role_model(role)), head=head, trainable=trainable, **settings
-    )
+    core = training_engine_args(config, role, head=head, trainable=trainable)
+    return factory(**{**core, **role.engine})
+
+
+def training_engine_args(
+    config: TrainerConfig, role: ModelRoleConfig, *, head: str, trainable: bool
+) -> dict[str, Any]:
+    """The keys core passes to every training engine factory; the role's ``engine:`` block
+    is added on top (it may override ``seed``, nothing else core sets)."""
+    return {
+        "model_path": str(config.role_model(role)),
+        "head": head,
+        "trainable": trainable,
+        "seed": config.run.seed,
+    }
 
 
 def mini_batch_updates(

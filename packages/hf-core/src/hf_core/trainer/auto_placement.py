@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
+from hf_core.algorithms import get_estimator_traits
 from hf_core.config import TrainerConfig
 from hf_core.planner import (
     Dataflow,
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def _dataflow(config: TrainerConfig, roles: list[str]) -> Dataflow:
-    extra = 1 if config.algorithm.advantage == "remax" else 0
+    extra = 1 if get_estimator_traits(config.algorithm.advantage).needs_greedy_baseline else 0
     prep = [Op("actor", "infer")]
     prep += [
         Op(r, "infer", extra_per_prompt=extra if r == "reward" else 0)

@@ -21,6 +21,7 @@ from hf_core.algorithms import (
     LagrangeMultiplier,
     apply_kl_penalty,
     compute_advantage,
+    get_estimator_traits,
     make_kl_controller,
     masked_mean,
     safe_rlhf_advantage,
@@ -39,6 +40,7 @@ from hf_core.trainer.checkpoint import (
     load_trainer_state,
     save_run_checkpoint,
 )
+from hf_core.trainer.preflight import preflight
 from hf_core.trainer.spawning import RoleGroups, configured_pools, spawn_roles
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,9 @@ log = logging.getLogger(__name__)
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
-def _mean_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
-    """Rank 0's copy of metrics the engines already averaged across ranks."""
+def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    """Rank 0's row of an update's metrics, prefixed: the engines all-reduce them across
+    data-parallel ranks, so every rank holds the same numbers and one row is the mean."""
     return {f"{prefix}/{k}": float(v) for k, v in rows[0].items()}
 
 
@@ -57,6 +60,7 @@ class RLTrainer:
     def __init__(self, config: TrainerConfig, *, resume: bool = False) -> None:
         from transformers import AutoTokenizer
 
+        preflight(config)  # names and engine blocks, before any process starts
         self.config = config
         self.resume = resume
         self.output_dir = Path(config.run.output_dir)
@@ -209,7 +213,11 @@ class RLTrainer:
                 scores = batch["reward_scores"] + (0 if scores is None else scores)
             if "cost_scores" in batch:
                 costs = batch["cost_scores"] + (0 if costs is None else costs)
-            baseline = self._greedy_baseline(prompts) if algo.advantage == "remax" else None
+            baseline = (
+                self._greedy_baseline(prompts)
+                if get_estimator_traits(algo.advantage).needs_greedy_baseline
+                else None
+            )
 
         with Timer("advantage", metrics):
             mask = batch["response_mask"]
@@ -228,11 +236,9 @@ class RLTrainer:
                 rewards = token_level_rewards(scores, mask)
             advantages, returns = self._advantages(algo.advantage, rewards, mask, batch, baseline)
             if costs is not None and self.lagrange is not None:
-                # No cost critic: cost advantages are whitened returns-to-go (REINFORCE++).
+                # No cost critic: cost advantages come from a critic-free estimator.
                 cost_rewards = token_level_rewards(costs, mask)
-                cost_adv, _ = self._advantages(
-                    "reinforce_plus_plus", cost_rewards, mask, batch, None
-                )
+                cost_adv, _ = self._advantages(algo.cost_advantage, cost_rewards, mask, batch, None)
                 advantages = safe_rlhf_advantage(advantages, cost_adv, self.lagrange.value, mask)
                 metrics["cost/mean"] = float(costs.mean())
                 metrics["cost/lagrange"] = self.lagrange.update(float(costs.mean()))
@@ -243,14 +249,14 @@ class RLTrainer:
                 update = batch.select(*ACTOR_KEYS, "returns")
                 update["old_values"] = batch["values"]
                 update.meta.update(batch.meta)
-                metrics.update(_mean_metrics(roles.critic.update_critic(update), "critic"))
+                metrics.update(_rank_zero_metrics(roles.critic.update_critic(update), "critic"))
         with Timer("update_actor", metrics):
             keys = [*ACTOR_KEYS, "old_log_probs", "advantages"]
             if algo.kl.mode == "in_loss":
                 keys.append("ref_log_probs")
             update = batch.select(*keys)
             update.meta.update(batch.meta)
-            metrics.update(_mean_metrics(roles.actor.update_actor(update), "actor"))
+            metrics.update(_rank_zero_metrics(roles.actor.update_actor(update), "actor"))
         with Timer("weight_sync", metrics):
             metrics["perf/weight_sync_s"] = max(roles.actor.sync_weights())
 

@@ -62,10 +62,11 @@ class Batch:
         meta: Mapping[str, Any] | None = None,
         batch_size: int | None = None,
     ) -> None:
-        tensors = dict(tensors.items()) if tensors is not None else {}
-        non_tensors = {k: _as_object_array(v, k) for k, v in (non_tensors or {}).items()}
+        tensor_map = dict(tensors.items()) if tensors is not None else {}
+        array_map = {k: _as_object_array(v, k) for k, v in (non_tensors or {}).items()}
         size = batch_size
-        for kind, entries in (("tensor", tensors), ("non-tensor", non_tensors)):
+        entries: Mapping[str, torch.Tensor | np.ndarray]
+        for kind, entries in (("tensor", tensor_map), ("non-tensor", array_map)):
             for key, value in entries.items():
                 if value.ndim == 0:
                     raise BatchError(f"{kind} {key!r} is a scalar; put batch-wide values in meta")
@@ -75,11 +76,11 @@ class Batch:
                     raise BatchError(
                         f"{kind} {key!r} has batch size {int(value.shape[0])}, expected {size}"
                     )
-        clash = set(tensors) & set(non_tensors)
+        clash = set(tensor_map) & set(array_map)
         if clash:
             raise BatchError(f"keys {sorted(clash)} are both tensor and non-tensor")
-        self.tensors = TensorDict(tensors, batch_size=[size or 0])
-        self.non_tensors: dict[str, np.ndarray] = non_tensors
+        self.tensors = TensorDict(tensor_map, batch_size=[size or 0])
+        self.non_tensors: dict[str, np.ndarray] = array_map
         self.meta: dict[str, Any] = dict(meta or {})
 
     # ----------------------------------------------------------------- access

@@ -12,10 +12,11 @@ Group statistics use a [G, B] one-hot selection and plain reductions rather than
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import TypeAlias
 
 import torch
 
-GroupIndex = torch.Tensor | Sequence[Hashable]
+GroupIndex: TypeAlias = torch.Tensor | Sequence[Hashable]
 
 
 def group_ids(

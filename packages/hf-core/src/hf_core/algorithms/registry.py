@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from hf_core.registry import NamedRegistry, UnknownNameError
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 F = TypeVar("F", bound=Callable[..., Any])
+Fn = TypeVar("Fn", bound=Callable[..., Any])
 
 #: ``(token_level_rewards, response_mask, **inputs) -> (advantages, returns)``, both [B, T].
 AdvantageEstimator = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
@@ -61,7 +62,7 @@ class Registry(NamedRegistry[F]):
     def __init__(self, kind: str) -> None:
         super().__init__(kind, miss_error=UnknownAlgorithmError)
 
-    def register(self, *names: str, override: bool = False) -> Callable[[F], F]:
+    def register(self, *names: str, override: bool = False) -> Callable[[Fn], Fn]:
         """Decorator registering the function under every name in ``names`` (aliases allowed).
 
         Registering a taken name is an error unless ``override=True``, so two plugins cannot
@@ -76,9 +77,9 @@ class Registry(NamedRegistry[F]):
                     "pass override=True to replace it"
                 )
 
-        def decorator(fn: F) -> F:
+        def decorator(fn: Fn) -> Fn:
             for name in names:
-                self.add(name, fn, override=True)
+                self.add(name, cast(F, fn), override=True)
             return fn
 
         return decorator
@@ -99,13 +100,13 @@ def advantage_estimator(
     needs_groups: bool = False,
     needs_greedy_baseline: bool = False,
     override: bool = False,
-) -> Callable[[F], F]:
+) -> Callable[[Fn], Fn]:
     """Register an advantage estimator and its traits: ``@advantage_estimator("gae",
     needs_critic=True)``."""
     register = ADVANTAGE_ESTIMATORS.register(*names, override=override)
     traits = EstimatorTraits(needs_critic, needs_groups, needs_greedy_baseline)
 
-    def decorator(fn: F) -> F:
+    def decorator(fn: Fn) -> Fn:
         for name in names:
             ESTIMATOR_TRAITS.add(name, traits, override=True)
         return register(fn)
@@ -113,17 +114,17 @@ def advantage_estimator(
     return decorator
 
 
-def policy_loss(*names: str, override: bool = False) -> Callable[[F], F]:
+def policy_loss(*names: str, override: bool = False) -> Callable[[Fn], Fn]:
     """Register a policy loss: ``@policy_loss("ppo_clip")``."""
     return POLICY_LOSSES.register(*names, override=override)
 
 
-def kl_estimator(*names: str, override: bool = False) -> Callable[[F], F]:
+def kl_estimator(*names: str, override: bool = False) -> Callable[[Fn], Fn]:
     """Register a per-token KL estimator: ``@kl_estimator("k3")``."""
     return KL_ESTIMATORS.register(*names, override=override)
 
 
-def aggregation_mode(*names: str, override: bool = False) -> Callable[[F], F]:
+def aggregation_mode(*names: str, override: bool = False) -> Callable[[Fn], Fn]:
     """Register a loss aggregation mode: ``@aggregation_mode("token-mean")``."""
     return AGGREGATION_MODES.register(*names, override=override)
 

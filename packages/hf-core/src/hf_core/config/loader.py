@@ -7,7 +7,7 @@ in one read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ def _shown(value: Any) -> str:
     return "{...}" if isinstance(value, dict) else repr(value)
 
 
-def _describe(errors: list[dict[str, Any]], source: str) -> str:
+def _describe(errors: Sequence[Mapping[str, Any]], source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for error in errors:
         key = ".".join(str(part) for part in error["loc"]) or "<root>"

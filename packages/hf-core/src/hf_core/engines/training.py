@@ -26,7 +26,7 @@ class LossFn(Protocol):
     """
 
     def __call__(
-        self, outputs: Mapping[str, torch.Tensor], micro_batch: Batch
+        self, outputs: Mapping[str, torch.Tensor], micro_batch: Batch, /
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 

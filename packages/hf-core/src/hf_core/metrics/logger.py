@@ -260,14 +260,17 @@ class MetricsLogger:
 
     # -------------------------------------------------------------- finishing
     def _close_sinks(self) -> None:
-        if getattr(self, "_progress", None) is not None:
-            self._progress.stop()
+        progress_sink = getattr(self, "_progress", None)  # None if __init__ failed early
+        if progress_sink is not None:
+            progress_sink.stop()
             self._progress = None
-        if getattr(self, "_tb", None) is not None:
-            self._tb.close()
+        tb_sink = getattr(self, "_tb", None)  # None if __init__ failed early
+        if tb_sink is not None:
+            tb_sink.close()
             self._tb = None
-        if getattr(self, "_wandb", None) is not None:
-            self._wandb.finish()
+        wandb_sink = getattr(self, "_wandb", None)  # None if __init__ failed early
+        if wandb_sink is not None:
+            wandb_sink.finish()
             self._wandb = None
         if getattr(self, "_jsonl", None) is not None:
             self._jsonl.close()

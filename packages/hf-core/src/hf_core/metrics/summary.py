@@ -37,7 +37,8 @@ class LearningSummary:
 
 
 def _series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    steps, values = [], []
+    steps: list[float] = []
+    values: list[float] = []
     for row in rows:
         value = row.get(key)
         if isinstance(value, int | float) and math.isfinite(value):

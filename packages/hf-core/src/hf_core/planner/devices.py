@@ -169,11 +169,13 @@ def calibrate(device: DeviceProfile, profile: str | Path | Mapping[str, Any]) ->
     the peak (``measured_train_tflops: 120`` on a 312 TFLOP/s device gives ``mfu_train`` 0.385).
     Unknown keys are an error, so a typo cannot silently leave a default in place.
     """
-    if not isinstance(profile, Mapping):
+    if isinstance(profile, Mapping):
+        measured = profile
+    else:
         with Path(profile).open() as fh:
-            profile = json.load(fh)
+            measured = json.load(fh)
     values = device.model_dump()
-    for key, value in profile.items():
+    for key, value in measured.items():
         if key in _MEASURED:
             fraction, peak = _MEASURED[key]
             values[fraction] = min(1.0, float(value) / values[peak])

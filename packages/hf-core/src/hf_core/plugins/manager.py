@@ -167,7 +167,7 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
         CORE_PLUGIN, "hf-core", core.version if core else "?", "hf_core.plugins.builtin"
     )
     _load_entry_points(pm, registry)
-    hooks = [
+    hooks: list[tuple[str, NamedRegistry[Any], NamedRegistry[ConfigRef] | None]] = [
         ("register_training_engines", registry.training_engines, registry.training_engine_configs),
         ("register_rollout_engines", registry.rollout_engines, registry.rollout_engine_configs),
         ("register_protocols", registry.protocols, None),

@@ -165,7 +165,9 @@ class RuleReward:
         texts = self.decode(batch)
         size = len(texts)
         truths = list(batch["ground_truth"]) if "ground_truth" in batch.non_tensors else None
-        extras = {k: list(v) for k, v in batch.non_tensors.items() if k != "ground_truth"}
+        extras: dict[str, Sequence[Any]] = {
+            k: list(v) for k, v in batch.non_tensors.items() if k != "ground_truth"
+        }
         scores = self.score_texts(texts, truths if truths is not None else [None] * size, extras)
         return scores.to(batch[self.response_key].device), texts
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -310,6 +310,10 @@ class BoundMethod:
 
 class WorkerGroup:
     """One role's ranks, as the controller sees them."""
+
+    if TYPE_CHECKING:
+        # Each @register-ed method of the worker class becomes a BoundMethod attribute.
+        def __getattr__(self, name: str) -> BoundMethod: ...
 
     def __init__(self, hosts: HostSet, role: str, cls: type[Worker]) -> None:
         self.hosts, self.role, self.worker_cls = hosts, role, cls

@@ -96,7 +96,7 @@ class ResourcePool:
         return self._groups
 
     def slots(self) -> list[Slot]:
-        slots = []
+        slots: list[Slot] = []
         for node, (group, count) in enumerate(
             zip(self.placement_groups(), self.processes_per_node, strict=True)
         ):

@@ -118,6 +118,12 @@ class RLTrainer:
         self.step = 0
         self.roles: RoleGroups | None = None
 
+    @property
+    def _groups(self) -> RoleGroups:
+        if self.roles is None:
+            raise RuntimeError("the worker groups exist only while fit() runs")
+        return self.roles
+
     # ------------------------------------------------------------------ run
     def fit(self) -> RunSummary:
         cfg = self.config
@@ -171,7 +177,7 @@ class RLTrainer:
             ):
                 self.save()
             if cfg.run.export_final:
-                self.roles.actor.export_hf(str(self.output_dir / "actor_hf"))
+                self._groups.actor.export_hf(str(self.output_dir / "actor_hf"))
         except BaseException:
             logger.close()  # rows so far stay complete; no summary for a failed run
             raise
@@ -179,7 +185,7 @@ class RLTrainer:
 
     # --------------------------------------------------------------- stages
     def _train_step(self, prompts: Batch) -> dict[str, float]:
-        cfg, roles = self.config, self.roles
+        cfg, roles = self.config, self._groups
         algo = cfg.algorithm
         metrics: dict[str, float] = {}
         start = time.perf_counter()
@@ -213,6 +219,8 @@ class RLTrainer:
                 scores = batch["reward_scores"] + (0 if scores is None else scores)
             if "cost_scores" in batch:
                 costs = batch["cost_scores"] + (0 if costs is None else costs)
+            if scores is None:  # the config requires reward.function or reward.model
+                raise RuntimeError("no reward was computed: set reward.function or reward.model")
             baseline = (
                 self._greedy_baseline(prompts)
                 if get_estimator_traits(algo.advantage).needs_greedy_baseline
@@ -307,15 +315,15 @@ class RLTrainer:
     def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
         """ReMax: the reward of the greedy response to each prompt, repeated over its group."""
         params = sampling_params(self.config.rollout, self.step, self.config.run.seed, greedy=True)
-        greedy = self.roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+        greedy = self._groups.actor.generate(prompts.select(*PROMPT_TENSORS), params)
         greedy = greedy | prompts.select(*prompts.non_tensors.keys())
         return self._score(greedy).repeat_interleave(self.config.rollout.n)
 
     def _score(self, batch: Batch) -> torch.Tensor:
         """Rule-based plus reward-model scores of a batch (blocking; outside the main step)."""
         scores = self._rule_scores(batch, self.reward_fn)
-        if self.roles.reward is not None:
-            model = self.roles.reward.compute_scores(batch.select(*ACTOR_KEYS))["reward_scores"]
+        if self._groups.reward is not None:
+            model = self._groups.reward.compute_scores(batch.select(*ACTOR_KEYS))["reward_scores"]
             scores = model if scores is None else scores + model
         return scores
 
@@ -328,7 +336,7 @@ class RLTrainer:
         params = params.model_copy(update={"temperature": self.config.rollout.val_temperature})
         scores = []
         for prompts in self.val_loader:
-            generated = self.roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+            generated = self._groups.actor.generate(prompts.select(*PROMPT_TENSORS), params)
             scores.append(self._score(generated | prompts.select(*prompts.non_tensors)))
         return {"val/reward_mean": float(torch.cat(scores).float().mean())}
 
@@ -344,10 +352,10 @@ class RLTrainer:
             num_epochs=1_000_000,
         )
         for i in range(1, cfg.sft.steps + 1):
-            rows = self.roles.actor.sft_step(sft_batch(next(loader), self.tokenizer))
+            rows = self._groups.actor.sft_step(sft_batch(next(loader), self.tokenizer))
             if i == 1 or i % 10 == 0 or i == cfg.sft.steps:
                 log.info("SFT step %d/%d: nll %.3f", i, cfg.sft.steps, rows[0]["sft_nll"])
-        self.roles.actor.sync_weights()
+        self._groups.actor.sync_weights()
 
     # --------------------------------------------------------- checkpoints
     def _state(self) -> dict[str, Any]:
@@ -365,19 +373,19 @@ class RLTrainer:
 
     def save(self) -> Path:
         def save_engines(folder: Path) -> None:
-            self.roles.actor.save_checkpoint(str(folder))
-            if self.roles.critic is not None:
-                self.roles.critic.save_checkpoint(str(folder))
+            self._groups.actor.save_checkpoint(str(folder))
+            if self._groups.critic is not None:
+                self._groups.critic.save_checkpoint(str(folder))
 
         return save_run_checkpoint(self.output_dir, self.step, self._state(), save_engines)
 
     def _restore(self) -> int:
         folder = latest_checkpoint(self.output_dir)
         state = load_trainer_state(folder)
-        self.roles.actor.load_checkpoint(str(folder))
-        if self.roles.critic is not None:
-            self.roles.critic.load_checkpoint(str(folder))
-        self.roles.actor.sync_weights()
+        self._groups.actor.load_checkpoint(str(folder))
+        if self._groups.critic is not None:
+            self._groups.critic.load_checkpoint(str(folder))
+        self._groups.actor.sync_weights()
         self.step = int(state["step"])
         self.loader.load_state_dict(state["loader"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])

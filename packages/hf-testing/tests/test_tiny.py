@@ -29,7 +29,7 @@ def test_tokenizer_and_vocab_agree_after_reload(models: dict[str, Path], folder:
 
 def test_qwen2_loads_as_qwen2_tokenizer_without_extra_tokens(models: dict[str, Path]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(models["qwen2_tied"])
-    assert type(tokenizer).__name__ == "Qwen2Tokenizer"  # the class PLATFORM.md warns about
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"  # the class docs/platform.md describes
     assert len(tokenizer) == AutoConfig.from_pretrained(models["qwen2_tied"]).vocab_size
 
 

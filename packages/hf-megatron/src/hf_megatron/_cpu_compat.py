@@ -10,7 +10,7 @@ it asks ``torch.cuda`` for the current device, the RNG state and a synchronisati
 allocates buffers with ``device="cuda"`` / ``torch.cuda.current_device()`` or ``.cuda()``.
 Everything else (the layers, the TP/PP collectives over gloo, the distributed optimizer,
 the pipeline schedules) is device-agnostic.  This module redirects exactly those calls to the
-CPU, and nothing else (measured to work: see the project's PLATFORM.md, "megatron-core on
+CPU, and nothing else (measured to work: see docs/platform.md, "megatron-core on
 CPU").
 
 Two parts:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import string
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,7 +176,7 @@ def build_tiny_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 
-    # The round trip PLATFORM.md warns about: reload both the way users will.
+    # The round trip docs/platform.md describes: reload both the way users will.
     reloaded = AutoTokenizer.from_pretrained(path)
     saved = AutoConfig.from_pretrained(path)
     if len(reloaded) != saved.vocab_size:
@@ -188,3 +189,24 @@ def build_tiny_model(
     if before != after or reloaded.decode(after) != _ROUND_TRIP_TEXT:
         raise RuntimeError(f"{path}: token ids changed in a save/load round trip")
     return path
+
+
+# Named specs (``build_tiny_model`` keyword arguments) the test suites share, so a "llama" is
+# the same model in every package's tests.
+QWEN2_TIED: dict[str, Any] = {"family": "qwen2", "tie_word_embeddings": True}
+"""q/k/v biases, lm_head shared with the embedding."""
+LLAMA: dict[str, Any] = {"family": "llama", "seed": 1}
+"""No biases, an untied lm_head."""
+STANDARD_MODELS: dict[str, dict[str, Any]] = {
+    "qwen2_tied": QWEN2_TIED,
+    "llama": LLAMA,
+    "value": {"family": "llama", "head": "value", "seed": 2},
+    "score": {"family": "qwen2", "head": "score", "seed": 3},
+}
+"""Both families, tied and untied, and the three head kinds: the plugin's ``models``."""
+
+
+def build_tiny_models(root: str | Path, specs: Mapping[str, Mapping[str, Any]]) -> dict[str, Path]:
+    """One folder per spec under ``root`` (``root / name``); returns ``{name: folder}``."""
+    root = Path(root)
+    return {name: build_tiny_model(root / name, **spec) for name, spec in specs.items()}

@@ -14,8 +14,9 @@ _EXPORTS = {
     "VLLMRolloutEngine": "hf_vllm.engine",
     "VLLMRolloutConfig": "hf_vllm.config",
     "EngineConfigError": "hf_vllm.config",
-    "GenerationLayout": "hf_vllm.parallel",
-    "SyncStats": "hf_vllm.weights",
+    "GenerationRank": "hf_core.engines",
+    "SyncStats": "hf_core.engines",
+    "VLLMSyncStats": "hf_vllm.weights",
     "sync_weights": "hf_vllm.weights",
     "VLLMNotInstalledError": "hf_vllm.runtime",
 }

@@ -21,31 +21,35 @@ import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.engines import (
-    PROMPT_KEYS,
+    GenerationRank,
     NamedTensor,
+    RecordsSyncs,
     RolloutEngine,
     SamplingParams,
     assemble_rollout,
-    tensor_nbytes,
+    check_model_folder,
+    expand_prompts,
+    preserve_process_state,
+    special_tokens,
+    strip_left_padding,
 )
 from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
 from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
-from hf_vllm.model_info import check_model_folder, has_tokenizer, special_tokens
-from hf_vllm.outputs import pack_completions, strip_left_padding
+from hf_vllm.model_info import has_tokenizer
+from hf_vllm.outputs import pack_completions
 from hf_vllm.parallel import (
-    GenerationLayout,
     check_lockstep,
     launcher_env,
     prompts_digest,
-    read_layout,
+    read_generation_rank,
     resolve_executor,
 )
-from hf_vllm.runtime import preserve_process_state, require_vllm, torch_threads
+from hf_vllm.runtime import require_vllm, torch_threads
 from hf_vllm.sampling import build_sampling_params, request_seeds, truncates
 from hf_vllm.weights import (
     DEFAULT_PACKED_MODULES,
     FusedGroupBuffer,
-    SyncStats,
+    VLLMSyncStats,
     canonical_params,
 )
 
@@ -80,7 +84,7 @@ def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool
     return kwargs
 
 
-class VLLMRolloutEngine(RolloutEngine):
+class VLLMRolloutEngine(RecordsSyncs, RolloutEngine):
     """``vllm.LLM`` in this process; see the module docstring and the package README."""
 
     def __init__(self, config: VLLMRolloutConfig | dict[str, Any]) -> None:
@@ -107,21 +111,26 @@ class VLLMRolloutEngine(RolloutEngine):
             unlink_segments(shm_token)
         self.startup_seconds = time.perf_counter() - start
         self._sampling_cls = vllm.SamplingParams
-        self.layout: GenerationLayout = read_layout(self.executor)
+        self._generation_rank = read_generation_rank(self.executor)
         self._buffer = FusedGroupBuffer(params, self._packed_modules())
 
         self.weight_version = 0
-        self.last_sync: SyncStats | None = None
-        self._sync: SyncStats | None = None
+        self.last_sync: VLLMSyncStats | None = None
+        self._sync: VLLMSyncStats | None = None
         self._calls = 0
         self._asleep: set[str] = set()
         self._said_cpu_noop = False
         log.info(
-            "vLLM engine ready in %.1f s (executor=%s, layout=%s)",
+            "vLLM engine ready in %.1f s (executor=%s, %s)",
             self.startup_seconds,
             self.executor,
-            self.layout,
+            self._generation_rank,
         )
+
+    def generation_rank(self) -> GenerationRank:
+        """This rank's generation DP replica and TP rank (as vLLM built its TP group), so
+        core's ``3D_ALL_MICRO_DP`` gives every rank of one engine the same prompts."""
+        return self._generation_rank
 
     def _packed_modules(self) -> dict[str, tuple[str, ...]]:
         """vLLM's fusions for this model class (q/k/v -> qkv_proj, ...)."""
@@ -134,28 +143,17 @@ class VLLMRolloutEngine(RolloutEngine):
         return found or dict(DEFAULT_PACKED_MODULES)
 
     # ------------------------------------------------------------------ weights
-    @property
-    def last_sync_seconds(self) -> float | None:
-        """Seconds the last completed sync took (first bucket to cache reset)."""
-        return self.last_sync.seconds if self.last_sync else None
-
-    def sync_metrics(self) -> dict[str, float]:
-        """The last sync's numbers under ``weight_sync/`` keys, for the trainer's log."""
-        return self.last_sync.as_metrics() if self.last_sync else {}
-
     @torch.no_grad()
     def load_weights(self, bucket: Iterable[NamedTensor]) -> None:
         """Load a bucket of canonical tensors in place; fused layers wait until complete."""
         now = time.perf_counter()
         sync = self._sync
         if sync is None:
-            sync = self._sync = SyncStats(started=now)
+            sync = self._sync = VLLMSyncStats(started=now)
         self._wake("weights")
         bucket = list(bucket)
         ready = self._buffer.add(bucket)
-        sync.buckets += 1
-        sync.tensors += len(bucket)
-        sync.bytes += sum(tensor_nbytes(t) for _, t in bucket)
+        sync.add(bucket)
         sync.max_held_bytes = max(sync.max_held_bytes, self._buffer.pending_bytes)
         if ready:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ready})
@@ -165,7 +163,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def finish_weight_sync(self) -> None:
         """End a sync: check no fused layer was left half-sent, drop stale prefix-cache KV."""
         now = time.perf_counter()
-        sync = self._sync or SyncStats(started=now)
+        sync = self._sync or VLLMSyncStats(started=now)
         self._sync = None
         missing = self._buffer.missing()
         stale = self._buffer.stale_aliases()
@@ -213,27 +211,28 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm.apply_model(refresh)
 
     # ------------------------------------------------------------------ memory
-    def release_memory(self) -> bool:
-        """GPU: ``sleep`` (KV cache dropped, weights offloaded or dropped). CPU: a no-op.
+    @property
+    def memory_released(self) -> bool:
+        """Whether weights or KV cache are released now (only ever on a GPU)."""
+        return bool(self._asleep)
 
-        Returns whether memory was actually released.
-        """
+    def release_memory(self) -> None:
+        """GPU: ``sleep`` (KV cache dropped, weights offloaded or dropped). CPU: a no-op
+        (see :attr:`memory_released`)."""
         if not self.on_gpu:
             self._say_cpu_noop("release_memory")
-            return False
+            return
         if not self._asleep:
             self.llm.sleep(level=self.config.sleep_level)
             self._asleep = {"weights", "kv_cache"}
-        return True
 
-    def resume_memory(self) -> bool:
+    def resume_memory(self) -> None:
         """Undo :meth:`release_memory` (weights first, then the KV cache)."""
         if not self.on_gpu:
             self._say_cpu_noop("resume_memory")
-            return False
+            return
         self._wake("weights")
         self._wake("kv_cache")
-        return True
 
     def _wake(self, tag: str) -> None:
         if tag in self._asleep:
@@ -253,22 +252,20 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
         ``max_new_tokens``; every rank of a TP engine must call this with the same prompts."""
-        missing = [k for k in PROMPT_KEYS if k not in prompts]
-        if missing:
-            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
+        batch = expand_prompts(prompts, params)
         if self._sync is not None:
             log.warning("generate called in the middle of a weight sync: finishing it first")
             self.finish_weight_sync()
         self._wake("weights")
         self._wake("kv_cache")
-        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
         prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
         token_lists = strip_left_padding(prompt_ids, prompt_mask) if len(batch) else []
         base = params.seed if params.seed is not None else f"auto:{self.config.seed}:{self._calls}"
         self._calls += 1
         if self.config.check_lockstep:
-            check_lockstep(prompts_digest(prompt_ids, prompt_mask, params, base), self.layout)
-        seeds = request_seeds(base, self.layout.dp_rank, len(token_lists))
+            digest = prompts_digest(prompt_ids, prompt_mask, params, base)
+            check_lockstep(digest, self._generation_rank)
+        seeds = request_seeds(base, self._generation_rank.dp_rank, len(token_lists))
         requests = build_sampling_params(
             self._sampling_cls,
             params,

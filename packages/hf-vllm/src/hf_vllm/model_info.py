@@ -1,27 +1,11 @@
-"""What the engine reads from the model folder besides the weights: stop and pad ids.
+"""What the engine reads from the model folder besides the weights and core's stop/pad ids.
 
-Resolved exactly as the HF rollout engine does (generation_config.json first, then
-config.json), so both engines stop on the same tokens and pad responses with the same id.
+(The folder check and the EOS / pad resolution are core's: :mod:`hf_core.engines.hf_folder`.)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-
-def check_model_folder(path: str | Path) -> Path:
-    """The folder as a Path, or a :class:`FileNotFoundError` saying what is missing."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model folder {folder} does not exist (or is not a folder)")
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model folder {folder} has no config.json (is it a HuggingFace model folder?)"
-        )
-    return folder
-
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -30,30 +14,3 @@ def has_tokenizer(folder: Path) -> bool:
     """Whether vLLM can load a tokenizer from the folder (it needs none to generate from ids,
     but without one its start-up chat-template warm-up logs a scary traceback)."""
     return any((folder / name).is_file() for name in TOKENIZER_FILES)
-
-
-def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    eos_token_ids: tuple[int, ...]
-    pad_token_id: int
-
-
-def special_tokens(folder: Path) -> SpecialTokens:
-    from transformers import AutoConfig, GenerationConfig
-
-    config = AutoConfig.from_pretrained(folder)
-    try:
-        gen = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        gen = GenerationConfig.from_model_config(config)
-    eos = _as_list(gen.eos_token_id) or _as_list(getattr(config, "eos_token_id", None))
-    pad = gen.pad_token_id
-    if pad is None:
-        pad = getattr(config, "pad_token_id", None)
-    return SpecialTokens(tuple(eos), int(pad if pad is not None else (eos or [0])[0]))

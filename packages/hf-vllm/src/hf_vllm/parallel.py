@@ -14,27 +14,12 @@ import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from hf_core.engines import GenerationRank
 from hf_vllm.config import VLLMRolloutConfig
-
-
-@dataclass(frozen=True)
-class GenerationLayout:
-    """This rank's place in the generation mesh (what a role worker reports to core)."""
-
-    dp_rank: int = 0
-    dp_size: int = 1
-    tp_rank: int = 0
-    tp_size: int = 1
-
-    @property
-    def is_collect_rank(self) -> bool:
-        """The rank whose output stands for its engine (TP rank 0)."""
-        return self.tp_rank == 0
 
 
 def _distributed() -> bool:
@@ -95,10 +80,11 @@ def launcher_env(backend: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def read_layout(backend: str) -> GenerationLayout:
-    """The generation mesh vLLM actually built (its TP group), not what we asked for."""
+def read_generation_rank(backend: str) -> GenerationRank:
+    """This rank's place in the generation mesh vLLM actually built (its TP group), not what
+    we asked for."""
     if backend != "external_launcher":
-        return GenerationLayout()
+        return GenerationRank()
     from vllm.distributed import parallel_state
 
     group = parallel_state.get_tp_group()
@@ -107,7 +93,7 @@ def read_layout(backend: str) -> GenerationLayout:
     rank = dist.get_rank()
     if ranks != list(range(ranks[0], ranks[0] + tp)) or ranks[0] % tp:
         raise RuntimeError(f"unexpected vLLM tensor-parallel group {ranks} for rank {rank}")
-    return GenerationLayout(
+    return GenerationRank(
         dp_rank=rank // tp,
         dp_size=dist.get_world_size() // tp,
         tp_rank=ranks.index(rank),
@@ -125,7 +111,7 @@ def prompts_digest(input_ids: torch.Tensor, attention_mask: torch.Tensor, *extra
     return digest.hexdigest()
 
 
-def check_lockstep(digest: str, layout: GenerationLayout) -> None:
+def check_lockstep(digest: str, layout: GenerationRank) -> None:
     """Fail fast when the ranks of one TP engine were given different work.
 
     Each rank of an ``external_launcher`` engine schedules on its own; different prompts would

@@ -3,19 +3,17 @@
 In hybrid mode vLLM lives inside a training rank's process.  Building an ``LLM`` there changes
 process-global state the trainer owns: it reseeds Python's, NumPy's and torch's RNGs
 (``LLM(seed=...)``), and its CPU worker replaces ``torch.set_num_threads`` with a no-op.
-:func:`preserve_process_state` undoes both once the engine exists.
+Core's :func:`hf_core.engines.preserve_process_state` undoes both once the engine exists.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-import numpy as np
 import torch
 
 INSTALL_HINT = (
@@ -59,24 +57,3 @@ def torch_threads(count: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@contextmanager
-def preserve_process_state() -> Iterator[None]:
-    """Restore RNG states and ``torch.set_num_threads`` after the block (engine creation)."""
-    set_num_threads = torch.set_num_threads
-    threads = torch.get_num_threads()
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    torch_state = torch.random.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.random.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)

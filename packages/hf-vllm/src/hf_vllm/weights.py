@@ -17,13 +17,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hf_core.engines import NamedTensor, tensor_nbytes
+from hf_core.engines import NamedTensor, SyncStats, tensor_nbytes
 
 if TYPE_CHECKING:
     from hf_core.engines import RolloutEngine, TrainingEngine
@@ -140,26 +140,12 @@ class FusedGroupBuffer:
 
 
 @dataclass
-class SyncStats:
-    """One weight sync as the trainer logs it (``seconds`` is the headline number)."""
+class VLLMSyncStats(SyncStats):
+    """Core's sync numbers plus what the fused-layer buffering costs."""
 
-    seconds: float = 0.0
-    """Wall time from the first bucket to the end of ``finish_weight_sync`` (includes the
-    training engine's gathers between buckets)."""
-    engine_seconds: float = 0.0
-    """Time spent inside the rollout engine (grouping, ``reload_weights``, cache reset)."""
-    buckets: int = 0
-    tensors: int = 0
-    bytes: int = 0
     reload_calls: int = 0
     max_held_bytes: int = 0
     """Largest amount of tensor data held back waiting for the rest of a fused layer."""
-    started: float = field(default=0.0, repr=False)
-
-    def as_metrics(self, prefix: str = "weight_sync/") -> dict[str, float]:
-        values = asdict(self)
-        values.pop("started")
-        return {prefix + key: float(value) for key, value in values.items()}
 
 
 def sync_weights(
@@ -168,13 +154,11 @@ def sync_weights(
     """Stream ``source``'s canonical weights into ``target`` (hybrid mode, same process).
 
     Every rank of the training group must call this together (exports are collectives).
-    Returns ``target.last_sync`` as metrics when the target records one.
+    Returns the target's :meth:`~hf_core.engines.RolloutEngine.sync_metrics`, or the wall
+    time when it measures none.
     """
     start = time.perf_counter()
     for bucket in source.export_weights(bucket_bytes):
         target.load_weights(bucket)
     target.finish_weight_sync()
-    stats = getattr(target, "last_sync", None)
-    if isinstance(stats, SyncStats):
-        return stats.as_metrics()
-    return {"weight_sync/seconds": time.perf_counter() - start}
+    return target.sync_metrics() or {"weight_sync/seconds": time.perf_counter() - start}

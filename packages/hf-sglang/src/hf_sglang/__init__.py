@@ -15,7 +15,8 @@ _EXPORTS = {
     "SGLangRolloutConfig": "hf_sglang.config",
     "EngineConfigError": "hf_sglang.config",
     "SGLangNotInstalledError": "hf_sglang.runtime",
-    "SyncStats": "hf_sglang.weights",
+    "SGLangSyncStats": "hf_sglang.weights",
+    "SyncStats": "hf_core.engines",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,25 +18,27 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
 from hf_core.batch import Batch
+from hf_core.device import resolve_device
 from hf_core.engines import (
-    PROMPT_KEYS,
     NamedTensor,
+    RecordsSyncs,
     RolloutEngine,
     SamplingParams,
     assemble_rollout,
+    check_model_folder,
+    expand_prompts,
+    preserve_process_state,
+    special_tokens,
+    strip_left_padding,
 )
 from hf_sglang.config import SGLangRolloutConfig, parse_config
-from hf_sglang.model_info import check_model_folder, special_tokens
-from hf_sglang.outputs import pack_outputs, strip_left_padding
-from hf_sglang.process_state import preserve_process_state
+from hf_sglang.outputs import pack_outputs
 from hf_sglang.runtime import require_sglang
 from hf_sglang.sampling import request_params
 from hf_sglang.weights import (
     DistributedTransport,
-    SyncStats,
+    SGLangSyncStats,
     TensorTransport,
     canonical_shapes,
     check_bucket,
@@ -47,15 +49,6 @@ log = logging.getLogger(__name__)
 
 CPU_MAX_TOTAL_TOKENS = 16384
 MEMORY_TAGS = ("weights", "kv_cache")
-
-
-def resolve_device(choice: str) -> str:
-    """``auto`` picks CUDA when torch sees a GPU, else the CPU."""
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device")
-    return choice
 
 
 def engine_kwargs(cfg: SGLangRolloutConfig, device: str) -> dict[str, Any]:
@@ -99,13 +92,13 @@ def make_transport(
     return DistributedTransport(engine, cfg.sync_group, cfg.tp_size, device)
 
 
-class SGLangRolloutEngine(RolloutEngine):
+class SGLangRolloutEngine(RecordsSyncs, RolloutEngine):
     """``sglang.Engine`` next to the trainer; see the module docstring and the package README."""
 
     def __init__(self, config: SGLangRolloutConfig | dict[str, Any]) -> None:
         self.config = cfg = parse_config(config)
         folder = check_model_folder(cfg.model_path)
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device).type  # SGLang takes the device kind
         sglang = require_sglang(self.device)
         tokens = special_tokens(folder)
         self.eos_token_ids, self.pad_token_id = tokens.eos_token_ids, tokens.pad_token_id
@@ -117,8 +110,8 @@ class SGLangRolloutEngine(RolloutEngine):
         self.startup_seconds = time.perf_counter() - start
         self.transport = make_transport(self.engine, cfg, self.device)
         self.weight_version = 0
-        self.last_sync: SyncStats | None = None
-        self._sync: SyncStats | None = None
+        self.last_sync: SGLangSyncStats | None = None
+        self._sync: SGLangSyncStats | None = None
         self._released: set[str] = set()
         self._said_cpu_noop = False
         self._closed = False
@@ -131,15 +124,6 @@ class SGLangRolloutEngine(RolloutEngine):
         )
 
     # ------------------------------------------------------------------ weights
-    @property
-    def last_sync_seconds(self) -> float | None:
-        """Seconds the last completed sync took (first bucket to cache flush)."""
-        return self.last_sync.seconds if self.last_sync else None
-
-    def sync_metrics(self) -> dict[str, float]:
-        """The last sync's numbers under ``weight_sync/`` keys, for the trainer's log."""
-        return self.last_sync.as_metrics() if self.last_sync else {}
-
     def _engine_call(self, what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         now = time.perf_counter()
         try:
@@ -156,8 +140,7 @@ class SGLangRolloutEngine(RolloutEngine):
         check_bucket(bucket, self._shapes)
         if self._sync is None:
             self._resume("weights")
-            self._sync = SyncStats.begin()
-            self._sync.transport = self.transport.name
+            self._sync = SGLangSyncStats(transport=self.transport.name)
             self._engine_call("begin_weight_update", self.engine.begin_weight_update)
         self._engine_call(f"{self.transport.name} weight bucket", self.transport.send, bucket)
         self._sync.add(bucket)
@@ -165,39 +148,39 @@ class SGLangRolloutEngine(RolloutEngine):
     def finish_weight_sync(self) -> None:
         """Close the sync (``end_weight_update``) and flush the radix cache's stale KV."""
         if self._sync is None:  # nothing was sent: still drop cached KV, as promised
-            self._sync = SyncStats.begin()
-            self._sync.transport = self.transport.name
+            self._sync = SGLangSyncStats(transport=self.transport.name)
         else:
             self._engine_call("end_weight_update", self.engine.end_weight_update)
         self._engine_call("flush_cache", self.engine.flush_cache)
         sync, self._sync = self._sync, None
-        sync.seconds = time.perf_counter() - sync.started
+        sync.finish()
         self.last_sync = sync
         self.weight_version += 1
         log.debug("weight sync %d: %s", self.weight_version, sync)
 
     # ------------------------------------------------------------------ memory
-    def release_memory(self) -> bool:
-        """GPU: free weights and KV cache (``release_memory_occupation``). CPU: a no-op.
+    @property
+    def memory_released(self) -> bool:
+        """Whether weights or KV cache are released now (only ever on a GPU)."""
+        return bool(self._released)
 
-        Returns whether memory was actually released.
-        """
+    def release_memory(self) -> None:
+        """GPU: free weights and KV cache (``release_memory_occupation``). CPU: a no-op
+        (see :attr:`memory_released`)."""
         if self.device != "cuda":
             self._say_cpu_noop("release_memory")
-            return False
+            return
         if not self._released:
             self.engine.release_memory_occupation(tags=list(MEMORY_TAGS))
             self._released = set(MEMORY_TAGS)
-        return True
 
-    def resume_memory(self) -> bool:
+    def resume_memory(self) -> None:
         """Undo :meth:`release_memory` (weights first, then the KV cache)."""
         if self.device != "cuda":
             self._say_cpu_noop("resume_memory")
-            return False
+            return
         for tag in MEMORY_TAGS:
             self._resume(tag)
-        return True
 
     def _resume(self, tag: str) -> None:
         if tag in self._released:
@@ -217,12 +200,9 @@ class SGLangRolloutEngine(RolloutEngine):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
         ``max_new_tokens`` so batches from different ranks concatenate."""
-        missing = [k for k in PROMPT_KEYS if k not in prompts]
-        if missing:
-            raise KeyError(f"generate needs {missing}; the prompt batch has {sorted(prompts)}")
+        batch = expand_prompts(prompts, params)
         if self._released:
             self.resume_memory()
-        batch = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
         prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
         token_lists = strip_left_padding(prompt_ids, prompt_mask) if len(batch) else []
         requests = request_params(

@@ -4,7 +4,8 @@ SGLang's offline engine takes each prompt as its own list of ids (no padding) an
 request, a dict with ``output_ids`` and ``meta_info["output_token_logprobs"]`` (one
 ``(logprob, token_id, text)`` triple per generated token).  Core's batches are rectangular:
 left-padded prompts in, responses right-padded to ``max_new_tokens`` out, so batches from
-different ranks concatenate.  Nothing here imports SGLang.
+different ranks concatenate (core's :mod:`hf_core.engines.decoding` does the padding).
+Nothing here imports SGLang.
 """
 
 from __future__ import annotations
@@ -14,21 +15,7 @@ from typing import Any
 
 import torch
 
-
-def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
-    """Each row's real prompt tokens (those with ``attention_mask == 1``), in order."""
-    if input_ids.shape != attention_mask.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} and attention_mask "
-            f"{tuple(attention_mask.shape)} differ in shape"
-        )
-    prompts = []
-    for ids, mask in zip(input_ids.tolist(), attention_mask.bool().tolist(), strict=True):
-        kept = [token for token, keep in zip(ids, mask, strict=True) if keep]
-        if not kept:
-            raise ValueError("a prompt has no tokens (its attention_mask is all zero)")
-        prompts.append(kept)
-    return prompts
+from hf_core.engines import pack_responses, strip_left_padding  # noqa: F401  (re-exported)
 
 
 def sampled_log_probs(output: Mapping[str, Any]) -> list[float]:
@@ -50,22 +37,11 @@ def sampled_log_probs(output: Mapping[str, Any]) -> list[float]:
 def pack_outputs(
     outputs: Sequence[Mapping[str, Any]], max_new_tokens: int, pad_token_id: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``responses``, ``rollout_log_probs`` and ``response_mask``, right-padded.
-
-    The mask is 1 for every generated token, the stop token included (SGLang keeps it in
-    ``output_ids``), matching the HF rollout engine.
-    """
-    rows = len(outputs)
-    responses = torch.full((rows, max_new_tokens), pad_token_id, dtype=dtype)
-    log_probs = torch.zeros(rows, max_new_tokens, dtype=torch.float32)
-    mask = torch.zeros(rows, max_new_tokens, dtype=torch.long)
-    for row, output in enumerate(outputs):
-        tokens = list(output["output_ids"])
-        if len(tokens) > max_new_tokens:
-            raise RuntimeError(f"SGLang returned {len(tokens)} tokens, asked for {max_new_tokens}")
-        length = len(tokens)
-        if length:
-            responses[row, :length] = torch.tensor(tokens, dtype=dtype)
-            log_probs[row, :length] = torch.tensor(sampled_log_probs(output))
-            mask[row, :length] = 1
-    return responses, log_probs, mask
+    """``responses``, ``rollout_log_probs`` and ``response_mask``, right-padded (SGLang keeps
+    the stop token in ``output_ids``; it is masked in, as by the HF rollout engine)."""
+    tokens = [list(output["output_ids"]) for output in outputs]
+    for row in tokens:  # before reading log-probs: a too-long output is the clearer error
+        if len(row) > max_new_tokens:
+            raise RuntimeError(f"SGLang returned {len(row)} tokens, asked for {max_new_tokens}")
+    log_probs = [sampled_log_probs(output) for output in outputs]
+    return pack_responses(tokens, log_probs, max_new_tokens, pad_token_id, dtype, source="SGLang")

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hf_core.engines import NamedTensor, tensor_nbytes
+from hf_core.device import distributed_backend
+from hf_core.engines import NamedTensor, SyncStats
 from hf_sglang.config import SyncGroupConfig
 
 
@@ -124,7 +124,7 @@ class DistributedTransport:
         self.engine = engine
         self.config = group
         self.engine_ranks = engine_ranks
-        self.backend = group.backend if group.backend != "auto" else _default_backend(device)
+        self.backend = group.backend if group.backend != "auto" else distributed_backend(device)
         self.device = (
             torch.device("cuda", torch.cuda.current_device())
             if (self.backend == "nccl")
@@ -184,36 +184,9 @@ class DistributedTransport:
         self.group = None
 
 
-def _default_backend(device: str) -> str:
-    return "nccl" if device == "cuda" else "gloo"
-
-
 @dataclass
-class SyncStats:
-    """One weight sync as the trainer logs it (``seconds`` is the headline number)."""
+class SGLangSyncStats(SyncStats):
+    """Core's sync numbers and the transport that carried them (``engine_seconds``: time
+    inside SGLang calls -- begin, buckets, end, cache flush)."""
 
     transport: str = "tensor"
-    seconds: float = 0.0
-    """Wall time from the first bucket to the end of ``finish_weight_sync`` (includes the
-    training engine's gathers between buckets)."""
-    engine_seconds: float = 0.0
-    """Time inside SGLang calls (begin, buckets, end, cache flush)."""
-    buckets: int = 0
-    tensors: int = 0
-    bytes: int = 0
-    started: float = field(default=0.0, repr=False)
-
-    def add(self, bucket: Sequence[NamedTensor]) -> None:
-        self.buckets += 1
-        self.tensors += len(bucket)
-        self.bytes += sum(tensor_nbytes(t) for _, t in bucket)
-
-    def as_metrics(self, prefix: str = "weight_sync/") -> dict[str, float]:
-        values = asdict(self)
-        values.pop("started")
-        values.pop("transport")
-        return {prefix + key: float(value) for key, value in values.items()}
-
-    @staticmethod
-    def begin() -> SyncStats:
-        return SyncStats(started=time.perf_counter())

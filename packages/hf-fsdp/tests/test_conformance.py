@@ -1,0 +1,18 @@
+"""The backend conformance kit for the "fsdp" training engine and the "hf" rollout engine."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hf_core.engines import ExportsHF, Offloadable
+from hf_testing.conformance import RolloutEngineConformance, TrainingEngineConformance
+
+
+class TestFSDPConformance(TrainingEngineConformance):
+    engine = "fsdp"
+    engine_config: ClassVar[dict[str, Any]] = {"lr": 1e-3}
+    capabilities = frozenset({ExportsHF, Offloadable})
+
+
+class TestHFRolloutConformance(RolloutEngineConformance):
+    engine = "hf"

@@ -1,0 +1,18 @@
+"""The backend conformance kit for the "sglang" rollout engine (one engine, in this process)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from conftest import needs_sglang
+
+from hf_testing.conformance import RolloutEngineConformance
+
+
+@needs_sglang
+class TestSGLangConformance(RolloutEngineConformance):
+    engine = "sglang"
+    engine_config: ClassVar[dict[str, Any]] = {"device": "cpu", "max_total_tokens": 8192}
+    # Same weights, same tokens; SGLang batches requests as they arrive, so the float32
+    # summation order (and the last bits of a log-prob) may differ between two generations.
+    restore_log_prob_atol = 1e-5

@@ -1,0 +1,200 @@
+"""What the conformance checks compare engines against: plain transformers and the model folder.
+
+Nothing here imports a backend, so a rollout backend's tests need no training backend: the
+canonical weights to sync come straight from the folder's safetensors files, the expected
+tokens from ``model.generate`` and the expected log-probs from one padded HF forward.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_core.batch import Batch
+from hf_core.engines import NamedTensor, iter_buckets
+
+# ------------------------------------------------------------------ canonical weights
+
+
+def folder_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The canonical tensors of a HF folder, exactly as saved (one file or an index).
+
+    Canonical = transformers' state-dict names as ``save_pretrained`` writes them: a tied
+    ``lm_head.weight`` is not in the files, so it is not here either.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{path} has no model.safetensors(.index.json)")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors.update(load_file(path / name))
+    return tensors
+
+
+def perturbed(tensors: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """The same tensors plus seeded noise (per tensor name, so every rank agrees)."""
+    out = {}
+    for name, tensor in tensors.items():
+        gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        out[name] = tensor + scale * torch.randn(tensor.shape, generator=gen, dtype=tensor.dtype)
+    return out
+
+
+def canonical_buckets(
+    tensors: Mapping[str, torch.Tensor], bucket_bytes: int
+) -> Iterator[list[NamedTensor]]:
+    """``tensors`` in buckets, the way a training engine's ``export_weights`` streams them."""
+    return iter_buckets(tensors.items(), bucket_bytes)
+
+
+def bucket_bytes_of(bucket: list[NamedTensor]) -> int:
+    return sum(t.numel() * t.element_size() for _, t in bucket)
+
+
+# -------------------------------------------------------------------------- HF models
+
+
+def hf_causal_lm(path: str | Path, state: Mapping[str, torch.Tensor] | None = None) -> Any:
+    """transformers' model of the folder (float32, eval), optionally with other weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if state is not None:
+        missing, unexpected = model.load_state_dict(dict(state), strict=False)
+        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise KeyError(f"state does not fit the model: missing {missing}, extra {unexpected}")
+    return model
+
+
+def hf_log_probs_and_entropy(
+    model: torch.nn.Module, batch: Batch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of ``responses`` under ``softmax(logits / T)`` and the entropy.
+
+    ``T == 0`` means greedy decoding, whose log-probs are of the raw logits.
+    """
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits
+    length = batch["responses"].shape[1]
+    scaled = logits[:, -length - 1 : -1].float() / (temperature or 1.0)
+    log_probs = torch.log_softmax(scaled, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    return log_probs, torch.distributions.Categorical(logits=scaled).entropy()
+
+
+def hf_greedy(model: Any, prompts: Batch, max_new_tokens: int) -> list[list[int]]:
+    """transformers' own ``generate``: each row's tokens up to and including the first EOS."""
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=prompts["input_ids"],
+            attention_mask=prompts["attention_mask"],
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=model.config.pad_token_id,
+            eos_token_id=eos,
+        )
+    rows = []
+    for row in out[:, prompts["input_ids"].shape[1] :].tolist():
+        stop = next((i for i, t in enumerate(row) if t in eos_ids), None)
+        rows.append(row if stop is None else row[: stop + 1])
+    return rows
+
+
+def responses_of(batch: Batch) -> list[list[int]]:
+    """Each row's response tokens under its ``response_mask``."""
+    lengths = batch["response_mask"].sum(-1).tolist()
+    return [row[:n] for row, n in zip(batch["responses"].tolist(), lengths, strict=True)]
+
+
+def masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((a - b) * mask).abs().max())
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+def prompt_texts(count: int) -> list[str]:
+    """Prompts of varied length and content, so left padding and outputs vary."""
+    kinds = [
+        lambda i: f"reverse {i * 7919 % 100000}:",
+        lambda i: f"{i * 37 % 1000}+{i * 53 % 100}=",
+        lambda i: "".join("abcdefghij"[(i * k) % 10] for k in range(1, 2 + i % 6)),
+        lambda i: f"Hello, World {i}!",
+    ]
+    return [kinds[i % len(kinds)](i) for i in range(count)]
+
+
+def encode_prompts(path: str | Path, texts: list[str]) -> Batch:
+    """Left-padded ``input_ids`` and ``attention_mask``: what a rollout engine takes."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+
+
+def rollout_batch(
+    batch_size: int, prompt_len: int, response_len: int, vocab_size: int, seed: int
+) -> Batch:
+    """Left-padded prompts + right-padded responses of uneven lengths, and RL targets.
+
+    Real tokens are never the pad id 0, so HF's own pad-based pooling agrees with the mask.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, vocab_size, (batch_size, prompt_len), generator=gen)
+    responses = torch.randint(3, vocab_size, (batch_size, response_len), generator=gen)
+    prompt_mask = torch.ones_like(prompts)
+    response_mask = torch.ones_like(responses)
+    for i in range(batch_size):
+        left = int(torch.randint(0, prompt_len - 1, (1,), generator=gen))
+        kept = int(torch.randint(1, response_len + 1, (1,), generator=gen))
+        prompt_mask[i, :left] = 0
+        response_mask[i, kept:] = 0
+    prompts = prompts.masked_fill(prompt_mask == 0, 0)
+    responses = responses.masked_fill(response_mask == 0, 0)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return Batch(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": response_mask,
+            "old_log_probs": -4.0 + 0.3 * torch.randn(batch_size, response_len, generator=gen),
+            "advantages": torch.randn(batch_size, response_len, generator=gen),
+        }
+    )
+
+
+def policy_loss(outputs: Mapping[str, torch.Tensor], mb: Batch) -> tuple[torch.Tensor, dict]:
+    """PPO clipped objective + entropy bonus, token mean over the global batch.
+
+    Scaled with the totals every training engine puts in ``mb.meta`` (core's loss contract).
+    """
+    mask = mb["response_mask"].float()
+    ratio = torch.exp(outputs["log_probs"] - mb["old_log_probs"])
+    adv = mb["advantages"]
+    pg = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    per_token = pg - 0.01 * outputs["entropy"]
+    scale = mb.meta["dp_size"] / mb.meta["global_response_tokens"]
+    loss = (per_token * mask).sum() * scale
+    return loss, {"pg_loss": float((pg.detach() * mask).sum() / mask.sum().clamp(min=1))}

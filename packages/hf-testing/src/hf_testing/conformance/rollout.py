@@ -1,0 +1,299 @@
+"""The conformance checks every rollout engine passes, as a pytest class to subclass.
+
+A backend's tests run them with a few lines::
+
+    class TestVLLMConformance(RolloutEngineConformance):
+        engine = "vllm"
+
+The engine is built through the plugin registry (``get_rollout_engine(engine)``) in the test
+process, once per class, on a tiny random model from :mod:`hf_testing.tiny`.  References are
+plain transformers, and the weights synced into the engine come straight from the model
+folder's safetensors files (:mod:`hf_testing.conformance.reference`), so no training backend
+is needed.  The checks run in the order written; the last one closes the engine.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from hf_core.batch import Batch
+from hf_core.config import EngineConfigError
+from hf_core.engines import (
+    HasGenerationRank,
+    LoadsTPSlices,
+    RolloutEngine,
+    SamplingParams,
+)
+from hf_core.plugins import get_rollout_engine
+from hf_testing.conformance.capabilities import capability_report
+from hf_testing.conformance.reference import (
+    canonical_buckets,
+    encode_prompts,
+    folder_tensors,
+    hf_causal_lm,
+    hf_greedy,
+    hf_log_probs_and_entropy,
+    masked_max_diff,
+    perturbed,
+    prompt_texts,
+    responses_of,
+)
+
+ROLLOUT_CAPABILITIES: tuple[type, ...] = (HasGenerationRank, LoadsTPSlices)
+CAPABILITY_CHECKS: dict[type, str] = {
+    HasGenerationRank: "test_generation_rank_covers_the_world",
+}
+"""The check each optional capability adds (collected only for engines declaring it)."""
+OUTPUT_KEYS = (
+    "prompts",
+    "responses",
+    "response_mask",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "rollout_log_probs",
+)
+
+
+class _Held:
+    """The class's engine and whether a check already closed it (teardown must not twice)."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self.engine: RolloutEngine | None = engine
+        self.closed = False
+
+
+class RolloutEngineConformance:
+    """Checks of the :class:`~hf_core.engines.RolloutEngine` contract for one registered engine.
+
+    Subclass it as ``Test...`` and set :attr:`engine`; the other attributes have defaults.
+    """
+
+    engine: ClassVar[str]
+    """The name the backend registers (``get_rollout_engine(engine)``)."""
+    engine_config: ClassVar[dict[str, Any]] = {}
+    """Keyword config besides ``model_path``."""
+    model: ClassVar[dict[str, Any]] = {"family": "qwen2", "tie_word_embeddings": True}
+    """Arguments of :func:`hf_testing.tiny.build_tiny_model` (tied: the harder case to sync)."""
+    capabilities: ClassVar[frozenset[type]] = frozenset()
+    """The rollout capability protocols (``HasGenerationRank``, ``LoadsTPSlices``) it has."""
+    misspelt_key: ClassVar[str] = "tensor_paralel_size"
+    num_prompts: ClassVar[int] = 32
+    max_new_tokens: ClassVar[int] = 16
+    log_prob_atol: ClassVar[float] = 1e-4
+    """Rollout vs HF log-probs, float32: other kernels and summation order (~1e-6 seen)."""
+    restore_log_prob_atol: ClassVar[float] = 0.0
+    """Log-probs after syncing the original weights back, vs before: exact by default."""
+    sync_bucket_bytes: ClassVar[int] = 16 * 1024
+    """Small, so a sync takes many buckets and fused layers straddle them."""
+    perturb_scale: ClassVar[float] = 0.05
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Collect the check of an optional capability only where the engine declares it,
+        rather than reporting a skip for every engine that lacks it."""
+        super().__init_subclass__(**kwargs)
+        for protocol, name in CAPABILITY_CHECKS.items():
+            declared = protocol in cls.capabilities
+            setattr(cls, name, getattr(RolloutEngineConformance, name) if declared else None)
+        # pytest runs a subclass's own attributes after the inherited ones, in the order set:
+        # attached last, the check that closes the engine runs after every other one
+        cls.test_close_releases_the_engine = RolloutEngineConformance.test_close_releases_the_engine
+
+    # ------------------------------------------------------------------ fixtures
+    @pytest.fixture(scope="class")
+    @classmethod
+    def conformance_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        from hf_testing.tiny import build_tiny_model
+
+        return build_tiny_model(tmp_path_factory.mktemp("conformance") / "model", **cls.model)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def held_engine(cls, conformance_model: Path) -> Iterator[_Held]:
+        """The class's engine.  torch.distributed is left as found: an engine may start a
+        one-rank group in this process (vLLM's ``uni`` executor does), which later tests of
+        the session must not see."""
+        import torch.distributed as dist
+
+        had_group = dist.is_available() and dist.is_initialized()
+        held = _Held(cls.make_engine(conformance_model))
+        yield held
+        if not held.closed:
+            held.engine.close()
+        held.engine = None  # an engine's own finalizers may tear its group down
+        gc.collect()
+        if not had_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    @pytest.fixture
+    def rollout_engine(self, held_engine: _Held) -> RolloutEngine:
+        if held_engine.closed:
+            pytest.fail("the engine was closed by an earlier check")
+        return held_engine.engine
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def prompts(cls, conformance_model: Path) -> Batch:
+        return encode_prompts(conformance_model, prompt_texts(cls.num_prompts))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hf_greedy_rows(cls, conformance_model: Path, prompts: Batch) -> list[list[int]]:
+        return hf_greedy(hf_causal_lm(conformance_model), prompts, cls.max_new_tokens)
+
+    @classmethod
+    def make_engine(cls, model_path: Path, **overrides: Any) -> RolloutEngine:
+        factory = get_rollout_engine(cls.engine)
+        return factory(model_path=str(model_path), **{**cls.engine_config, **overrides})
+
+    def greedy(self, engine: RolloutEngine, prompts: Batch) -> Batch:
+        return engine.generate(
+            prompts, SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
+        )
+
+    def sync(self, engine: RolloutEngine, tensors: dict[str, torch.Tensor]) -> int:
+        """Stream ``tensors`` in buckets the way core syncs a training engine; returns how
+        many buckets it took."""
+        count = 0
+        for bucket in canonical_buckets(tensors, self.sync_bucket_bytes):
+            engine.load_weights(bucket)
+            count += 1
+        engine.finish_weight_sync()
+        return count
+
+    # ------------------------------------------------------------------ checks
+    def test_misspelt_config_key_is_named(self, conformance_model: Path) -> None:
+        with pytest.raises(EngineConfigError) as info:
+            self.make_engine(conformance_model, **{self.misspelt_key: 2})
+        assert self.misspelt_key in str(info.value)
+
+    def test_is_a_rollout_engine_with_the_declared_capabilities(
+        self, rollout_engine: RolloutEngine
+    ) -> None:
+        assert isinstance(rollout_engine, RolloutEngine)
+        satisfied, problems = capability_report(rollout_engine, ROLLOUT_CAPABILITIES)
+        assert not problems, problems
+        names = sorted(p.__name__ for p in satisfied)
+        assert names == sorted(p.__name__ for p in self.capabilities)
+
+    def test_greedy_equals_transformers_generate(
+        self, rollout_engine: RolloutEngine, prompts: Batch, hf_greedy_rows: list[list[int]]
+    ) -> None:
+        got = responses_of(self.greedy(rollout_engine, prompts))
+        assert len(got) == len(hf_greedy_rows) == self.num_prompts
+        wrong = [i for i, (a, b) in enumerate(zip(got, hf_greedy_rows, strict=True)) if a != b]
+        assert not wrong, f"rows {wrong}: {got[wrong[0]]} vs HF {hf_greedy_rows[wrong[0]]}"
+        # parity means something only if the tiny model answers prompts differently
+        assert len({tuple(r) for r in got}) > self.num_prompts // 2
+
+    def test_output_batch_has_the_documented_keys_and_shapes(
+        self, rollout_engine: RolloutEngine, prompts: Batch
+    ) -> None:
+        few = prompts.index(list(range(4)))
+        few["uid"] = ["a", "b", "c", "d"]
+        n = 2
+        params = SamplingParams(temperature=1.0, max_new_tokens=self.max_new_tokens, n=n, seed=3)
+        out = rollout_engine.generate(few, params)
+        assert set(OUTPUT_KEYS) <= set(out.keys())
+        rows = 4 * n
+        assert len(out) == rows
+        assert list(out["uid"]) == ["a"] * n + ["b"] * n + ["c"] * n + ["d"] * n  # carried
+        expected_prompts = few["input_ids"].repeat_interleave(n, 0)  # copies are consecutive
+        assert torch.equal(out["prompts"], expected_prompts)
+        responses, mask = out["responses"], out["response_mask"]
+        width = responses.shape[1]
+        assert 1 <= width <= self.max_new_tokens
+        assert mask.shape == responses.shape == out["rollout_log_probs"].shape == (rows, width)
+        for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask"):
+            assert out[key].dtype == torch.long, key
+        assert out["rollout_log_probs"].dtype == torch.float32
+        # right padding: each row's mask is ones then zeros, and every row has a token
+        assert torch.equal(mask, mask.cummin(dim=1).values) and bool((mask[:, 0] == 1).all())
+        assert torch.equal(out["input_ids"], torch.cat([expected_prompts, responses], 1))
+        prompt_mask = few["attention_mask"].repeat_interleave(n, 0)
+        assert torch.equal(out["attention_mask"], torch.cat([prompt_mask, mask], 1))
+        positions = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        assert torch.equal(out["position_ids"], positions)
+        logp = out["rollout_log_probs"][mask.bool()]
+        assert bool(torch.isfinite(logp).all()) and float(logp.max()) <= 0.0
+        assert out.meta["temperature"] == 1.0
+
+    @pytest.mark.parametrize("temperature", [0.0, 0.8])
+    def test_rollout_log_probs_equal_a_transformers_recompute(
+        self,
+        rollout_engine: RolloutEngine,
+        prompts: Batch,
+        conformance_model: Path,
+        temperature: float,
+    ) -> None:
+        params = SamplingParams(temperature=temperature, max_new_tokens=self.max_new_tokens, seed=5)
+        out = rollout_engine.generate(prompts, params)
+        model, mask = hf_causal_lm(conformance_model), out["response_mask"]
+        expected, _ = hf_log_probs_and_entropy(model, out, temperature)
+        assert masked_max_diff(out["rollout_log_probs"], expected, mask) < self.log_prob_atol
+        # the tolerance is far below what a wrong temperature would change
+        other, _ = hf_log_probs_and_entropy(model, out, (temperature or 1.0) * 0.7)
+        assert masked_max_diff(out["rollout_log_probs"], other, mask) > 100 * self.log_prob_atol
+
+    def test_bucketed_sync_loads_every_tensor_and_restores_exactly(
+        self,
+        rollout_engine: RolloutEngine,
+        prompts: Batch,
+        conformance_model: Path,
+        hf_greedy_rows: list[list[int]],
+    ) -> None:
+        """Sync perturbed weights bucket by bucket: generations follow them exactly (what
+        transformers computes with those weights); sync the originals back: the engine gives
+        its first tokens and log-probs again."""
+        original = folder_tensors(conformance_model)
+        noisy = perturbed(original, self.perturb_scale)
+        base = self.greedy(rollout_engine, prompts)
+
+        assert self.sync(rollout_engine, noisy) > 5  # many buckets, fused layers straddle
+        changed = self.greedy(rollout_engine, prompts)
+        noisy_model = hf_causal_lm(conformance_model, noisy)
+        assert responses_of(changed) == hf_greedy(noisy_model, prompts, self.max_new_tokens)
+        assert responses_of(changed) != hf_greedy_rows  # the perturbation changed answers
+        expected, _ = hf_log_probs_and_entropy(noisy_model, changed, 0.0)
+        mask = changed["response_mask"]
+        assert masked_max_diff(changed["rollout_log_probs"], expected, mask) < self.log_prob_atol
+        self.check_sync_metrics(rollout_engine)
+
+        self.sync(rollout_engine, original)
+        restored = self.greedy(rollout_engine, prompts)
+        assert responses_of(restored) == responses_of(base)
+        mask = base["response_mask"]
+        diff = masked_max_diff(restored["rollout_log_probs"], base["rollout_log_probs"], mask)
+        assert diff <= self.restore_log_prob_atol
+
+    def test_generation_rank_covers_the_world(self, rollout_engine: RolloutEngine) -> None:
+        import torch.distributed as dist
+
+        from hf_core.engines import GenerationRank
+
+        assert isinstance(rollout_engine, HasGenerationRank)
+        rank = rollout_engine.generation_rank()
+        assert isinstance(rank, GenerationRank)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        assert rank.dp_size * rank.tp_size == world
+        assert 0 <= rank.dp_rank < rank.dp_size and 0 <= rank.tp_rank < rank.tp_size
+
+    def check_sync_metrics(self, engine: RolloutEngine) -> None:
+        """``sync_metrics()`` after a sync: floats under ``weight_sync/`` (possibly none)."""
+        metrics = engine.sync_metrics()
+        assert isinstance(metrics, dict)
+        for key, value in metrics.items():
+            assert key.startswith("weight_sync/"), key
+            assert type(value) is float, (key, value)
+
+    def test_close_releases_the_engine(self, held_engine: _Held) -> None:
+        """Runs last: the class's engine is closed here, not at teardown."""
+        assert held_engine.engine is not None
+        assert held_engine.engine.close() is None
+        held_engine.closed = True

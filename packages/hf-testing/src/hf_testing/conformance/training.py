@@ -1,0 +1,261 @@
+"""The conformance checks every training engine passes, as a pytest class to subclass.
+
+A backend's tests run them with a few lines::
+
+    class TestFSDPConformance(TrainingEngineConformance):
+        engine = "fsdp"
+        engine_config = {"lr": 1e-3}
+        capabilities = frozenset({ExportsHF, Offloadable})
+
+The engine is built through the plugin registry (``get_training_engine(engine)``) in the
+test process, once per class, on a tiny random model from :mod:`hf_testing.tiny`.  Engines
+that need torch.distributed start a one-rank group themselves when none exists (both
+existing backends do); the checkpoint check builds two more engines of the same layout.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from hf_core.batch import Batch
+from hf_core.config import EngineConfigError
+from hf_core.engines import (
+    Closeable,
+    ExportsHF,
+    HasWorkerMesh,
+    NamedTensor,
+    Offloadable,
+    TrainingEngine,
+)
+from hf_core.plugins import get_training_engine
+from hf_testing.conformance.capabilities import capability_report
+from hf_testing.conformance.reference import (
+    folder_tensors,
+    hf_causal_lm,
+    hf_log_probs_and_entropy,
+    masked_max_diff,
+    policy_loss,
+    rollout_batch,
+)
+
+TRAINING_CAPABILITIES: tuple[type, ...] = (HasWorkerMesh, ExportsHF, Offloadable, Closeable)
+CAPABILITY_CHECKS: dict[type, str] = {
+    ExportsHF: "test_export_hf_loads_with_from_pretrained",
+    Offloadable: "test_offload_and_onload_keep_the_model",
+    HasWorkerMesh: "test_worker_mesh_covers_the_world",
+}
+"""The check each optional capability adds (collected only for engines declaring it)."""
+
+
+def exported(engine: TrainingEngine, bucket_bytes: int = 1 << 20) -> dict[str, torch.Tensor]:
+    """The engine's canonical weights, cloned bucket by bucket (a bucket may be reused)."""
+    out: dict[str, torch.Tensor] = {}
+    for bucket in engine.export_weights(bucket_bytes):
+        for name, tensor in bucket:
+            assert name not in out, f"{name} exported twice"
+            out[name] = tensor.detach().clone()
+    return out
+
+
+_FUSED = re.compile(r"^(.*\.)(?:q_proj|k_proj|v_proj|gate_proj|up_proj)(\.\w+)$")
+
+
+def fused_units(bucket: list[NamedTensor]) -> dict[str, int]:
+    """Bytes per unit of a bucket: one per tensor, except that a layer's q/k/v (weight and
+    bias) and its gate/up count as one unit each, as fused backends hold them."""
+    units: dict[str, int] = {}
+    for name, tensor in bucket:
+        match = _FUSED.match(name)
+        if match:
+            part = "qkv" if re.search(r"\.[qkv]_proj\.", name) else "gate_up"
+            name = f"{match.group(1)}{part}"
+        units[name] = units.get(name, 0) + tensor.numel() * tensor.element_size()
+    return units
+
+
+class TrainingEngineConformance:
+    """Checks of the :class:`~hf_core.engines.TrainingEngine` contract for one registered engine.
+
+    Subclass it as ``Test...`` and set :attr:`engine`; the other attributes have defaults.
+    """
+
+    engine: ClassVar[str]
+    """The name the backend registers (``get_training_engine(engine)``)."""
+    engine_config: ClassVar[dict[str, Any]] = {}
+    """Keyword config besides ``model_path``; it must allow training (a ``train_step``)."""
+    model: ClassVar[dict[str, Any]] = {"family": "qwen2", "tie_word_embeddings": True}
+    """Arguments of :func:`hf_testing.tiny.build_tiny_model` (tied: the harder case)."""
+    capabilities: ClassVar[frozenset[type]] = frozenset()
+    """The :mod:`hf_core.engines.capabilities` protocols the engine must satisfy, exactly."""
+    misspelt_key: ClassVar[str] = "tensor_paralel_size"
+    log_prob_atol: ClassVar[float] = 1e-5
+    """float32 on both sides, same math as transformers: only summation order differs."""
+    batch_shape: ClassVar[tuple[int, int, int]] = (8, 6, 7)
+    """Sequences, prompt length, response length of the test batches."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Collect the check of an optional capability only where the engine declares it,
+        rather than reporting a skip for every engine that lacks it."""
+        super().__init_subclass__(**kwargs)
+        for protocol, name in CAPABILITY_CHECKS.items():
+            declared = protocol in cls.capabilities
+            setattr(cls, name, getattr(TrainingEngineConformance, name) if declared else None)
+
+    # ------------------------------------------------------------------ fixtures
+    @pytest.fixture(scope="class")
+    @classmethod
+    def conformance_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        from hf_testing.tiny import build_tiny_model
+
+        return build_tiny_model(tmp_path_factory.mktemp("conformance") / "model", **cls.model)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def training_engine(cls, conformance_model: Path) -> TrainingEngine:
+        """One engine for the checks that only read it (none trains it)."""
+        return cls.make_engine(conformance_model)
+
+    @classmethod
+    def make_engine(cls, model_path: Path, **overrides: Any) -> TrainingEngine:
+        factory = get_training_engine(cls.engine)
+        return factory(model_path=str(model_path), **{**cls.engine_config, **overrides})
+
+    def batch(self, model_path: Path, seed: int) -> Batch:
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(model_path).vocab_size
+        return rollout_batch(*self.batch_shape, vocab, seed=seed)
+
+    # ------------------------------------------------------------------ checks
+    def test_is_a_training_engine(self, training_engine: TrainingEngine) -> None:
+        assert isinstance(training_engine, TrainingEngine)
+
+    def test_exported_names_and_tensors_equal_the_hf_folder(
+        self, training_engine: TrainingEngine, conformance_model: Path
+    ) -> None:
+        """At init the canonical export is the folder itself: same names, bit-equal tensors."""
+        got = exported(training_engine)
+        expected = folder_tensors(conformance_model)
+        assert sorted(got) == sorted(expected)
+        for name, tensor in expected.items():
+            assert got[name].dtype == tensor.dtype, name
+            assert torch.equal(got[name].cpu(), tensor), name
+
+    def test_export_buckets_respect_bucket_bytes(self, training_engine: TrainingEngine) -> None:
+        """Each bucket holds at most ``bucket_bytes`` besides its largest unit, so a sync
+        needs about one bucket of extra memory.  A unit is a tensor or the parts of one
+        tensor a backend fuses (a layer's q/k/v, gate/up), which may only travel together."""
+        whole = exported(training_engine)
+        largest = max(t.numel() * t.element_size() for t in whole.values())
+        limit = largest // 2  # some tensors are too big for a bucket and must travel alone
+        buckets = [
+            [(n, t.detach().clone()) for n, t in bucket]
+            for bucket in training_engine.export_weights(limit)
+        ]
+        assert len(buckets) > len(whole) // 4  # really bucketed, not one blob
+        for bucket in buckets:
+            assert bucket, "empty bucket"
+            units = fused_units(bucket)
+            rest = sum(units.values()) - max(units.values())
+            assert rest <= limit, (limit, units)
+        assert any(len(fused_units(b)) > 1 for b in buckets)  # small tensors share buckets
+        streamed = dict(pair for bucket in buckets for pair in bucket)
+        assert list(streamed) == list(whole)  # same order whatever the bucket size
+        assert all(torch.equal(streamed[n], whole[n]) for n in whole)
+
+    @pytest.mark.parametrize("temperature", [1.0, 0.7])
+    def test_log_probs_equal_transformers(
+        self, training_engine: TrainingEngine, conformance_model: Path, temperature: float
+    ) -> None:
+        batch = self.batch(conformance_model, seed=11)
+        out = training_engine.compute_log_probs(batch, temperature=temperature)
+        model = hf_causal_lm(conformance_model)
+        expected, entropy = hf_log_probs_and_entropy(model, batch, temperature)
+        mask = batch["response_mask"]
+        assert out["log_probs"].shape == expected.shape == mask.shape
+        assert masked_max_diff(out["log_probs"], expected, mask) < self.log_prob_atol
+        assert masked_max_diff(out["entropy"], entropy, mask) < self.log_prob_atol
+        # the tolerance is far below what a wrong temperature or position would change
+        other, _ = hf_log_probs_and_entropy(model, batch, temperature + 0.3)
+        assert masked_max_diff(other, expected, mask) > 100 * self.log_prob_atol
+
+    def test_checkpoint_resumes_to_an_identical_next_step(
+        self, conformance_model: Path, tmp_path: Path
+    ) -> None:
+        """save -> load into a fresh engine -> the next train step is bit-identical."""
+        first, second = (self.batch(conformance_model, seed=s) for s in (31, 32))
+        run = self.make_engine(conformance_model)
+        initial = exported(run)
+        run.train_step(first, policy_loss)
+        saved = exported(run)
+        assert any(not torch.equal(saved[n], initial[n]) for n in initial)  # it trained
+        run.save_checkpoint(tmp_path / "ckpt")
+        expected_metrics = run.train_step(second, policy_loss)
+        expected = exported(run)
+
+        resumed = self.make_engine(conformance_model)
+        resumed.load_checkpoint(tmp_path / "ckpt")
+        loaded = exported(resumed)
+        assert all(torch.equal(loaded[n], saved[n]) for n in saved)
+        metrics = resumed.train_step(second, policy_loss)
+        assert metrics == expected_metrics  # same loss, grad norm, lr: optimiser state too
+        after = exported(resumed)
+        differ = sorted(n for n in expected if not torch.equal(after[n], expected[n]))
+        assert not differ, differ
+
+    def test_misspelt_config_key_is_named(self, conformance_model: Path) -> None:
+        with pytest.raises(EngineConfigError) as info:
+            self.make_engine(conformance_model, **{self.misspelt_key: 2})
+        assert self.misspelt_key in str(info.value)
+
+    def test_capabilities_are_the_declared_protocols(self, training_engine: TrainingEngine) -> None:
+        satisfied, problems = capability_report(training_engine, TRAINING_CAPABILITIES)
+        assert not problems, problems
+        names = sorted(p.__name__ for p in satisfied)
+        assert names == sorted(p.__name__ for p in self.capabilities)
+
+    def test_export_hf_loads_with_from_pretrained(
+        self, training_engine: TrainingEngine, conformance_model: Path, tmp_path: Path
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        assert isinstance(training_engine, ExportsHF)
+        folder = Path(training_engine.export_hf(tmp_path / "hf", tokenizer=conformance_model))
+        model = hf_causal_lm(folder)
+        state = model.state_dict()
+        for name, tensor in folder_tensors(conformance_model).items():
+            assert torch.equal(state[name], tensor), name
+        assert len(AutoTokenizer.from_pretrained(folder)) == model.config.vocab_size
+        batch = self.batch(conformance_model, seed=12)
+        expected, _ = hf_log_probs_and_entropy(model, batch, 1.0)
+        got = training_engine.compute_log_probs(batch)["log_probs"]
+        assert masked_max_diff(got, expected, batch["response_mask"]) < self.log_prob_atol
+
+    def test_offload_and_onload_keep_the_model(
+        self, training_engine: TrainingEngine, conformance_model: Path
+    ) -> None:
+        assert isinstance(training_engine, Offloadable)
+        batch = self.batch(conformance_model, seed=13)
+        before = training_engine.compute_log_probs(batch)["log_probs"]
+        weights = exported(training_engine)
+        training_engine.offload()
+        training_engine.onload()
+        after = exported(training_engine)
+        assert all(torch.equal(after[n], weights[n]) for n in weights)
+        assert torch.equal(training_engine.compute_log_probs(batch)["log_probs"], before)
+
+    def test_worker_mesh_covers_the_world(self, training_engine: TrainingEngine) -> None:
+        import torch.distributed as dist
+
+        from hf_core.protocols import WorkerMesh
+
+        assert isinstance(training_engine, HasWorkerMesh)
+        mesh = training_engine.worker_mesh()
+        assert isinstance(mesh, WorkerMesh)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        assert mesh.dp_size * mesh.tp_size * mesh.pp_size == world

@@ -103,22 +103,14 @@ def worker_mesh(layout: MegatronLayout, plan: ReshardPlan | None = None) -> Work
     With a reshard plan the generation mesh is included: every micro-DP replica is a
     generation DP rank (``gen_dp = dp * d_g``), TP/PP ranks as the plan assigns them.
     """
-    c = layout.coords
-    mesh = WorkerMesh(
-        dp_rank=c.dp,
-        dp_size=layout.dp,
-        tp_rank=c.tp,
-        tp_size=layout.tp,
-        pp_rank=c.pp,
-        pp_size=layout.pp,
-    )
+    mesh = WorkerMesh.of_layout(layout.layout, layout.rank)
     if plan is None:
         return mesh
     rp = plan.for_rank(layout.rank)
     d_g = plan.gen.micro_dp_size(plan.train)
     return replace(
         mesh,
-        gen_dp_rank=c.dp * d_g + rp.micro_dp_rank,
+        gen_dp_rank=layout.coords.dp * d_g + rp.micro_dp_rank,
         gen_dp_size=layout.dp * d_g,
         gen_tp_rank=rp.gen_tp_rank,
         gen_tp_size=plan.gen.tp,

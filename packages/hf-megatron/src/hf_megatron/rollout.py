@@ -22,17 +22,10 @@ import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.device import ensure_process_group, resolve_device
-from hf_core.engines import (
-    NamedTensor,
-    ResponseSteps,
-    RolloutEngine,
-    SamplingParams,
-    assemble_rollout,
-    check_model_folder,
-    expand_prompts,
-    select_tokens,
-    special_tokens,
-)
+from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, select_tokens
+from hf_core.engines.decoding import ResponseSteps, expand_prompts
+from hf_core.engines.hf_folder import check_model_folder, special_tokens
+from hf_core.engines.rollout import assemble_rollout
 from hf_core.resharding import GenerationLayout, ReshardPlan
 from hf_megatron import _cpu_compat as cpu_compat
 from hf_megatron import forward
@@ -201,7 +194,7 @@ class MegatronRolloutEngine(RolloutEngine):
             generator = torch.Generator().manual_seed(params.seed)
         stops = sorted({*params.stop_token_ids, *self.eos_token_ids})
         pieces = [
-            self._decode(p["input_ids"], p["attention_mask"], params, generator, stops)
+            self._decode(p, params, generator, stops)
             for p in batch.split(self.config.max_batch_size)
         ]
         responses, log_probs, response_mask = (torch.cat(x) for x in zip(*pieces, strict=True))
@@ -222,14 +215,13 @@ class MegatronRolloutEngine(RolloutEngine):
 
     @torch.no_grad()
     def _decode(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        params: SamplingParams,
-        generator: torch.Generator,
-        stops: list[int],
+        self, prompts: Batch, params: SamplingParams, generator: torch.Generator, stops: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ids, _, lengths = forward.pack_left(input_ids, attention_mask, self.pad_token_id)
+        """Responses, log-probs and mask of one chunk of prompts (all ranks of the TP group
+        decode the same chunk and take TP rank 0's choice of token)."""
+        ids, _, lengths = forward.pack_left(
+            prompts["input_ids"], prompts["attention_mask"], self.pad_token_id
+        )
         rows = ids.shape[0]
         ids = torch.cat([ids, torch.full((rows, params.max_new_tokens), self.pad_token_id)], 1)
         lengths = lengths.clone()

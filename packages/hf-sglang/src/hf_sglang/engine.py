@@ -23,8 +23,10 @@ from hf_core.device import resolve_device
 from hf_core.engines import (
     NamedTensor,
     RecordsSyncs,
+    ReleasesTaggedMemory,
     RolloutEngine,
     SamplingParams,
+    TaggedMemory,
     assemble_rollout,
     check_model_folder,
     expand_prompts,
@@ -48,7 +50,6 @@ from hf_sglang.weights import (
 log = logging.getLogger(__name__)
 
 CPU_MAX_TOTAL_TOKENS = 16384
-MEMORY_TAGS = ("weights", "kv_cache")
 
 
 def engine_kwargs(cfg: SGLangRolloutConfig, device: str) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def make_transport(
     return DistributedTransport(engine, cfg.sync_group, cfg.tp_size, device)
 
 
-class SGLangRolloutEngine(RecordsSyncs, RolloutEngine):
+class SGLangRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
     """``sglang.Engine`` next to the trainer; see the module docstring and the package README."""
 
     def __init__(self, config: SGLangRolloutConfig | dict[str, Any]) -> None:
@@ -112,8 +113,13 @@ class SGLangRolloutEngine(RecordsSyncs, RolloutEngine):
         self.weight_version = 0
         self.last_sync: SGLangSyncStats | None = None
         self._sync: SGLangSyncStats | None = None
-        self._released: set[str] = set()
-        self._said_cpu_noop = False
+        self._memory = TaggedMemory(
+            on_gpu=self.device == "cuda",
+            release=lambda tags: self.engine.release_memory_occupation(tags=list(tags)),
+            resume=lambda tag: self.engine.resume_memory_occupation(tags=[tag]),
+            cpu_note="SGLang's memory saver (torch_memory_saver) needs CUDA; weights and "
+            "the KV cache (max_total_tokens) stay allocated during training",
+        )
         self._closed = False
         log.info(
             "SGLang engine ready in %.1f s (device=%s, tp=%d, weight_sync=%s)",
@@ -139,7 +145,7 @@ class SGLangRolloutEngine(RecordsSyncs, RolloutEngine):
         bucket = list(bucket)
         check_bucket(bucket, self._shapes)
         if self._sync is None:
-            self._resume("weights")
+            self._memory.resume("weights")
             self._sync = SGLangSyncStats(transport=self.transport.name)
             self._engine_call("begin_weight_update", self.engine.begin_weight_update)
         self._engine_call(f"{self.transport.name} weight bucket", self.transport.send, bucket)
@@ -158,50 +164,12 @@ class SGLangRolloutEngine(RecordsSyncs, RolloutEngine):
         self.weight_version += 1
         log.debug("weight sync %d: %s", self.weight_version, sync)
 
-    # ------------------------------------------------------------------ memory
-    @property
-    def memory_released(self) -> bool:
-        """Whether weights or KV cache are released now (only ever on a GPU)."""
-        return bool(self._released)
-
-    def release_memory(self) -> None:
-        """GPU: free weights and KV cache (``release_memory_occupation``). CPU: a no-op
-        (see :attr:`memory_released`)."""
-        if self.device != "cuda":
-            self._say_cpu_noop("release_memory")
-            return
-        if not self._released:
-            self.engine.release_memory_occupation(tags=list(MEMORY_TAGS))
-            self._released = set(MEMORY_TAGS)
-
-    def resume_memory(self) -> None:
-        """Undo :meth:`release_memory` (weights first, then the KV cache)."""
-        if self.device != "cuda":
-            self._say_cpu_noop("resume_memory")
-            return
-        for tag in MEMORY_TAGS:
-            self._resume(tag)
-
-    def _resume(self, tag: str) -> None:
-        if tag in self._released:
-            self.engine.resume_memory_occupation(tags=[tag])
-            self._released.discard(tag)
-
-    def _say_cpu_noop(self, what: str) -> None:
-        if not self._said_cpu_noop:
-            log.info(
-                "%s is a no-op on CPU: SGLang's memory saver (torch_memory_saver) needs CUDA; "
-                "weights and the KV cache (max_total_tokens) stay allocated during training",
-                what,
-            )
-            self._said_cpu_noop = True
-
     # --------------------------------------------------------------- generation
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
         ``max_new_tokens`` so batches from different ranks concatenate."""
         batch = expand_prompts(prompts, params)
-        if self._released:
+        if self.memory_released:
             self.resume_memory()
         prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
         token_lists = strip_left_padding(prompt_ids, prompt_mask) if len(batch) else []

@@ -24,8 +24,10 @@ from hf_core.engines import (
     GenerationRank,
     NamedTensor,
     RecordsSyncs,
+    ReleasesTaggedMemory,
     RolloutEngine,
     SamplingParams,
+    TaggedMemory,
     assemble_rollout,
     check_model_folder,
     expand_prompts,
@@ -84,7 +86,7 @@ def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool
     return kwargs
 
 
-class VLLMRolloutEngine(RecordsSyncs, RolloutEngine):
+class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
     """``vllm.LLM`` in this process; see the module docstring and the package README."""
 
     def __init__(self, config: VLLMRolloutConfig | dict[str, Any]) -> None:
@@ -118,8 +120,13 @@ class VLLMRolloutEngine(RecordsSyncs, RolloutEngine):
         self.last_sync: VLLMSyncStats | None = None
         self._sync: VLLMSyncStats | None = None
         self._calls = 0
-        self._asleep: set[str] = set()
-        self._said_cpu_noop = False
+        self._memory = TaggedMemory(
+            on_gpu=self.on_gpu,
+            release=lambda _tags: self.llm.sleep(level=cfg.sleep_level),
+            resume=lambda tag: self.llm.wake_up(tags=[tag]),
+            cpu_note="vLLM's sleep mode needs CUDA; weights and the KV cache "
+            "(VLLM_CPU_KVCACHE_SPACE / kv_cache_bytes) stay allocated during training",
+        )
         log.info(
             "vLLM engine ready in %.1f s (executor=%s, %s)",
             self.startup_seconds,
@@ -150,7 +157,7 @@ class VLLMRolloutEngine(RecordsSyncs, RolloutEngine):
         sync = self._sync
         if sync is None:
             sync = self._sync = VLLMSyncStats(started=now)
-        self._wake("weights")
+        self._memory.resume("weights")
         bucket = list(bucket)
         ready = self._buffer.add(bucket)
         sync.add(bucket)
@@ -210,44 +217,6 @@ class VLLMRolloutEngine(RecordsSyncs, RolloutEngine):
 
         self.llm.apply_model(refresh)
 
-    # ------------------------------------------------------------------ memory
-    @property
-    def memory_released(self) -> bool:
-        """Whether weights or KV cache are released now (only ever on a GPU)."""
-        return bool(self._asleep)
-
-    def release_memory(self) -> None:
-        """GPU: ``sleep`` (KV cache dropped, weights offloaded or dropped). CPU: a no-op
-        (see :attr:`memory_released`)."""
-        if not self.on_gpu:
-            self._say_cpu_noop("release_memory")
-            return
-        if not self._asleep:
-            self.llm.sleep(level=self.config.sleep_level)
-            self._asleep = {"weights", "kv_cache"}
-
-    def resume_memory(self) -> None:
-        """Undo :meth:`release_memory` (weights first, then the KV cache)."""
-        if not self.on_gpu:
-            self._say_cpu_noop("resume_memory")
-            return
-        self._wake("weights")
-        self._wake("kv_cache")
-
-    def _wake(self, tag: str) -> None:
-        if tag in self._asleep:
-            self.llm.wake_up(tags=[tag])
-            self._asleep.discard(tag)
-
-    def _say_cpu_noop(self, what: str) -> None:
-        if not self._said_cpu_noop:
-            log.info(
-                "%s is a no-op on CPU: vLLM's sleep mode needs CUDA; weights and the KV cache "
-                "(VLLM_CPU_KVCACHE_SPACE / kv_cache_bytes) stay allocated during training",
-                what,
-            )
-            self._said_cpu_noop = True
-
     # --------------------------------------------------------------- generation
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
@@ -256,8 +225,8 @@ class VLLMRolloutEngine(RecordsSyncs, RolloutEngine):
         if self._sync is not None:
             log.warning("generate called in the middle of a weight sync: finishing it first")
             self.finish_weight_sync()
-        self._wake("weights")
-        self._wake("kv_cache")
+        for tag in self._memory.tags:  # also on the CPU: a no-op there
+            self._memory.resume(tag)
         prompt_ids, prompt_mask = batch["input_ids"], batch["attention_mask"]
         token_lists = strip_left_padding(prompt_ids, prompt_mask) if len(batch) else []
         base = params.seed if params.seed is not None else f"auto:{self.config.seed}:{self._calls}"

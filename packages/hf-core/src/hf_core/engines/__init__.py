@@ -24,6 +24,7 @@ from hf_core.engines.hf_folder import (
     token_ids,
     weight_files,
 )
+from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
 from hf_core.engines.process_state import preserve_process_state
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.sampling import filter_logits, select_tokens
@@ -47,11 +48,13 @@ __all__ = [
     "NamedTensor",
     "Offloadable",
     "RecordsSyncs",
+    "ReleasesTaggedMemory",
     "ResponseSteps",
     "RolloutEngine",
     "SamplingParams",
     "SpecialTokens",
     "SyncStats",
+    "TaggedMemory",
     "TrainingEngine",
     "TrainingEngineConfig",
     "WeightMapping",

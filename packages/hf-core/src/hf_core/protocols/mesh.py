@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hf_core.resharding import ParallelLayout
+
+TRAINING_AXES = ("dp_rank", "dp_size", "tp_rank", "tp_size", "pp_rank", "pp_size")
+"""The training-mesh fields; each has a ``gen_`` twin for the generation mesh."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,10 @@ class WorkerMesh:
         """
         if self.gen_dp_rank is None or self.gen_dp_size is None:
             return self
-        return WorkerMesh(
-            dp_rank=self.gen_dp_rank,
-            dp_size=self.gen_dp_size,
-            tp_rank=self.gen_tp_rank,
-            tp_size=self.gen_tp_size,
-            pp_rank=self.gen_pp_rank,
-            pp_size=self.gen_pp_size,
-        )
+        return WorkerMesh(**{axis: getattr(self, f"gen_{axis}") for axis in TRAINING_AXES})
+
+    @classmethod
+    def of_layout(cls, layout: ParallelLayout, rank: int) -> WorkerMesh:
+        """``rank``'s training coordinates in a (pp, tp, dp) layout (no generation mesh)."""
+        c = layout.coords(rank)
+        return cls(c.dp, layout.dp, c.tp, layout.tp, c.pp, layout.pp)

@@ -20,20 +20,12 @@ from typing import Any
 
 from hf_core.batch import Batch
 from hf_core.device import resolve_device
-from hf_core.engines import (
-    NamedTensor,
-    RecordsSyncs,
-    ReleasesTaggedMemory,
-    RolloutEngine,
-    SamplingParams,
-    TaggedMemory,
-    assemble_rollout,
-    check_model_folder,
-    expand_prompts,
-    preserve_process_state,
-    special_tokens,
-    strip_left_padding,
-)
+from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, assemble_rollout
+from hf_core.engines.decoding import expand_prompts, strip_left_padding
+from hf_core.engines.hf_folder import check_model_folder, special_tokens
+from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
+from hf_core.engines.process_state import preserve_process_state
+from hf_core.engines.sync_stats import RecordsSyncs
 from hf_sglang.config import SGLangRolloutConfig, parse_config
 from hf_sglang.outputs import pack_outputs
 from hf_sglang.runtime import require_sglang

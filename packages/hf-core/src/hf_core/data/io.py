@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_core.atomic import replaced_atomically
 from hf_core.errors import DataError
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -135,12 +135,6 @@ def read_records(
     return out
 
 
-def _default_mode(tmp: str, final: Path) -> None:
-    """mkstemp makes 0600 files: keep the mode of the file replaced, else use 0644."""
-    mode = final.stat().st_mode & 0o7777 if final.exists() else 0o644
-    os.chmod(tmp, mode)
-
-
 def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Write ``records`` as JSON Lines, atomically: the file appears whole or not at all.
 
@@ -149,20 +143,13 @@ def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike[st
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for i, record in enumerate(records):
-                try:
-                    line = json.dumps(dict(record), ensure_ascii=False)
-                except (TypeError, ValueError) as e:
-                    raise DataError(f"{path}: record {i} is not JSON-serialisable: {e}") from e
-                f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        _default_mode(tmp, path)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced_atomically(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for i, record in enumerate(records):
+            try:
+                line = json.dumps(dict(record), ensure_ascii=False)
+            except (TypeError, ValueError) as e:
+                raise DataError(f"{path}: record {i} is not JSON-serialisable: {e}") from e
+            f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     return path

@@ -15,13 +15,14 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from hf_core.atomic import replaced_atomically
 
 logger = logging.getLogger("hf_core.metrics")
 
@@ -117,12 +118,6 @@ def read_metrics_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _default_mode(tmp: str, final: Path) -> None:
-    """mkstemp makes 0600 files: keep the mode of the file replaced, else use 0644."""
-    mode = final.stat().st_mode & 0o7777 if final.exists() else 0o644
-    os.chmod(tmp, mode)
-
-
 def truncate_metrics_jsonl(path: str | os.PathLike[str], after_step: int) -> int:
     """Drop the rows with ``step > after_step`` (a run resuming from ``after_step``).
 
@@ -147,15 +142,8 @@ def truncate_metrics_jsonl(path: str | os.PathLike[str], after_step: int) -> int
             else:
                 removed += 1
     if removed:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.writelines(kept)
-                f.flush()
-                os.fsync(f.fileno())
-            _default_mode(tmp, path)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with replaced_atomically(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
     return removed

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hf_core.atomic import replaced_atomically
 
 REWARD_KEY = "reward/mean"
 THROUGHPUT_KEY = "perf/throughput"
@@ -76,12 +77,6 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _default_mode(tmp: str, final: Path) -> None:
-    """mkstemp makes 0600 files: keep the mode of the file replaced, else use 0644."""
-    mode = final.stat().st_mode & 0o7777 if final.exists() else 0o644
-    os.chmod(tmp, mode)
-
-
 def plot_metrics(
     rows: Sequence[Mapping[str, Any]],
     path: str | os.PathLike[str],
@@ -129,13 +124,6 @@ def plot_metrics(
         ax.legend(fontsize=8, loc="best")
     if title:
         fig.suptitle(title)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
+    with replaced_atomically(path, suffix=".png") as tmp:
         fig.savefig(tmp, format="png")
-        _default_mode(tmp, path)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

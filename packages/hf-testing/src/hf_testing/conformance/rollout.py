@@ -61,11 +61,19 @@ OUTPUT_KEYS = (
 )
 
 
-class _Held:
-    """The class's engine and whether a check already closed it (teardown must not twice)."""
+def _has_process_group() -> bool:
+    import torch.distributed as dist
 
-    def __init__(self, engine: RolloutEngine) -> None:
+    return dist.is_available() and dist.is_initialized()
+
+
+class _Held:
+    """The class's engine, whether a check already closed it (teardown must not close it
+    twice) and whether torch.distributed was initialised before the engine was built."""
+
+    def __init__(self, engine: RolloutEngine, had_group: bool) -> None:
         self.engine: RolloutEngine | None = engine
+        self.had_group = had_group
         self.closed = False
 
 
@@ -116,19 +124,18 @@ class RolloutEngineConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def held_engine(cls, conformance_model: Path) -> Iterator[_Held]:
-        """The class's engine.  torch.distributed is left as found: an engine may start a
-        one-rank group in this process (vLLM's ``uni`` executor does), which later tests of
-        the session must not see."""
+        """The class's engine.  Teardown leaves torch.distributed as found even when a check
+        failed: later tests of the session must not see a group the engine started."""
         import torch.distributed as dist
 
-        had_group = dist.is_available() and dist.is_initialized()
-        held = _Held(cls.make_engine(conformance_model))
+        had_group = _has_process_group()
+        held = _Held(cls.make_engine(conformance_model), had_group)
         yield held
         if not held.closed:
             held.engine.close()
-        held.engine = None  # an engine's own finalizers may tear its group down
+        held.engine = None
         gc.collect()
-        if not had_group and dist.is_available() and dist.is_initialized():
+        if not had_group and _has_process_group():
             dist.destroy_process_group()
 
     @pytest.fixture
@@ -293,7 +300,15 @@ class RolloutEngineConformance:
             assert type(value) is float, (key, value)
 
     def test_close_releases_the_engine(self, held_engine: _Held) -> None:
-        """Runs last: the class's engine is closed here, not at teardown."""
+        """Runs last: the class's engine is closed here, not at teardown.  ``close`` releases
+        the process group the engine started in this process (a later engine or the trainer
+        may start its own), and never one it found (the trainer's, in hybrid mode)."""
         assert held_engine.engine is not None
         assert held_engine.engine.close() is None
         held_engine.closed = True
+        if held_engine.had_group:
+            assert _has_process_group(), "close() destroyed a process group it did not start"
+        else:
+            assert not _has_process_group(), (
+                "close() left torch.distributed initialised by the engine in this process"
+            )

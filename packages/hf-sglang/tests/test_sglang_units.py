@@ -50,7 +50,7 @@ def test_missing_sglang_is_a_clear_error_naming_the_extra(tmp_path: Path) -> Non
     (tmp_path / "config.json").write_text("{}")
     code = BLOCK_SGLANG + (
         "from hf_core.plugins import get_rollout_engine\n"
-        "from hf_sglang import SGLangNotInstalledError\n"
+        "from hf_sglang.runtime import SGLangNotInstalledError\n"
         f"try:\n    get_rollout_engine('sglang')(model_path={str(tmp_path)!r}, device='cpu')\n"
         "except SGLangNotInstalledError as exc:\n    print('ERROR:', exc)\n"
     )

@@ -1,26 +1,12 @@
 """HybridFlow's FSDP2 training engine and HF-transformers rollout engine.
 
-Names are imported lazily so that loading the plugin (``hf_fsdp.plugin``) does not pull in
-transformers.
+Engines are built by name through the plugin registry (``fsdp``, ``hf``), so importing this
+package imports nothing heavy.  Where things are:
+
+- ``hf_fsdp.engine.FSDPEngine`` and ``hf_fsdp.config.FSDPEngineConfig``: the training engine;
+- ``hf_fsdp.rollout.HFRolloutEngine`` and ``hf_fsdp.config.HFRolloutConfig``: the rollout engine;
+- ``hf_fsdp.export.FSDPWeightMapping``: FSDP <-> canonical (HF) names;
+- ``hf_fsdp.loading``, ``hf_fsdp.checkpoint``, ``hf_fsdp.optim``, ``hf_fsdp.offload``: the parts.
 """
 
-from __future__ import annotations
-
-from hf_core.plugins.lazy import lazy_exports
-
 __version__ = "0.1.0"
-
-_EXPORTS = {
-    "FSDPEngine": "hf_fsdp.engine",
-    "FSDPEngineConfig": "hf_fsdp.config",
-    "HFRolloutConfig": "hf_fsdp.config",
-    "EngineConfigError": "hf_fsdp.config",
-    "HFRolloutEngine": "hf_fsdp.rollout",
-    "FSDPWeightMapping": "hf_fsdp.export",
-    "CheckpointError": "hf_fsdp.checkpoint",
-    "ModelLoadError": "hf_fsdp.loading",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__ = lazy_exports(__name__, _EXPORTS)

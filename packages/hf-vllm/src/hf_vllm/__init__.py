@@ -1,26 +1,12 @@
 """HybridFlow's vLLM rollout engine (hybrid mode: in-process, next to the training engine).
 
-Names are imported lazily so that loading the plugin (``hf_vllm.plugin``) imports neither
-vLLM nor transformers.
+The engine is built by name through the plugin registry (``vllm``), so importing this package
+imports neither vLLM nor transformers.  Where things are:
+
+- ``hf_vllm.engine.VLLMRolloutEngine`` and ``hf_vllm.config.VLLMRolloutConfig``;
+- ``hf_vllm.weights``: canonical (HF) tensors -> vLLM, in buckets, in place;
+- ``hf_vllm.parallel``: generation TP/DP inside the training ranks;
+- ``hf_vllm.runtime``: importing vLLM (``VLLMNotInstalledError`` names the extra to install).
 """
 
-from __future__ import annotations
-
-from hf_core.plugins.lazy import lazy_exports
-
 __version__ = "0.1.0"
-
-_EXPORTS = {
-    "VLLMRolloutEngine": "hf_vllm.engine",
-    "VLLMRolloutConfig": "hf_vllm.config",
-    "EngineConfigError": "hf_vllm.config",
-    "GenerationRank": "hf_core.engines",
-    "SyncStats": "hf_core.engines",
-    "VLLMSyncStats": "hf_vllm.weights",
-    "sync_weights": "hf_vllm.weights",
-    "VLLMNotInstalledError": "hf_vllm.runtime",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__ = lazy_exports(__name__, _EXPORTS)

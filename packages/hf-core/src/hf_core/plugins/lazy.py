@@ -1,14 +1,13 @@
-"""Lazy imports for backend packages: loading a plugin must not import its framework.
+"""Lazy engine factories: loading a plugin must not import its framework.
 
 ``hybridflow backends`` and recipe checks load every installed plugin; a backend's framework
-(vLLM, SGLang, megatron-core, transformers) is imported only when an engine is built, or when
-one of the package's public names is first used.
+(vLLM, SGLang, megatron-core, transformers) is imported only when an engine is built.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 
@@ -16,17 +15,6 @@ def import_object(path: str) -> Any:
     """The object at ``"package.module:Name"``."""
     module_name, _, attr = path.partition(":")
     return getattr(importlib.import_module(module_name), attr)
-
-
-def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module-level ``__getattr__`` resolving ``name -> "module"`` on first use (PEP 562)."""
-
-    def __getattr__(name: str) -> Any:
-        if name in exports:
-            return getattr(importlib.import_module(exports[name]), name)
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
-
-    return __getattr__
 
 
 def engine_factory(path: str) -> Callable[..., Any]:

@@ -157,13 +157,19 @@ class PromptLoader:
             "version": _STATE_VERSION,
             "epoch": self._epoch,
             "offset": self._offset,
+            **self._identity(),
+            "order_digest": self._order_digest(self._epoch),
+        }
+
+    def _identity(self) -> dict[str, Any]:
+        """What must match for a saved position to mean the same batches on resume."""
+        return {
             "seed": self.seed,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
             "batch_size": self.batch_size,
             "num_samples": len(self.dataset),
             "dataset_fingerprint": self.dataset.fingerprint,
-            "order_digest": self._order_digest(self._epoch),
         }
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
@@ -177,14 +183,7 @@ class PromptLoader:
             raise DataError(f"unsupported PromptLoader state version {state.get('version')!r}")
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if strict:
-            expected = {
-                "seed": self.seed,
-                "shuffle": self.shuffle,
-                "drop_last": self.drop_last,
-                "batch_size": self.batch_size,
-                "num_samples": len(self.dataset),
-                "dataset_fingerprint": self.dataset.fingerprint,
-            }
+            expected = self._identity()
             diffs = [
                 f"{key}: saved {state.get(key)!r}, now {value!r}"
                 for key, value in expected.items()

@@ -22,9 +22,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from hf_core.metrics import summary as learning_summary
 from hf_core.metrics.jsonl import (
     JsonlAppender,
     encode_row,
@@ -32,18 +32,15 @@ from hf_core.metrics.jsonl import (
     to_float,
     truncate_metrics_jsonl,
 )
-from hf_core.metrics.summary import (
-    REWARD_KEY,
-    THROUGHPUT_KEY,
-    LearningSummary,
-    PlotUnavailableError,
-    plot_metrics,
-    summarize_learning,
-)
 
 logger = logging.getLogger("hf_core.metrics")
 
-DEFAULT_PROGRESS_KEYS = (REWARD_KEY, "actor/kl", "response_length/mean", THROUGHPUT_KEY)
+DEFAULT_PROGRESS_KEYS = (
+    learning_summary.REWARD_KEY,
+    "actor/kl",
+    "response_length/mean",
+    learning_summary.THROUGHPUT_KEY,
+)
 
 
 class MetricsSinkError(RuntimeError):
@@ -61,7 +58,7 @@ class RunSummary:
     jsonl_path: Path
     plot_path: Path | None
     plot_error: str | None
-    learning: LearningSummary | None
+    learning: learning_summary.LearningSummary | None
 
 
 def _fmt(value: float) -> str:
@@ -110,7 +107,7 @@ class MetricsLogger:
         progress_keys: Sequence[str] = DEFAULT_PROGRESS_KEYS,
         resume_step: int | None = None,
         overwrite: bool = False,
-        plot_keys: Sequence[str] = (REWARD_KEY, THROUGHPUT_KEY),
+        plot_keys: Sequence[str] = (learning_summary.REWARD_KEY, learning_summary.THROUGHPUT_KEY),
         summary_keys: Sequence[str] | None = None,
         console: Any = None,
         fsync: bool = False,
@@ -284,7 +281,7 @@ class MetricsLogger:
     def summary(self) -> RunSummary:
         learning = None
         try:
-            learning = summarize_learning(self.rows, REWARD_KEY)
+            learning = learning_summary.summarize_learning(self.rows, learning_summary.REWARD_KEY)
         except ValueError:
             pass
         steps = [row["step"] for row in self.rows]
@@ -313,10 +310,10 @@ class MetricsLogger:
                 plot_error = "no steps were logged"
             else:
                 try:
-                    plot_path = plot_metrics(
+                    plot_path = learning_summary.plot_metrics(
                         self.rows, self.plot_path, self.plot_keys, title=self.run_name
                     )
-                except PlotUnavailableError as e:
+                except learning_summary.PlotUnavailableError as e:
                     plot_error = str(e)
                     logger.warning("%s", e)
         summary = dataclasses.replace(summary, plot_path=plot_path, plot_error=plot_error)
@@ -365,12 +362,7 @@ class MetricsLogger:
     def __enter__(self) -> MetricsLogger:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if exc_type is None:
             self.finish()
         else:

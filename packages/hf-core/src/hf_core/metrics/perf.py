@@ -6,7 +6,6 @@ Peak memory is read by :mod:`hf_core.device` (the one place that asks the accele
 from __future__ import annotations
 
 import time
-from types import TracebackType
 
 import torch
 
@@ -49,12 +48,7 @@ class Timer:
         self._start = time.perf_counter()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._sync()
         assert self._start is not None
         self.seconds = time.perf_counter() - self._start

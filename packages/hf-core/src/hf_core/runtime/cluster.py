@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from types import TracebackType
 from typing import Any
 
 import ray
@@ -50,12 +49,7 @@ class Cluster:
         self._started = True
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._started:
             ray.shutdown()
             self._started = False

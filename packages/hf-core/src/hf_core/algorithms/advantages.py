@@ -34,19 +34,8 @@ from typing import Any
 import torch
 
 from hf_core.algorithms.groups import GroupIndex, group_ids, group_onehot
-from hf_core.algorithms.masked import masked_sum, masked_whiten
+from hf_core.algorithms.masked import check_token_shapes, masked_sum, masked_whiten
 from hf_core.algorithms.registry import advantage_estimator, get_advantage_estimator
-
-
-def _check_token_inputs(response_mask: torch.Tensor, **tensors: torch.Tensor) -> None:
-    if response_mask.ndim != 2:
-        raise ValueError(f"response_mask must be [B, T], got {tuple(response_mask.shape)}")
-    for name, tensor in tensors.items():
-        if tensor.shape != response_mask.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}, "
-                f"expected response_mask's {tuple(response_mask.shape)}"
-            )
 
 
 def _zero_padding(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -65,7 +54,7 @@ def broadcast_to_tokens(sequence_values: torch.Tensor, response_mask: torch.Tens
 
 def sequence_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Σ_t r_t over valid tokens: the outcome score of each response [B]."""
-    _check_token_inputs(response_mask, token_level_rewards=token_level_rewards)
+    check_token_shapes(response_mask, token_level_rewards=token_level_rewards)
     return masked_sum(token_level_rewards, response_mask, dim=-1)
 
 
@@ -138,7 +127,7 @@ def gae_advantage(
     masked-out tool tokens chain their own tokens.  ``whiten`` normalises the advantages over
     the batch's valid tokens (returns are computed before whitening).
     """
-    _check_token_inputs(response_mask, token_level_rewards=token_level_rewards, values=values)
+    check_token_shapes(response_mask, token_level_rewards=token_level_rewards, values=values)
     batch = token_level_rewards.shape[0]
     dtype = token_level_rewards.dtype
     next_value = torch.zeros(batch, dtype=dtype, device=values.device)
@@ -241,7 +230,7 @@ def remax_advantage(
     paper, and with KL-shaped rewards each token only answers for the penalties after it.
     Returns are the returns-to-go.
     """
-    _check_token_inputs(response_mask, token_level_rewards=token_level_rewards)
+    check_token_shapes(response_mask, token_level_rewards=token_level_rewards)
     returns = _reverse_discounted_sum(token_level_rewards, response_mask, gamma=1.0)
     baseline = broadcast_to_tokens(baseline_scores.to(returns.dtype), response_mask)
     return _zero_padding(returns - baseline, response_mask), returns
@@ -261,7 +250,7 @@ def reinforce_plus_plus_advantage(
     A = (G − mean)/std over every valid token of the batch: a global baseline with no critic and
     no per-prompt groups.
     """
-    _check_token_inputs(response_mask, token_level_rewards=token_level_rewards)
+    check_token_shapes(response_mask, token_level_rewards=token_level_rewards)
     returns = _reverse_discounted_sum(token_level_rewards, response_mask, gamma=gamma)
     return masked_whiten(returns, response_mask), returns
 

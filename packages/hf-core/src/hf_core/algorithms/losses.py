@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hf_core.algorithms.aggregation import aggregate_loss
 from hf_core.algorithms.groups import GroupIndex
 from hf_core.algorithms.kl import kl_penalty
-from hf_core.algorithms.masked import masked_mean
+from hf_core.algorithms.masked import check_token_shapes, masked_mean
 from hf_core.algorithms.registry import get_aggregation_mode, policy_loss
 
 #: Log-ratios are clamped to ±20 before exp (as verl does) so one stale token cannot give inf.
@@ -52,17 +52,6 @@ class PolicyLossConfig(BaseModel):
         return mode
 
 
-def _check_same_shape(response_mask: torch.Tensor, **tensors: torch.Tensor) -> None:
-    if response_mask.ndim != 2:
-        raise ValueError(f"response_mask must be [B, T], got {tuple(response_mask.shape)}")
-    for name, tensor in tensors.items():
-        if tensor.shape != response_mask.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}, "
-                f"expected response_mask's {tuple(response_mask.shape)}"
-            )
-
-
 def _fraction(condition: torch.Tensor, response_mask: torch.Tensor) -> float:
     return float(masked_mean(condition.to(torch.get_default_dtype()), response_mask))
 
@@ -75,7 +64,7 @@ def _clipped_surrogate(
     config: PolicyLossConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Per-token PPO clip loss, the (padding-zeroed) advantages and the shared metrics."""
-    _check_same_shape(
+    check_token_shapes(
         response_mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages
     )
     valid = response_mask != 0
@@ -120,6 +109,18 @@ def ppo_clip_loss(
     loss_mat, _, metrics = _clipped_surrogate(
         log_prob, old_log_prob, advantages, response_mask, config
     )
+    return _aggregate_policy_loss(loss_mat, response_mask, config, index, group_size, metrics)
+
+
+def _aggregate_policy_loss(
+    loss_mat: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    index: GroupIndex | None,
+    group_size: int | None,
+    metrics: dict[str, float],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Reduce per-token losses with the configured aggregation; record ``pg_loss``."""
     loss = aggregate_loss(
         loss_mat,
         response_mask,
@@ -158,16 +159,7 @@ def dual_clip_ppo_loss(
     negative = advantages < 0
     loss_mat = torch.where(negative, torch.minimum(clip_loss, cap), clip_loss)
     metrics["pg_clipfrac_lower"] = _fraction(negative & (clip_loss > cap), response_mask)
-    loss = aggregate_loss(
-        loss_mat,
-        response_mask,
-        config.loss_agg_mode,
-        index=index,
-        group_size=group_size,
-        norm_length=config.norm_length,
-    )
-    metrics["pg_loss"] = float(loss.detach())
-    return loss, metrics
+    return _aggregate_policy_loss(loss_mat, response_mask, config, index, group_size, metrics)
 
 
 def value_loss(
@@ -189,7 +181,7 @@ def value_loss(
     gives the plain ½(V − R)².  Metrics: ``vf_loss``, ``vf_clipfrac`` (share of valid tokens
     where the clipped error is the larger), ``vpred_mean``.
     """
-    _check_same_shape(response_mask, values=values, old_values=old_values, returns=returns)
+    check_token_shapes(response_mask, values=values, old_values=old_values, returns=returns)
     valid = response_mask != 0
     values = torch.where(valid, values, 0.0)
     old_values = torch.where(valid, old_values, 0.0)
@@ -245,7 +237,7 @@ def entropy_bonus(
     PPO eq. 9).  Use the same ``loss_agg_mode`` as the policy loss so both weigh tokens alike.
     Metrics: ``entropy`` (aggregated) and ``entropy_coef``.
     """
-    _check_same_shape(response_mask, entropy=entropy)
+    check_token_shapes(response_mask, entropy=entropy)
     aggregated = aggregate_loss(
         entropy,
         response_mask,
@@ -274,7 +266,7 @@ def kl_loss(
     k3 by default: unbiased, non-negative and low-variance (Schulman 2020), as GRPO uses.
     Metric: ``kl_loss``.
     """
-    _check_same_shape(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
+    check_token_shapes(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
     valid = response_mask != 0
     kl = kl_penalty(
         torch.where(valid, log_prob, 0.0), torch.where(valid, ref_log_prob, 0.0), estimator

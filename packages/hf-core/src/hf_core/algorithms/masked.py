@@ -90,3 +90,15 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask != 0, whitened, torch.zeros((), dtype=whitened.dtype))
+
+
+def check_token_shapes(response_mask: torch.Tensor, **tensors: torch.Tensor) -> None:
+    """Every per-token input must be ``[B, T]``, the response mask's shape (names the culprit)."""
+    if response_mask.ndim != 2:
+        raise ValueError(f"response_mask must be [B, T], got {tuple(response_mask.shape)}")
+    for name, tensor in tensors.items():
+        if tensor.shape != response_mask.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, "
+                f"expected response_mask's {tuple(response_mask.shape)}"
+            )

@@ -44,6 +44,7 @@ from hf_testing.conformance.reference import (
     prompt_texts,
     responses_of,
 )
+from hf_testing.tiny import QWEN2_TIED
 
 ROLLOUT_CAPABILITIES: tuple[type, ...] = (HasGenerationRank, LoadsTPSlices)
 CAPABILITY_CHECKS: dict[type, str] = {
@@ -87,7 +88,7 @@ class RolloutEngineConformance:
     """The name the backend registers (``get_rollout_engine(engine)``)."""
     engine_config: ClassVar[dict[str, Any]] = {}
     """Keyword config besides ``model_path``."""
-    model: ClassVar[dict[str, Any]] = {"family": "qwen2", "tie_word_embeddings": True}
+    model: ClassVar[dict[str, Any]] = QWEN2_TIED
     """Arguments of :func:`hf_testing.tiny.build_tiny_model` (tied: the harder case to sync)."""
     capabilities: ClassVar[frozenset[type]] = frozenset()
     """The rollout capability protocols (``HasGenerationRank``, ``LoadsTPSlices``) it has."""
@@ -290,6 +291,17 @@ class RolloutEngineConformance:
         world = dist.get_world_size() if dist.is_initialized() else 1
         assert rank.dp_size * rank.tp_size == world
         assert 0 <= rank.dp_rank < rank.dp_size and 0 <= rank.tp_rank < rank.tp_size
+
+    def test_release_and_resume_memory_keep_the_weights(
+        self, rollout_engine: RolloutEngine, prompts: Batch
+    ) -> None:
+        """What core does around each training phase; generation afterwards is unchanged."""
+        few = prompts.index(list(range(4)))
+        before = self.greedy(rollout_engine, few)
+        assert rollout_engine.release_memory() is None
+        assert rollout_engine.resume_memory() is None
+        after = self.greedy(rollout_engine, few)
+        assert responses_of(after) == responses_of(before)
 
     def check_sync_metrics(self, engine: RolloutEngine) -> None:
         """``sync_metrics()`` after a sync: floats under ``weight_sync/`` (possibly none)."""

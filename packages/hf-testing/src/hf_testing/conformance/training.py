@@ -42,6 +42,7 @@ from hf_testing.conformance.reference import (
     policy_loss,
     rollout_batch,
 )
+from hf_testing.tiny import QWEN2_TIED
 
 TRAINING_CAPABILITIES: tuple[type, ...] = (HasWorkerMesh, ExportsHF, Offloadable, Closeable)
 CAPABILITY_CHECKS: dict[type, str] = {
@@ -88,7 +89,7 @@ class TrainingEngineConformance:
     """The name the backend registers (``get_training_engine(engine)``)."""
     engine_config: ClassVar[dict[str, Any]] = {}
     """Keyword config besides ``model_path``; it must allow training (a ``train_step``)."""
-    model: ClassVar[dict[str, Any]] = {"family": "qwen2", "tie_word_embeddings": True}
+    model: ClassVar[dict[str, Any]] = QWEN2_TIED
     """Arguments of :func:`hf_testing.tiny.build_tiny_model` (tied: the harder case)."""
     capabilities: ClassVar[frozenset[type]] = frozenset()
     """The :mod:`hf_core.engines.capabilities` protocols the engine must satisfy, exactly."""

@@ -8,7 +8,7 @@ sets a few attributes; pytest collects the inherited checks::
 
     class TestMyTrainingConformance(TrainingEngineConformance):
         engine = "my-engine"
-        engine_config = {"lr": 1e-3}
+        engine_config: ClassVar[dict[str, Any]] = {"lr": 1e-3}
         capabilities = frozenset({ExportsHF})
 
     class TestMyRolloutConformance(RolloutEngineConformance):

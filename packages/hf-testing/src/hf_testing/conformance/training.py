@@ -4,7 +4,7 @@ A backend's tests run them with a few lines::
 
     class TestFSDPConformance(TrainingEngineConformance):
         engine = "fsdp"
-        engine_config = {"lr": 1e-3}
+        engine_config: ClassVar[dict[str, Any]] = {"lr": 1e-3}
         capabilities = frozenset({ExportsHF, Offloadable})
 
 The engine is built through the plugin registry (``get_training_engine(engine)``) in the

@@ -1,0 +1,123 @@
+"""GPU-only test support: skipping ``gpu``-marked tests without CUDA, torchrun jobs.
+
+A GPU test runs its engine under torchrun in fresh processes (nccl needs its own process
+group; CPU tests of the same session may already have made a gloo one).  The job script
+writes one ``rank{r}.pt`` dict per rank; the test asserts on those dicts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+def skip_gpu_items(items: list[pytest.Item], reason: str) -> None:
+    """Skip every ``gpu``-marked item when this machine has no CUDA device.
+
+    Call it from a conftest's ``pytest_collection_modifyitems``; ``reason`` says what the
+    package's GPU tests need.
+    """
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# ------------------------------------------------------------------ the test side
+
+
+def run_torchrun_job(script: Path, model_path: Path, out_dir: Path) -> list[dict[str, Any]]:
+    """Run ``script MODEL_DIR OUT_DIR`` on up to two GPUs; returns each rank's result dict."""
+    world = min(2, torch.cuda.device_count())
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}"]
+    cmd += [str(script), str(model_path), str(out_dir)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def assert_bf16_log_probs(result: Mapping[str, Any], model_path: Path) -> None:
+    """The job's log-probs are close to the fp32 HF model's, yet not bit-equal (so they were
+    computed in bf16), and its training step's gradient norm is finite."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    batch = result["batch"]
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits[:, -batch["responses"].shape[1] - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    diff = ((result["log_probs"].cpu() - expected) * batch["response_mask"]).abs()
+    assert float(diff.mean()) < 0.05  # close to fp32 ...
+    assert float(diff.max()) > 1e-6  # ... but computed in bf16, not fp32
+    assert torch.isfinite(torch.tensor(result["metrics"]["grad_norm"]))
+
+
+def assert_offload_round_trip(result: Mapping[str, Any]) -> None:
+    """What :func:`offload_round_trip` recorded: offload frees GPU memory, a forward pass
+    while offloaded is refused, onload restores the memory and training goes on."""
+    assert result["mem_offloaded"] < 0.5 * result["mem_trained"]
+    assert "offloaded; call onload() first" in result["offloaded_error"]
+    assert result["mem_onloaded"] >= 0.9 * result["mem_trained"]
+    assert result["metrics_after_onload"]["update_skipped"] == 0.0
+
+
+# ------------------------------------------------------------------ the job side
+
+
+def start_nccl_job() -> tuple[int, int, dict[str, Any]]:
+    """In a torchrun process: pin the local GPU, join the nccl group.
+
+    Returns ``(rank, world, results)`` with ``results`` holding the backend and world size.
+    """
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return rank, world, {"backend": dist.get_backend(), "world": world}
+
+
+def offload_round_trip(
+    engine: Any,
+    batch: Any,
+    loss_fn: Callable[..., Any],
+    while_offloaded: Callable[[], Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Offload a trained engine, try a forward pass, onload and train again; records GPU
+    memory at each point.  ``while_offloaded`` adds what a backend checks in between."""
+    torch.cuda.synchronize()
+    out: dict[str, Any] = {"mem_trained": torch.cuda.memory_allocated()}
+    engine.offload()
+    out["mem_offloaded"] = torch.cuda.memory_allocated()
+    if while_offloaded is not None:
+        out.update(while_offloaded())
+    try:
+        engine.compute_log_probs(batch)
+        out["offloaded_error"] = None
+    except RuntimeError as exc:
+        out["offloaded_error"] = str(exc)
+    engine.onload()
+    out["mem_onloaded"] = torch.cuda.memory_allocated()
+    out["metrics_after_onload"] = engine.train_step(batch, loss_fn)
+    return out
+
+
+def finish_nccl_job(results: Mapping[str, Any], out_dir: str, rank: int) -> None:
+    """Write this rank's ``rank{r}.pt`` and leave the process group."""
+    import torch.distributed as dist
+
+    torch.save(dict(results), Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()

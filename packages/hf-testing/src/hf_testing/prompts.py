@@ -1,0 +1,26 @@
+"""Prompts the rollout-engine tests generate from: varied, left-padded, deterministic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def encode(path: Path, texts: list[str]) -> dict[str, torch.Tensor]:
+    """Left-padded token ids and mask for ``texts`` (the layout rollout engines take)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    return dict(tokenizer(texts, return_tensors="pt", padding=True))
+
+
+def prompt_texts(count: int) -> list[str]:
+    """Prompts of varied length and content (so left padding and outputs vary)."""
+    kinds = [
+        lambda i: f"reverse {i * 7919 % 100000}:",
+        lambda i: f"{i * 37 % 1000}+{i * 53 % 100}=",
+        lambda i: "".join("abcdefghij"[(i * k) % 10] for k in range(1, 2 + i % 6)),
+        lambda i: f"Hello, World {i}!",
+    ]
+    return [kinds[i % len(kinds)](i) for i in range(count)]

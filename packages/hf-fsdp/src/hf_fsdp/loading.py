@@ -104,7 +104,7 @@ def load_hf_config(cfg: FSDPEngineConfig, folder: Path) -> PretrainedConfig:
     return hf_config
 
 
-def model_class(head: HeadKind) -> type:
+def model_class(head: HeadKind) -> Any:
     """The transformers auto class for a head kind."""
     import transformers
 

@@ -49,7 +49,9 @@ def needed() -> bool:
 
 
 # --------------------------------------------------------------------------- RNG
-def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False):
+def _cpu_get_rng_state(
+    device: Any = "cuda", clone: bool = False, graph_safe: bool = False
+) -> torch.Tensor:
     """Stand-in for ``torch.cuda.get_rng_state`` and megatron's ``_get_cuda_rng_state``.
 
     megatron's ``CudaRNGStatesTracker`` forks a "CUDA" RNG for tensor-parallel regions
@@ -61,7 +63,7 @@ def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bo
     return state.clone() if clone else state
 
 
-def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False):
+def _cpu_set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
     """Stand-in for ``torch.cuda.set_rng_state`` and megatron's ``_set_cuda_rng_state``."""
     torch.set_rng_state(new_state)
 

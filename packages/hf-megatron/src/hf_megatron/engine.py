@@ -196,7 +196,8 @@ class MegatronEngine(TrainingEngine):
             bf16=self.dtype == torch.bfloat16,
             fp16=self.dtype == torch.float16,
         )
-        overrides = {} if cfg.weight_decay_scope == "all" else None  # None: megatron's rule
+        # None: megatron's own rule for which parameters get weight decay
+        overrides: dict[Any, Any] | None = {} if cfg.weight_decay_scope == "all" else None
         self.optimizer = get_megatron_optimizer(opt_config, [self._ddp], config_overrides=overrides)
         self.tconfig.finalize_model_grads_func = finalize_model_grads
         self.tconfig.no_sync_func = self._ddp.no_sync

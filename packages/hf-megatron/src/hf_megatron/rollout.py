@@ -65,7 +65,9 @@ class MegatronRolloutEngine(RolloutEngine):
         rank, world = dist.get_rank(), dist.get_world_size()
         if plan is not None and plan.gen.pp != 1:
             raise NotImplementedError("the megatron rollout engine supports generation pp = 1")
-        tp_groups = plan.gen_tp_groups if plan is not None else [(r,) for r in range(world)]
+        tp_groups: list[tuple[int, ...]] = (
+            list(plan.gen_tp_groups) if plan is not None else [(r,) for r in range(world)]
+        )
         self.tp_ranks = next(g for g in tp_groups if rank in g)
         self.tp_rank, self.tp_size = self.tp_ranks.index(rank), len(self.tp_ranks)
         self.tp_group = _groups(tp_groups)[self.tp_ranks]

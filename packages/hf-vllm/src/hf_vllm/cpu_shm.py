@@ -18,6 +18,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -42,9 +43,9 @@ def private_shm_names(token: str) -> Iterator[bool]:
     except ImportError:
         yield False
         return
-    shm_class = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    shm_class: Any = getattr(cpu_communicator, "_CPUSHMDistributed", None)
     original = getattr(shm_class, "make_group_name", None)
-    if original is None:
+    if shm_class is None or original is None:
         yield False
         return
 
@@ -60,7 +61,7 @@ def private_shm_names(token: str) -> Iterator[bool]:
 
 def unlink_segments(token: str) -> list[str]:
     """Remove the ``/dev/shm`` names that start with ``token`` (every rank may call this)."""
-    removed = []
+    removed: list[str] = []
     if not SHM_DIR.is_dir():
         return removed
     for path in SHM_DIR.glob(f"{token}*"):

@@ -134,6 +134,15 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             self._generation_rank,
         )
 
+    def close(self) -> None:
+        """Stop the engine core a lone-process engine started (it holds a process group).
+
+        Inside a training group (``external_launcher``) the engine runs on the trainer's own
+        process group, which vLLM's shutdown would destroy: there the trainer owns teardown.
+        """
+        if self.executor != "external_launcher":
+            self.llm.llm_engine.engine_core.shutdown()
+
     def generation_rank(self) -> GenerationRank:
         """This rank's generation DP replica and TP rank (as vLLM built its TP group), so
         core's ``3D_ALL_MICRO_DP`` gives every rank of one engine the same prompts."""

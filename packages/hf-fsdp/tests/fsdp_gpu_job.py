@@ -6,25 +6,16 @@ Each rank writes ``OUT_DIR/rank{r}.pt`` with what the test asserts on.
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
+from hf_testing.gpu import finish_nccl_job, offload_round_trip, start_nccl_job
+from hf_testing.workers import policy_loss, rollout_batch
 
 
 def main(model_path: str, out_dir: str) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from fsdp_test_workers import policy_loss, rollout_batch
-
     from hf_fsdp.engine import FSDPEngine
 
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results: dict[str, object] = {"backend": dist.get_backend(), "world": world}
-
+    rank, world, results = start_nccl_job()
     engine = FSDPEngine({"model_path": model_path, "lr": 1e-3, "micro_batch_size": 2})
     results["device"] = str(engine.device)
     results["master_dtype"] = str(next(engine.model.parameters()).dtype)
@@ -33,21 +24,11 @@ def main(model_path: str, out_dir: str) -> None:
     results["log_probs"] = engine.compute_log_probs(batch)["log_probs"]
     results["metrics"] = engine.train_step(batch, policy_loss)
 
-    torch.cuda.synchronize()
-    results["mem_trained"] = torch.cuda.memory_allocated()
-    engine.offload()
-    results["mem_offloaded"] = torch.cuda.memory_allocated()
-    results["shard_devices_offloaded"] = sorted(
-        {str(p.to_local().device) for p in engine.model.parameters()}
-    )
-    try:
-        engine.compute_log_probs(batch)
-        results["offloaded_forward_error"] = None
-    except RuntimeError as exc:
-        results["offloaded_forward_error"] = str(exc)
-    engine.onload()
-    results["mem_onloaded"] = torch.cuda.memory_allocated()
-    results["metrics_after_onload"] = engine.train_step(batch, policy_loss)
+    def shard_devices() -> dict[str, list[str]]:
+        devices = {str(p.to_local().device) for p in engine.model.parameters()}
+        return {"shard_devices_offloaded": sorted(devices)}
+
+    results |= offload_round_trip(engine, batch, policy_loss, while_offloaded=shard_devices)
 
     # FSDP2's own CPU offload policy: shards in host memory, gathered to the GPU for compute.
     host = FSDPEngine({"model_path": model_path, "cpu_offload": True, "trainable": False})
@@ -57,9 +38,7 @@ def main(model_path: str, out_dir: str) -> None:
     results["host_log_probs"] = host.compute_log_probs(batch)["log_probs"]
     names = [n for bucket in host.export_weights(1 << 16) for n, _ in bucket]
     results["host_exported"] = len(names)
-
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    finish_nccl_job(results, out_dir, rank)
 
 
 if __name__ == "__main__":

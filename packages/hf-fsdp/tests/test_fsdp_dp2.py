@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_test_workers import policy_loss, rollout_batch, value_loss
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -20,6 +19,7 @@ from transformers import (
 
 from hf_core.batch import Batch
 from hf_core.runtime import ResourcePool, WorkerGroup, spawn
+from hf_testing.workers import policy_loss, resumed_runs, rollout_batch, value_loss
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -245,25 +245,11 @@ def test_resume_from_checkpoint_is_identical(
         "total_steps": 6,
     }
     first, second = (rollout_batch(B, P, R, _vocab(path), seed=s) for s in (31, 32))
-    ckpt = str(tmp_path / "ckpt")
+    run_a, run_b, steps = resumed_runs(group, config, first, second, str(tmp_path / "ckpt"))
 
-    group.build("run_a", config)
-    group.train(first, name="run_a", loss="policy")
-    group.save("run_a", ckpt)
-    rand_a = group.rand()
-    metrics_a = group.train(second, name="run_a", loss="policy")
-    weights_a = group.weights("run_a")[0]
-
-    group.build("run_b", config)  # a fresh process state: built from the HF folder again
-    assert group.load("run_b", ckpt) == [1, 1]
-    rand_b = group.rand()
-    metrics_b = group.train(second, name="run_b", loss="policy")
-    weights_b = group.weights("run_b")[0]
-
-    assert rand_a == rand_b  # each rank's RNG restored
-    assert metrics_a == metrics_b  # same lr (scheduler restored), loss and grad norm
-    assert metrics_a[0]["lr"] == TRAIN["lr"]  # step 2 of a 2-step warm-up
-    for name, tensor in weights_a.items():
-        assert torch.equal(tensor, weights_b[name]), name
-    group.drop("run_a")
-    group.drop("run_b")
+    assert steps == [1, 1]
+    assert run_a.rand == run_b.rand  # each rank's RNG restored
+    assert run_a.metrics == run_b.metrics  # same lr (scheduler restored), loss and grad norm
+    assert run_a.metrics[0]["lr"] == TRAIN["lr"]  # step 2 of a 2-step warm-up
+    for name, tensor in run_a.weights.items():
+        assert torch.equal(tensor, run_b.weights[name]), name

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_test_workers import policy_loss, rollout_batch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -19,6 +18,7 @@ from hf_fsdp.checkpoint import CheckpointError
 from hf_fsdp.engine import FSDPEngine
 from hf_fsdp.loading import ModelLoadError
 from hf_fsdp.rollout import HFRolloutEngine
+from hf_testing.workers import policy_loss, rollout_batch
 
 VOCAB = 128
 

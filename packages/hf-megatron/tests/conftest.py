@@ -1,4 +1,7 @@
-"""Fixtures: tiny model folders (built once per session), one local Ray, one 4-rank group."""
+"""Fixtures: tiny model folders (built once per session) and one 4-rank group.
+
+``ray_cluster`` comes from hf-testing's plugin; GPU tests skip without CUDA.
+"""
 
 from __future__ import annotations
 
@@ -6,51 +9,34 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
-from hf_testing.ray_cluster import local_ray_cluster
+from hf_testing.gpu import skip_gpu_items
+from hf_testing.tiny import LLAMA, QWEN2_TIED, build_tiny_models
 
-TESTS_DIR = Path(__file__).parent
 GPU_REASON = "needs a CUDA GPU (nccl, Transformer Engine, bf16); this machine has none"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+MODELS = {
+    "qwen2_tied": QWEN2_TIED,
+    "qwen2": {"family": "qwen2", "seed": 4},
+    "llama": LLAMA,
+    "llama_tied": {"family": "llama", "tie_word_embeddings": True, "seed": 5},
+    "value": {"family": "qwen2", "head": "value", "seed": 2},
+}
+"""Both families, tied and untied, and a value model (plus ``odd_vocab``, see ``models``)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason=GPU_REASON)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    skip_gpu_items(items, GPU_REASON)
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Both families, tied and untied, a value model, and an odd vocabulary (real padding)."""
+    """:data:`MODELS` and an odd vocabulary (real padding)."""
     from megatron_test_workers import build_odd_vocab_model
 
-    from hf_testing.tiny import build_tiny_model
-
     root = tmp_path_factory.mktemp("models")
-    return {
-        "qwen2_tied": build_tiny_model(root / "qwen2_tied", "qwen2", tie_word_embeddings=True),
-        "qwen2": build_tiny_model(root / "qwen2", "qwen2", seed=4),
-        "llama": build_tiny_model(root / "llama", "llama", seed=1),
-        "llama_tied": build_tiny_model(
-            root / "llama_tied", "llama", tie_word_embeddings=True, seed=5
-        ),
-        "value": build_tiny_model(root / "value", "qwen2", head="value", seed=2),
-        "odd_vocab": build_odd_vocab_model(root / "odd_vocab", vocab_size=131),
-    }
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
-    with local_ray_cluster([TESTS_DIR]):
-        yield
+    built = build_tiny_models(root, MODELS)
+    built["odd_vocab"] = build_odd_vocab_model(root / "odd_vocab", vocab_size=131)
+    return built
 
 
 @pytest.fixture(scope="session")

@@ -6,27 +6,22 @@ Each rank writes ``OUT_DIR/rank{r}.pt`` with what the test asserts on.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+from hf_testing.gpu import finish_nccl_job, offload_round_trip, start_nccl_job
+from hf_testing.workers import policy_loss, rollout_batch
 
 
 def main(model_path: str, out_dir: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
-    from megatron_test_workers import make_plan, policy_loss, rollout_batch
+    from megatron_test_workers import make_plan
 
     from hf_megatron.engine import MegatronEngine
     from hf_megatron.model import have_transformer_engine
 
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results: dict[str, object] = {"backend": dist.get_backend(), "world": world}
+    rank, world, results = start_nccl_job()
     results["have_te"] = have_transformer_engine()
-
     engine = MegatronEngine(
         {
             "model_path": model_path,
@@ -48,22 +43,8 @@ def main(model_path: str, out_dir: str) -> None:
     names = [s.name for bucket in engine.export_slices(1 << 20, plan) for s in bucket]
     results["exported"] = len(names)
     results["received_fraction"] = engine.last_reshard.received_fraction
-
-    torch.cuda.synchronize()
-    results["mem_trained"] = torch.cuda.memory_allocated()
-    engine.offload()
-    results["mem_offloaded"] = torch.cuda.memory_allocated()
-    try:
-        engine.compute_log_probs(batch)
-        results["offloaded_error"] = None
-    except RuntimeError as exc:
-        results["offloaded_error"] = str(exc)
-    engine.onload()
-    results["mem_onloaded"] = torch.cuda.memory_allocated()
-    results["metrics_after_onload"] = engine.train_step(batch, policy_loss)
-
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    results |= offload_round_trip(engine, batch, policy_loss)
+    finish_nccl_job(results, out_dir, rank)
 
 
 if __name__ == "__main__":

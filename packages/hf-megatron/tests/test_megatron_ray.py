@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from megatron_test_workers import policy_loss, rollout_batch, value_loss
 from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
@@ -23,6 +22,7 @@ from transformers import (
 
 from hf_core.batch import Batch
 from hf_core.runtime import WorkerGroup
+from hf_testing.workers import policy_loss, resumed_runs, rollout_batch, value_loss
 
 ATOL = 1e-5
 B, P, R = 8, 6, 7  # global batch, prompt and response lengths
@@ -255,26 +255,13 @@ def test_resume_from_checkpoint_is_identical(
     config = _engine(path, 2, 2, **TRAIN, lr_schedule="cosine", warmup_steps=2, total_steps=6)
     first, second = (rollout_batch(B, P, R, _vocab(path), seed=s) for s in (31, 32))
     ckpt = str(tmp_path / "ckpt")
+    run_a, run_b, steps = resumed_runs(group, config, first, second, ckpt)
 
-    group.build("run_a", config)
-    group.train(first, name="run_a", loss="policy")
-    group.save("run_a", ckpt)
-    rand_a = group.rand()
-    metrics_a = group.train(second, name="run_a", loss="policy")
-    weights_a = group.weights("run_a")[0]
-    group.drop("run_a")
-
-    group.build("run_b", config)  # a fresh engine, built from the HF folder again
-    assert group.load("run_b", ckpt) == [1, 1, 1, 1]
-    rand_b = group.rand()
-    metrics_b = group.train(second, name="run_b", loss="policy")
-    weights_b = group.weights("run_b")[0]
-    group.drop("run_b")
-
-    assert rand_a == rand_b  # each rank's RNG restored
-    assert metrics_a == metrics_b  # same lr (schedule), loss, grad norm: optimizer state too
-    assert metrics_a[0]["lr"] == TRAIN["lr"]  # step 2 of a 2-step warm-up
-    differ = sorted(n for n, t in weights_a.items() if not torch.equal(t, weights_b[n]))
+    assert steps == [1, 1, 1, 1]
+    assert run_a.rand == run_b.rand  # each rank's RNG restored
+    assert run_a.metrics == run_b.metrics  # same lr (schedule), loss, grad norm: optimizer too
+    assert run_a.metrics[0]["lr"] == TRAIN["lr"]  # step 2 of a 2-step warm-up
+    differ = sorted(n for n, t in run_a.weights.items() if not torch.equal(t, run_b.weights[n]))
     assert not differ, differ
     bad = _engine(path, 1, 2, **TRAIN)  # another layout must be refused, naming both
     group.build("run_c", bad)

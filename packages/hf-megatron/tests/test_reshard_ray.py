@@ -15,7 +15,6 @@ from fractions import Fraction
 
 import pytest
 import torch
-from megatron_test_workers import rollout_batch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hf_core.batch import Batch
@@ -26,6 +25,7 @@ from hf_core.resharding import (
     naive_volume_fraction,
 )
 from hf_core.runtime import WorkerGroup
+from hf_testing.workers import rollout_batch
 
 TRAIN = ParallelLayout(pp=2, tp=2, dp=1, order="tp-dp-pp")
 BUCKET = 16 * 1024

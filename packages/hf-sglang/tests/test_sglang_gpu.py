@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import encode, needs_sglang, prompt_texts
+from conftest import needs_sglang
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
+from hf_testing.prompts import encode, prompt_texts
 
 pytestmark = [pytest.mark.gpu, needs_sglang]
 
@@ -42,9 +43,11 @@ def test_release_frees_device_memory_and_resume_restores(engine: object, tiny_mo
     prompts = Batch(encode(tiny_model, prompt_texts(8)))
     before = engine.generate(prompts, GREEDY)["responses"]
     free = free_bytes()
-    assert engine.release_memory() is True
+    engine.release_memory()
+    assert engine.memory_released
     assert free_bytes() > free + (64 << 20)  # the KV cache (and weights) left the device
-    assert engine.resume_memory() is True
+    engine.resume_memory()
+    assert not engine.memory_released
     assert torch.equal(engine.generate(prompts, GREEDY)["responses"], before)
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import encode, prompt_texts
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
+from hf_testing.prompts import encode, prompt_texts
 
 pytestmark = pytest.mark.gpu
 
@@ -56,10 +56,12 @@ def test_greedy_on_cuda_matches_hf_generate(engine, prompts: Batch, models: dict
 def test_release_frees_device_memory_and_resume_restores(engine, prompts: Batch) -> None:
     before = engine.generate(prompts, GREEDY)
     free_awake = _free_gpu_bytes()
-    assert engine.release_memory() is True
+    engine.release_memory()
+    assert engine.memory_released
     free_asleep = _free_gpu_bytes()
     assert free_asleep - free_awake > 256 * 2**20  # at least the KV cache went back
-    assert engine.resume_memory() is True
+    engine.resume_memory()
+    assert not engine.memory_released
     assert _free_gpu_bytes() < free_asleep - 256 * 2**20
     again = engine.generate(prompts, GREEDY)
     assert torch.equal(before["responses"], again["responses"])  # level 1 kept the weights

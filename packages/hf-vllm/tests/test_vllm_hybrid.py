@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import encode, prompt_texts
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_core.batch import Batch
 from hf_core.runtime import ResourcePool, WorkerGroup, spawn
+from hf_testing.prompts import encode, prompt_texts
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

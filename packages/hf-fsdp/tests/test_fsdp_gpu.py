@@ -14,15 +14,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
-from hf_testing.gpu import assert_bf16_log_probs, assert_offload_round_trip, run_torchrun_job
+from hf_testing.gpu import assert_bf16_log_probs, assert_offload_round_trip, torchrun_job_fixture
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def gpu_job(models: dict, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    script = Path(__file__).parent / "fsdp_gpu_job.py"
-    return run_torchrun_job(script, models["llama"], tmp_path_factory.mktemp("gpu_job"))
+gpu_job = torchrun_job_fixture(Path(__file__).parent / "fsdp_gpu_job.py")
 
 
 def test_nccl_and_bf16_compute_over_fp32_master_weights(gpu_job: list[dict], models: dict) -> None:

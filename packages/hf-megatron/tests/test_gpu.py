@@ -9,15 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hf_testing.gpu import assert_bf16_log_probs, assert_offload_round_trip, run_torchrun_job
+from hf_testing.gpu import assert_bf16_log_probs, assert_offload_round_trip, torchrun_job_fixture
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def gpu_job(models: dict, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    script = Path(__file__).parent / "megatron_gpu_job.py"
-    return run_torchrun_job(script, models["llama"], tmp_path_factory.mktemp("gpu_job"))
+gpu_job = torchrun_job_fixture(Path(__file__).parent / "megatron_gpu_job.py")
 
 
 def test_nccl_te_spec_and_bf16_log_probs(gpu_job: list[dict], models: dict) -> None:

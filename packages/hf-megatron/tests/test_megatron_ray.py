@@ -22,6 +22,7 @@ from transformers import (
 
 from hf_core.batch import Batch
 from hf_core.runtime import WorkerGroup
+from hf_testing.conformance.reference import hf_log_probs_and_entropy
 from hf_testing.workers import policy_loss, resumed_runs, rollout_batch, value_loss
 
 ATOL = 1e-5
@@ -94,15 +95,6 @@ def test_hf_to_megatron_to_hf_is_exact(
 # ------------------------------------------------------------------------- forwards
 
 
-def _reference_log_probs(
-    model: torch.nn.Module, batch: Batch, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    with torch.no_grad():
-        logits = model(**_inputs(batch)).logits[:, P - 1 : -1] / temperature
-    log_probs = torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None])[..., 0]
-    return log_probs, torch.distributions.Categorical(logits=logits).entropy()
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_log_probs_match_single_process_hf(group: WorkerGroup, models: dict, layout: str) -> None:
     tp, pp = LAYOUTS[layout]
@@ -112,7 +104,9 @@ def test_log_probs_match_single_process_hf(group: WorkerGroup, models: dict, lay
     group.build("ref", _engine(path, tp, pp, trainable=False, make_vocab_size_divisible_by=1))
     batch = rollout_batch(B, P, R, _vocab(path), seed=11)
     out = group.log_probs(batch, name="ref", temperature=0.7)
-    expected, entropy = _reference_log_probs(AutoModelForCausalLM.from_pretrained(path), batch, 0.7)
+    expected, entropy = hf_log_probs_and_entropy(
+        AutoModelForCausalLM.from_pretrained(path), batch, 0.7
+    )
     mask = batch["response_mask"]
     assert out["log_probs"].shape == (B, R)
     assert _masked_max_diff(out["log_probs"], expected, mask) < ATOL

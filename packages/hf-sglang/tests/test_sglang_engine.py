@@ -16,6 +16,13 @@ from conftest import needs_sglang
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
+from hf_testing.conformance.reference import (
+    hf_causal_lm,
+    hf_greedy,
+    hf_log_probs_and_entropy,
+    masked_max_diff,
+    responses_of,
+)
 from hf_testing.prompts import encode, prompt_texts
 
 pytestmark = needs_sglang
@@ -58,50 +65,9 @@ def actor(tiny_model: Path) -> object:
     )
 
 
-def hf_model(path: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path).eval()
-
-
-def hf_greedy(model: torch.nn.Module, prompts: Batch, max_new: int) -> list[list[int]]:
-    """transformers' own ``generate``: each row's tokens up to and including the first EOS."""
-    eos = model.generation_config.eos_token_id
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=prompts["input_ids"],
-            attention_mask=prompts["attention_mask"],
-            do_sample=False,
-            max_new_tokens=max_new,
-            pad_token_id=model.config.pad_token_id,
-            eos_token_id=eos,
-        )
-    rows = []
-    for row in out[:, prompts["input_ids"].shape[1] :].tolist():
-        rows.append(row[: row.index(eos) + 1] if eos in row else row)
-    return rows
-
-
-def responses_of(batch: Batch) -> list[list[int]]:
-    lengths = batch["response_mask"].sum(-1).tolist()
-    return [row[:n] for row, n in zip(batch["responses"].tolist(), lengths, strict=True)]
-
-
-def masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(((a - b) * mask).abs().max())
-
-
 def hf_log_probs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
     """Reference log-probs of ``responses`` under ``softmax(logits / temperature)``."""
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits
-    length = batch["responses"].shape[1]
-    scaled = logits[:, -length - 1 : -1].float() / temperature
-    return torch.log_softmax(scaled, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    return hf_log_probs_and_entropy(model, batch, temperature)[0]
 
 
 def greedy(engine: object, prompts: Batch, max_new: int = MAX_NEW) -> Batch:
@@ -113,7 +79,7 @@ def greedy(engine: object, prompts: Batch, max_new: int = MAX_NEW) -> Batch:
 
 def test_greedy_matches_hf_generate(engine: object, prompts: Batch, tiny_model: Path) -> None:
     out = greedy(engine, prompts)
-    expected = hf_greedy(hf_model(tiny_model), prompts, MAX_NEW)
+    expected = hf_greedy(hf_causal_lm(tiny_model), prompts, MAX_NEW)
     got = responses_of(out)
     assert len(got) == N_PROMPTS >= 32
     mismatched = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
@@ -150,7 +116,7 @@ def test_sampled_log_probs_are_tempered(engine: object, prompts: Batch, tiny_mod
     out = engine.generate(prompts.index(slice(0, 16)), params)
     assert len(out) == 32
     assert torch.equal(out["prompts"][0], out["prompts"][1])  # n samples are consecutive rows
-    model, mask = hf_model(tiny_model), out["response_mask"]
+    model, mask = hf_causal_lm(tiny_model), out["response_mask"]
     diff = masked_max_diff(out["rollout_log_probs"], hf_log_probs(model, out, 0.7), mask)
     raw = masked_max_diff(out["rollout_log_probs"], hf_log_probs(model, out, 1.0), mask)
     print(f"T=0.7 log-probs vs HF: max abs diff {diff:.2e} (vs untempered: {raw:.2e})")

@@ -35,6 +35,18 @@ def skip_gpu_items(items: list[pytest.Item], reason: str) -> None:
 # ------------------------------------------------------------------ the test side
 
 
+def torchrun_job_fixture(script: Path) -> Any:
+    """A module-scoped ``gpu_job`` fixture: ``script`` run on the ``llama`` tiny model."""
+
+    @pytest.fixture(scope="module", name="gpu_job")
+    def gpu_job(
+        models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    ) -> list[dict[str, Any]]:
+        return run_torchrun_job(script, models["llama"], tmp_path_factory.mktemp("gpu_job"))
+
+    return gpu_job
+
+
 def run_torchrun_job(script: Path, model_path: Path, out_dir: Path) -> list[dict[str, Any]]:
     """Run ``script MODEL_DIR OUT_DIR`` on up to two GPUs; returns each rank's result dict."""
     world = min(2, torch.cuda.device_count())
@@ -48,17 +60,10 @@ def run_torchrun_job(script: Path, model_path: Path, out_dir: Path) -> list[dict
 def assert_bf16_log_probs(result: Mapping[str, Any], model_path: Path) -> None:
     """The job's log-probs are close to the fp32 HF model's, yet not bit-equal (so they were
     computed in bf16), and its training step's gradient norm is finite."""
-    from transformers import AutoModelForCausalLM
+    from hf_testing.conformance.reference import hf_causal_lm, hf_log_probs_and_entropy
 
-    model = AutoModelForCausalLM.from_pretrained(model_path)
     batch = result["batch"]
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits[:, -batch["responses"].shape[1] - 1 : -1]
-    expected = torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    expected, _ = hf_log_probs_and_entropy(hf_causal_lm(model_path), batch, 1.0)
     diff = ((result["log_probs"].cpu() - expected) * batch["response_mask"]).abs()
     assert float(diff.mean()) < 0.05  # close to fp32 ...
     assert float(diff.max()) > 1e-6  # ... but computed in bf16, not fp32

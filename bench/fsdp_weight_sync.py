@@ -17,44 +17,31 @@ Usage: python bench/fsdp_weight_sync.py [--hidden 512 --layers 8] [--write]
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
-import socket
+import gc
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-MIB = 1024 * 1024
+from _common import (
+    MIB,
+    init_gloo,
+    machine_line,
+    peak_extra,
+    pin_mmap_threshold,
+    publish,
+    run_ranks,
+    status_kib,
+    training_bench_model,
+)
+
 SECTION = "## FSDP weight sync into the HF rollout engine (`bench/fsdp_weight_sync.py`)"
 
 
-def _status_kib(key: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{key}:\s+(\d+)", text).group(1))
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: dict) -> None:
-    import gc
-
-    import torch
+def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo(rank, world, port)
     from hf_fsdp.engine import FSDPEngine
     from hf_fsdp.rollout import HFRolloutEngine
 
@@ -64,29 +51,28 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: 
     largest_tensor = max(t.numel() * 4 for t in rollout.model.parameters())
     sizes = [s * MIB for s in args.buckets] + [model_bytes]
     # Warm-up, not measured (first-call allocations of gloo and DTensor).
-    rss_loaded = _status_kib("VmRSS")
+    rss_loaded = status_kib("VmRSS")
     for bucket in engine.export_weights(sizes[0]):
         rollout.load_weights(bucket)
     rollout.finish_weight_sync()
-    warmup_step = (_status_kib("VmRSS") - rss_loaded) * 1024
+    warmup_step = (status_kib("VmRSS") - rss_loaded) * 1024
     rows = []
     for bucket_bytes in sizes:
         times, extras, payloads = [], [], []
         for _ in range(args.repeats):
             gc.collect()
             dist.barrier()
-            before = _status_kib("VmRSS")
-            _reset_peak()
-            start = time.perf_counter()
-            largest = 0
-            for bucket in engine.export_weights(bucket_bytes):
-                rollout.load_weights(bucket)
-                largest = max(largest, sum(t.numel() * t.element_size() for _, t in bucket))
-                del bucket
-            rollout.finish_weight_sync()
-            dist.barrier()
-            times.append(time.perf_counter() - start)
-            extras.append((_status_kib("VmHWM") - before) * 1024)
+            with peak_extra() as peak:
+                start = time.perf_counter()
+                largest = 0
+                for bucket in engine.export_weights(bucket_bytes):
+                    rollout.load_weights(bucket)
+                    largest = max(largest, sum(t.numel() * t.element_size() for _, t in bucket))
+                    del bucket
+                rollout.finish_weight_sync()
+                dist.barrier()
+                times.append(time.perf_counter() - start)
+            extras.append(peak["bytes"])
             payloads.append(largest)
         rows.append(
             {
@@ -96,20 +82,14 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: 
                 "payload": max(payloads),
             }
         )
-    out[rank] = {
+    dist.destroy_process_group()
+    return {
         "rows": rows,
         "model_bytes": model_bytes,
         "params": engine.num_params,
         "warmup": warmup_step,
         "largest_tensor": largest_tensor,
     }
-    dist.destroy_process_group()
-
-
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -> None:
-    result: dict = {}
-    _rank_main(rank, world, port, args, result)
-    queue.put((rank, result[rank]))
 
 
 def _fmt_mib(value: float) -> str:
@@ -124,38 +104,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":  # must be set before start-up
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
-        os.execv(sys.executable, [sys.executable, *sys.argv])
-
-    import torch.multiprocessing as mp
-
-    from hf_testing.tiny import build_tiny_model
-
-    world = 2
+    pin_mmap_threshold()
     with tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:
-        args.model = str(
-            build_tiny_model(
-                Path(tmp) / "model",
-                "qwen2",
-                hidden_size=args.hidden,
-                num_layers=args.layers,
-                num_heads=8,
-                num_kv_heads=4,
-                intermediate_size=int(args.hidden * 2.75),
-            )
-        )
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, args, queue)) for r in range(2)]
-        for proc in procs:
-            proc.start()
-        results = dict(queue.get() for _ in procs)
-        for proc in procs:
-            proc.join()
-            if proc.exitcode:
-                raise SystemExit(f"rank process failed with exit code {proc.exitcode}")
+        args.model = training_bench_model(Path(tmp) / "model", args.hidden, args.layers)
+        results = run_ranks(_rank_main, 2, args)
 
     model_bytes = results[0]["model_bytes"]
     lines = [
@@ -174,8 +126,7 @@ def main() -> None:
         "RSS at once). Bucket payload = bytes of the largest bucket's tensors. The last row puts "
         "the whole model in one bucket: what a non-streamed sync (a second full copy) costs.",
         "",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}",
+        machine_line(),
         "",
         "| bucket MiB | sync s | peak extra MiB rank 0 | peak extra MiB rank 1 "
         "| bucket payload MiB |",
@@ -205,19 +156,7 @@ def main() -> None:
         "bucket. Sync time hardly depends on the bucket size here (gloo on one host, 2 shared "
         "cores: expect +-30% run to run).",
     ]
-    section = "\n".join(lines) + "\n"
-    print(section)
-    if args.write:
-        path = Path(__file__).with_name("RESULTS.md")
-        text = path.read_text() if path.exists() else "# Benchmark results\n"
-        if SECTION in text:  # replace our previous section, keep everyone else's
-            head, rest = text.split(SECTION, 1)
-            nxt = rest.find("\n## ")
-            text = head + section + (rest[nxt + 1 :] if nxt >= 0 else "")
-        else:
-            text = text.rstrip("\n") + "\n\n" + section
-        path.write_text(text)
-        print(f"written to {path}")
+    publish(SECTION, "\n".join(lines) + "\n", args.write)
 
 
 if __name__ == "__main__":

@@ -28,46 +28,32 @@ Usage: python bench/megatron_reshard.py [--hidden 512 --layers 8] [--write]
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
-import socket
+import gc
 import statistics
-import sys
 import tempfile
 from fractions import Fraction
 from pathlib import Path
 
-MIB = 1024 * 1024
+from _common import (
+    MIB,
+    init_gloo,
+    machine_line,
+    peak_extra,
+    pin_mmap_threshold,
+    publish,
+    run_ranks,
+    training_bench_model,
+)
+
 SECTION = "## megatron 3D-HybridEngine reshard: paper's plan vs naive (`bench/megatron_reshard.py`)"
 GEN_LAYOUTS = [(1, 1), (1, 2), (2, 1)]  # (p_g, t_g)
 WORLD, TP, PP = 4, 2, 2
 
 
-def _status_kib(key: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{key}:\s+(\d+)", text).group(1))
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank_main(rank: int, port: int, args: argparse.Namespace) -> dict:
-    import gc
-
-    import torch
+def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    init_gloo(rank, world, port)
     from hf_megatron.engine import MegatronEngine
 
     engine = MegatronEngine(
@@ -92,14 +78,13 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace) -> dict:
                 for _ in range(args.repeats):
                     gc.collect()
                     dist.barrier()
-                    before = _status_kib("VmRSS")
-                    _reset_peak()
-                    for out in engine.export_slices(size, plan):
-                        del out
-                    dist.barrier()
+                    with peak_extra() as peak:
+                        for out in engine.export_slices(size, plan):
+                            del out
+                        dist.barrier()
                     stats = engine.last_reshard
                     times.append(stats.seconds)
-                    extras.append((_status_kib("VmHWM") - before) * 1024)
+                    extras.append(peak["bytes"])
                 rows.append(
                     {
                         "gen": (p_g, t_g),
@@ -120,26 +105,6 @@ def _rank_main(rank: int, port: int, args: argparse.Namespace) -> dict:
     return {"rows": rows, "params": engine.num_params}
 
 
-def _worker(rank: int, port: int, args: argparse.Namespace, queue) -> None:
-    queue.put((rank, _rank_main(rank, port, args)))
-
-
-def _collect(queue, procs: list) -> dict:
-    """Every rank's result; a rank that died is an error, not a hang."""
-    import queue as queues
-
-    results: dict = {}
-    while len(results) < len(procs):
-        try:
-            rank, value = queue.get(timeout=5)
-            results[rank] = value
-        except queues.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise SystemExit(f"a rank process failed (exit codes {dead})") from None
-    return results
-
-
 def _fmt(value: float) -> str:
     return f"{value / MIB:.2f}"
 
@@ -158,37 +123,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":  # must be set before start-up
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
-        os.execv(sys.executable, [sys.executable, *sys.argv])
-
-    import torch.multiprocessing as mp
-
-    from hf_testing.tiny import build_tiny_model
-
+    pin_mmap_threshold()
     with tempfile.TemporaryDirectory(prefix="hf-bench-") as tmp:
-        args.model = str(
-            build_tiny_model(
-                Path(tmp) / "model",
-                "qwen2",
-                hidden_size=args.hidden,
-                num_layers=args.layers,
-                num_heads=8,
-                num_kv_heads=4,
-                intermediate_size=int(args.hidden * 2.75),
-            )
-        )
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, port, args, queue)) for r in range(WORLD)]
-        for proc in procs:
-            proc.start()
-        results = _collect(queue, procs)
-        for proc in procs:
-            proc.join()
-            if proc.exitcode:
-                raise SystemExit(f"rank process failed with exit code {proc.exitcode}")
+        args.model = training_bench_model(Path(tmp) / "model", args.hidden, args.layers)
+        results = run_ranks(_rank_main, WORLD, args)
 
     first = results[0]["rows"][0]
     lines = [
@@ -210,8 +148,7 @@ def main() -> None:
         "Each yielded bucket is dropped at once (the reshard alone, no rollout copy). "
         "'whole unit' = one collective per transition (no streaming).",
         "",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}",
+        machine_line(),
         "",
         "| gen (p_g, t_g) | plan | gather group | bucket | received MiB/rank | Table 2 MiB "
         "| wire MiB | zero redundancy | peak extra MiB | buffers MiB | transition s |",
@@ -236,19 +173,7 @@ def main() -> None:
             f"| {max(r['seconds'] for r in per_rank):.3f} |"
         )
     lines += ["", _summary(ranks)]
-    section = "\n".join(lines) + "\n"
-    print(section)
-    if args.write:
-        path = Path(__file__).with_name("RESULTS.md")
-        text = path.read_text() if path.exists() else "# Benchmark results\n"
-        if SECTION in text:  # replace our previous section, keep everyone else's
-            head, rest = text.split(SECTION, 1)
-            nxt = rest.find("\n## ")
-            text = head + section + (rest[nxt + 1 :] if nxt >= 0 else "")
-        else:
-            text = text.rstrip("\n") + "\n\n" + section
-        path.write_text(text)
-        print(f"written to {path}")
+    publish(SECTION, "\n".join(lines) + "\n", args.write)
 
 
 def _summary(ranks: list[list[dict]]) -> str:

@@ -18,43 +18,29 @@ Usage: python bench/sglang_rollout.py [--sizes tiny,small] [--threads 2] [--writ
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from _common import (
+    add_rollout_args,
+    machine_line,
+    measure_generate,
+    print_result,
+    publish,
+    rollout_matrix,
+    rollout_table_rows,
+    run_child,
+)
+
 SECTION = "## SGLang rollout engine: tokens/s and weight sync (`bench/sglang_rollout.py`)"
-SIZES = {  # the shapes of bench/rollout_throughput.py
-    "tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
-    "small": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4},
-}
 ENGINES = {  # name -> (registered rollout engine, settings, weight-sync transports)
     "hf": ("hf", {"max_batch_size": 256}, [None]),
     "sglang": ("sglang", {"ignore_eos": True, "device": "cpu"}, ["tensor", "distributed"]),
     "vllm": ("vllm", {"ignore_eos": True}, [None]),
 }
-
-
-def prompts(count: int, vocab: int):  # -> Batch
-    """Random left-padded prompts, 8-24 tokens, seed 0 (the vLLM bench's batch)."""
-    import torch
-
-    from hf_core.batch import Batch
-
-    gen = torch.Generator().manual_seed(0)
-    width = 24
-    ids = torch.zeros(count, width, dtype=torch.long)
-    mask = torch.zeros(count, width, dtype=torch.long)
-    for row in range(count):
-        length = int(torch.randint(8, width + 1, (1,), generator=gen))
-        ids[row, width - length :] = torch.randint(3, vocab, (length,), generator=gen)
-        mask[row, width - length :] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask})
 
 
 def canonical_stream(path: Path):  # -> list of (name, tensor)
@@ -79,7 +65,6 @@ def child(args: argparse.Namespace) -> None:
     """Measure one engine on one model; print a JSON line."""
     import torch
 
-    from hf_core.engines import SamplingParams
     from hf_core.plugins import get_rollout_engine
 
     torch.set_num_threads(args.threads)
@@ -90,18 +75,7 @@ def child(args: argparse.Namespace) -> None:
     startup = time.perf_counter() - start
     if args.child == "hf":
         engine.eos_token_ids = []  # decode to max_new_tokens, like ignore_eos
-    from transformers import AutoConfig
-
-    batch = prompts(args.prompts, AutoConfig.from_pretrained(path).vocab_size)
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=1)
-    engine.generate(batch, params)  # warm-up
-    rates, tokens = [], 0
-    for _ in range(args.repeats):
-        begin = time.perf_counter()
-        out = engine.generate(batch, params)
-        seconds = time.perf_counter() - begin
-        tokens = int(out["response_mask"].sum())
-        rates.append(tokens / seconds)
+    tokens, rates = measure_generate(engine, path, args)
     stream = canonical_stream(path)
     syncs: dict[str, list[float]] = {}
     for transport in transports:
@@ -118,8 +92,7 @@ def child(args: argparse.Namespace) -> None:
         ]
     if hasattr(engine, "close"):
         engine.close()
-    result = {"tokens": tokens, "rates": rates, "startup": startup, "syncs": syncs}
-    print("RESULT " + json.dumps(result), flush=True)
+    print_result({"tokens": tokens, "rates": rates, "startup": startup, "syncs": syncs})
 
 
 def measure(engine: str, model: Path, threads: int, args: argparse.Namespace) -> dict:
@@ -131,15 +104,10 @@ def measure(engine: str, model: Path, threads: int, args: argparse.Namespace) ->
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}  # SGLang's model runner inherits it
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{engine} on {model.name} failed:\n{done.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return run_child(cmd, env, f"{engine} on {model.name}")
 
 
 def table(rows: list, args: argparse.Namespace) -> str:
-    load = os.getloadavg()
     lines = [
         SECTION,
         "",
@@ -152,49 +120,24 @@ def table(rows: list, args: argparse.Namespace) -> str:
         f"`finish_weight_sync`, median of {args.repeats} after a warm-up. SGLang 0.5.23 on the "
         "CPU test harness (`torch_native` attention; its GPU product path is not measured here).",
         "",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}; load average when done: "
-        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min; cores shared)",
+        machine_line(load=True),
         "",
         "| model | params | engine | threads | tokens | median tokens/s | vs HF | start-up s "
         "| sync s (transport) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for size, params, results in rows:
-        shape = SIZES[size]
-        label = f"{size} (h{shape['hidden_size']}, {shape['num_layers']} layers)"
-        for (engine, threads), res in results.items():
-            rate = statistics.median(res["rates"])
-            hf = statistics.median(results["hf", threads]["rates"])
-            syncs = ", ".join(f"{statistics.median(v):.3f} ({k})" for k, v in res["syncs"].items())
-            lines.append(
-                f"| {label} | {params / 1e6:.2f} M | {engine} | {threads} | {res['tokens']} | "
-                f"{rate:,.0f} | {rate / hf:.2f}x | {res['startup']:.1f} | {syncs} |"
-            )
+    for label, params, engine, threads, res, rate, hf in rollout_table_rows(rows):
+        syncs = ", ".join(f"{statistics.median(v):.3f} ({k})" for k, v in res["syncs"].items())
+        lines.append(
+            f"| {label} | {params} | {engine} | {threads} | {res['tokens']} | "
+            f"{rate:,.0f} | {rate / hf:.2f}x | {res['startup']:.1f} | {syncs} |"
+        )
     return "\n".join(lines) + "\n"
-
-
-def write_section(section: str) -> Path:
-    """Replace this bench's section of RESULTS.md (or append it), keeping every other one."""
-    path = Path(__file__).with_name("RESULTS.md")
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if SECTION in text:
-        head, rest = text.split(SECTION, 1)
-        nxt = rest.find("\n## ")
-        text = head + section + (rest[nxt:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="tiny,small", help=f"of {sorted(SIZES)}")
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", default="2", help="torch thread counts to measure")
+    add_rollout_args(parser, threads="2")
     parser.add_argument("--bucket-mb", type=float, default=64.0)
     parser.add_argument("--vllm-python", help="a Python with hf-vllm + vLLM: adds vLLM rows")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
@@ -206,27 +149,9 @@ def main() -> None:
         child(args)
         return
 
-    from transformers import AutoModelForCausalLM
-
-    from hf_testing.tiny import build_tiny_model
-
     engines = ["hf", "sglang", *(["vllm"] if args.vllm_python else [])]
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="hf-sglang-bench-") as tmp:
-        for size in args.sizes.split(","):
-            path = build_tiny_model(Path(tmp) / size, "qwen2", **SIZES[size])
-            params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
-            results = {}
-            for threads in [int(t) for t in args.threads.split(",")]:
-                for engine in engines:
-                    res = results[engine, threads] = measure(engine, path, threads, args)
-                    rate = statistics.median(res["rates"])
-                    print(f"{size} {engine} x{threads}: {rate:,.0f} tokens/s {res}", flush=True)
-            rows.append((size, params, results))
-    section = table(rows, args)
-    print(section)
-    if args.write:
-        print(f"written to {write_section(section)}")
+    rows = rollout_matrix(engines, measure, args, "hf-sglang-bench-")
+    publish(SECTION, table(rows, args), args.write)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,11 @@ def _batch(n: int) -> Batch:
     return Batch({"x": torch.arange(n) * 10})
 
 
+def _two_dp_groups(tag: str) -> list[list[tuple[str, list[int]]]]:
+    """What 4 ranks in two DP groups of 2 receive from ``_batch(4)``: each group its half."""
+    return [[(tag, [0, 10])]] * 2 + [[(tag, [20, 30])]] * 2
+
+
 def _received(group: WorkerGroup) -> list[list[tuple[str, object]]]:
     return group.take_received()
 
@@ -102,12 +107,7 @@ def test_3d_proto_on_tp2_dp2(group4: WorkerGroup) -> None:
     _received(group4)
     out = group4.three_d(_batch(4))
     # ranks (tp fastest): 0=(dp0,tp0) 1=(dp0,tp1) 2=(dp1,tp0) 3=(dp1,tp1)
-    assert _received(group4) == [
-        [("3d", [0, 10])],
-        [("3d", [0, 10])],
-        [("3d", [20, 30])],
-        [("3d", [20, 30])],
-    ]
+    assert _received(group4) == _two_dp_groups("3d")
     assert out["x"].tolist() == [0, 10, 20, 30]
     assert out["rank"].tolist() == [0, 0, 2, 2]  # collected from TP rank 0 of each DP group
 
@@ -117,12 +117,7 @@ def test_3d_proto_on_pp2_dp2(group4: WorkerGroup) -> None:
     _received(group4)
     out = group4.three_d(_batch(4))
     # ranks: 0=(dp0,pp0) 1=(dp0,pp1) 2=(dp1,pp0) 3=(dp1,pp1)
-    assert _received(group4) == [
-        [("3d", [0, 10])],
-        [("3d", [0, 10])],
-        [("3d", [20, 30])],
-        [("3d", [20, 30])],
-    ]
+    assert _received(group4) == _two_dp_groups("3d")
     assert out["rank"].tolist() == [1, 1, 3, 3]  # collected from the last pipeline stage
 
 
@@ -148,12 +143,7 @@ def test_3d_all_micro_dp_generation_tp2(group4: WorkerGroup) -> None:
     group4.configure_mesh(tp=2, pp=1, gen_tp=2)
     _received(group4)
     out = group4.micro_dp(_batch(4))
-    assert _received(group4) == [
-        [("micro_dp", [0, 10])],
-        [("micro_dp", [0, 10])],
-        [("micro_dp", [20, 30])],
-        [("micro_dp", [20, 30])],
-    ]
+    assert _received(group4) == _two_dp_groups("micro_dp")
     assert out["rank"].tolist() == [0, 0, 2, 2]
 
 

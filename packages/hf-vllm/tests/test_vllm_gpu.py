@@ -14,7 +14,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
-from hf_testing.prompts import encode, prompt_texts
+from hf_testing.prompts import prompt_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -33,8 +33,7 @@ def engine(models: dict[str, Path]) -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def prompts(models: dict[str, Path]) -> Batch:
-    enc = encode(models["qwen2_tied"], prompt_texts(32))
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    return prompt_batch(models["qwen2_tied"], 32)
 
 
 def _free_gpu_bytes() -> int:

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_core.batch import Batch
-from hf_core.runtime import ResourcePool, WorkerGroup, spawn
-from hf_testing.prompts import encode, prompt_texts
+from hf_core.runtime import WorkerGroup
+from hf_testing.prompts import prompt_batch
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -36,23 +36,15 @@ ACTOR = {"lr": 1e-2, "eps": 1e-6, "micro_batch_size": 8, "grad_clip": 1.0}
 
 @pytest.fixture(scope="module")
 def group(models: dict[str, Path]) -> Iterator[WorkerGroup]:
-    from vllm_test_workers import HybridWorker
+    from vllm_test_workers import hybrid_group
 
-    pool = ResourcePool([2], name="vllm_dp2")
-    workers = spawn(pool, {"hybrid": HybridWorker})["hybrid"]
-    path = str(models[MODEL])
-    workers.build_actor({"model_path": path, **ACTOR})
-    workers.build_hf({"model_path": path})
-    workers.info = workers.build_vllm({"model_path": path})  # type: ignore[attr-defined]
-    yield workers
-    workers.shutdown()
-    pool.release()
+    with hybrid_group("vllm_dp2", models[MODEL], ACTOR, {}, hf=True) as workers:
+        yield workers
 
 
 @pytest.fixture(scope="module")
 def prompts(models: dict[str, Path]) -> Batch:
-    enc = encode(models[MODEL], prompt_texts(48))
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    return prompt_batch(models[MODEL], 48)
 
 
 def hf_generate(path: Path, prompts: Batch, new_tokens: int) -> torch.Tensor:

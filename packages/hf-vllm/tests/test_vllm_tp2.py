@@ -16,8 +16,8 @@ import torch
 from test_vllm_hybrid import LOGPROB_ATOL, hf_generate, masked_max_diff
 
 from hf_core.batch import Batch
-from hf_core.runtime import ResourcePool, WorkerGroup, spawn
-from hf_testing.prompts import encode, prompt_texts
+from hf_core.runtime import WorkerGroup
+from hf_testing.prompts import prompt_batch
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -27,24 +27,16 @@ NEW_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def group(models: dict[str, Path]) -> Iterator[WorkerGroup]:
-    from vllm_test_workers import HybridWorker
+    from vllm_test_workers import hybrid_group
 
-    pool = ResourcePool([2], name="vllm_tp2")
-    workers = spawn(pool, {"hybrid": HybridWorker})["hybrid"]
-    path = str(models[MODEL])
-    workers.build_actor({"model_path": path, "lr": 1e-2, "eps": 1e-6, "micro_batch_size": 8})
-    workers.info = workers.build_vllm(  # type: ignore[attr-defined]
-        {"model_path": path, "tensor_parallel_size": 2}
-    )
-    yield workers
-    workers.shutdown()
-    pool.release()
+    actor = {"lr": 1e-2, "eps": 1e-6, "micro_batch_size": 8}
+    with hybrid_group("vllm_tp2", models[MODEL], actor, {"tensor_parallel_size": 2}) as workers:
+        yield workers
 
 
 @pytest.fixture(scope="module")
 def prompts(models: dict[str, Path]) -> Batch:
-    enc = encode(models[MODEL], prompt_texts(32))
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    return prompt_batch(models[MODEL], 32)
 
 
 def test_two_ranks_form_one_tp2_engine(group: WorkerGroup, report: Any) -> None:

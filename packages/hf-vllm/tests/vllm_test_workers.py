@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,29 @@ def perturbed(stream: Iterator[list[NamedTensor]], scale: float) -> Iterator[lis
             noise = torch.randn(tensor.shape, generator=gen, dtype=tensor.dtype)
             out.append((name, tensor + scale * noise))
         yield out
+
+
+@contextmanager
+def hybrid_group(
+    name: str, model_path: Path, actor: dict[str, Any], vllm: dict[str, Any], hf: bool = False
+) -> Iterator[Any]:
+    """Two ranks of :class:`HybridWorker`, each with an FSDP actor (``actor`` settings), the
+    vLLM engine (``vllm`` settings; ``group.info`` holds what ``build_vllm`` reported) and,
+    with ``hf``, the HF rollout engine, all on ``model_path``."""
+    from hf_core.runtime import ResourcePool, spawn
+
+    pool = ResourcePool([2], name=name)
+    workers = spawn(pool, {"hybrid": HybridWorker})["hybrid"]
+    path = str(model_path)
+    workers.build_actor({"model_path": path, **actor})
+    if hf:
+        workers.build_hf({"model_path": path})
+    workers.info = workers.build_vllm({"model_path": path, **vllm})
+    try:
+        yield workers
+    finally:
+        workers.shutdown()
+        pool.release()
 
 
 def _process_state() -> tuple[Any, ...]:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from hf_core.batch import Batch
+
 
 def encode(path: Path, texts: list[str]) -> dict[str, torch.Tensor]:
     """Left-padded token ids and mask for ``texts`` (the layout rollout engines take)."""
@@ -24,3 +26,9 @@ def prompt_texts(count: int) -> list[str]:
         lambda i: f"Hello, World {i}!",
     ]
     return [kinds[i % len(kinds)](i) for i in range(count)]
+
+
+def prompt_batch(path: Path, count: int) -> Batch:
+    """``count`` varied prompts for the model folder ``path``, as a rollout engine takes them."""
+    enc = encode(path, prompt_texts(count))
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})

@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from float64 import D, close, t
 
 from hf_core.algorithms import (
     compute_advantage,
@@ -29,16 +30,6 @@ from hf_core.algorithms import (
     rloo_advantage,
     token_level_rewards,
 )
-
-D = torch.float64
-
-
-def t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=D)
-
-
-def close(actual: torch.Tensor, expected: list | torch.Tensor, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=D), atol=atol, rtol=0)
 
 
 # --------------------------------------------------------------------------------------- GAE

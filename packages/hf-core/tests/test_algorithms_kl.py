@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from float64 import D, t
 
 from hf_core.algorithms import (
     AdaptiveKLController,
@@ -27,12 +28,7 @@ from hf_core.algorithms import (
     token_level_rewards,
 )
 
-D = torch.float64
 LN2 = math.log(2)
-
-
-def t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=D)
 
 
 # logp = ln 0.5, ref = ln 0.25, so logp - ref = ln 2 = 0.693147 and ref - logp = -ln 2:

@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+from float64 import D, t
 
 from hf_core.algorithms import (
     PolicyLossConfig,
@@ -30,12 +31,6 @@ from hf_core.algorithms import (
     ppo_clip_loss,
     value_loss,
 )
-
-D = torch.float64
-
-
-def t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=D)
 
 
 def logs(ratios: list[float]) -> torch.Tensor:

@@ -226,10 +226,17 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff lint and format check over the whole tree."""
-    session.install("ruff>=0.6")
+    """ruff lint and format check over the whole tree, then mypy over every package.
+
+    mypy checks core and the backends together (mypy.ini), so an engine that drifts from
+    core's interfaces or capability protocols fails here.  The heavy frameworks are not
+    installed: their names type as Any, which keeps this session light and fast.
+    """
+    session.install("ruff>=0.6", "mypy>=1.10", "pydantic>=2.7", "pluggy>=1.5")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    packages = [f"hf_{p.name.removeprefix('hf-')}" for p in sorted(PACKAGES.glob("hf-*"))]
+    session.run("mypy", *[arg for package in packages for arg in ("-p", package)])
 
 
 @nox.session(python=PYTHON)

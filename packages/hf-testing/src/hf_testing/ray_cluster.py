@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from hf_core.runtime import Cluster
 
 
 @contextmanager
-def local_ray_cluster(import_dirs: list[Path] = (), num_cpus: int = 16) -> Iterator[Cluster]:
+def local_ray_cluster(import_dirs: Sequence[Path] = (), num_cpus: int = 16) -> Iterator[Cluster]:
     """A private local Ray instance for a test session.
 
     ``import_dirs`` are put on the workers' ``PYTHONPATH`` so test-only worker classes import

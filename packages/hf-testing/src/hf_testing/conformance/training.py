@@ -39,10 +39,9 @@ from hf_testing.conformance.reference import (
     hf_causal_lm,
     hf_log_probs_and_entropy,
     masked_max_diff,
-    policy_loss,
-    rollout_batch,
 )
 from hf_testing.tiny import QWEN2_TIED
+from hf_testing.workers import policy_loss, rollout_batch
 
 TRAINING_CAPABILITIES: tuple[type, ...] = (HasWorkerMesh, ExportsHF, Offloadable, Closeable)
 CAPABILITY_CHECKS: dict[type, str] = {

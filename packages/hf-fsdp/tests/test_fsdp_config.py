@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from hf_fsdp.config import EngineConfigError, FSDPEngineConfig, HFRolloutConfig, parse_config
-from hf_fsdp.optim import lr_factor
 
 
 @pytest.mark.parametrize(
@@ -61,17 +60,17 @@ def _cfg(**kw: object) -> FSDPEngineConfig:
 
 def test_warmup_is_linear_and_never_zero() -> None:
     cfg = _cfg(warmup_steps=4)
-    assert [lr_factor(s, cfg) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [cfg.lr_factor(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
 
 def test_cosine_and_linear_decay_reach_the_floor() -> None:
     cos = _cfg(lr_schedule="cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
-    assert lr_factor(2, cos) == pytest.approx(1.0)
-    assert lr_factor(6, cos) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert lr_factor(10, cos) == pytest.approx(0.1)
-    assert lr_factor(50, cos) == pytest.approx(0.1)
+    assert cos.lr_factor(2) == pytest.approx(1.0)
+    assert cos.lr_factor(6) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert cos.lr_factor(10) == pytest.approx(0.1)
+    assert cos.lr_factor(50) == pytest.approx(0.1)
     lin = _cfg(lr_schedule="linear", total_steps=4)
-    assert [lr_factor(s, lin) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+    assert [lin.lr_factor(s) for s in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
 
 
 @pytest.mark.parametrize(

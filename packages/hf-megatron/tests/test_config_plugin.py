@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from hf_megatron.config import EngineConfigError, MegatronEngineConfig, parse_config
-from hf_megatron.optim import lr_factor
 
 
 def test_config_errors_name_key_value_and_expectation() -> None:
@@ -34,7 +33,7 @@ def test_lr_schedule_has_hf_fsdp_semantics() -> None:
     cfg = MegatronEngineConfig(
         model_path="m", lr_schedule="linear", warmup_steps=2, total_steps=6, min_lr_ratio=0.1
     )
-    assert [round(lr_factor(s, cfg), 4) for s in range(7)] == [
+    assert [round(cfg.lr_factor(s), 4) for s in range(7)] == [
         0.5,
         1.0,
         1.0,

@@ -24,16 +24,11 @@ def build_optimizer(params: Iterable[nn.Parameter], cfg: FSDPEngineConfig) -> to
     )
 
 
-def lr_factor(step: int, cfg: FSDPEngineConfig) -> float:
-    """Multiplier of ``cfg.lr`` after ``step`` steps (core's shared warm-up + decay rule)."""
-    return cfg.lr_factor(step)
-
-
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: FSDPEngineConfig) -> LambdaLR:
     # A closure (not a callable object): LambdaLR then saves no schedule parameters in its
     # state dict, so a resumed run follows its *current* config.
     def factor(step: int) -> float:
-        return lr_factor(step, cfg)
+        return cfg.lr_factor(step)  # core's shared warm-up + decay rule
 
     schedule: Callable[[int], float] = factor
     return LambdaLR(optimizer, schedule)

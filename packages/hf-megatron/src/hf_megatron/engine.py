@@ -54,7 +54,6 @@ from hf_megatron.model import (
     resolve_layer_spec,
     transformer_config,
 )
-from hf_megatron.optim import lr_factor
 from hf_megatron.parallel import (
     MegatronLayout,
     current_generation,
@@ -431,7 +430,9 @@ class MegatronEngine(TrainingEngine):
         self._ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         results = self._run(micro, loss_fn=loss_fn, temperature=temperature)
-        lr = self.config.lr * lr_factor(self.step, self.config)
+        # megatron's OptimizerParamScheduler counts steps differently: each param group's lr
+        # is set from core's shared schedule instead, the same whichever backend trains
+        lr = self.config.lr * self.config.lr_factor(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = self.config.weight_decay * group.get("wd_mult", 1.0)

@@ -139,9 +139,20 @@ def _assert_same_weights(got: dict[str, torch.Tensor], model: torch.nn.Module) -
     assert diffs[worst] < ATOL, (worst, diffs[worst])
 
 
-def test_actor_update_matches_single_process(group: WorkerGroup, models: dict) -> None:
+MICRO_BATCHING = {
+    "fixed-chunks": {"max_tokens_per_micro_batch": None},
+    "token-budget": {},  # the default budget, samples capped by TRAIN's micro_batch_size
+    # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
+    "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
+}
+
+
+@pytest.mark.parametrize("micro_batching", MICRO_BATCHING.values(), ids=MICRO_BATCHING.keys())
+def test_actor_update_matches_single_process(
+    group: WorkerGroup, models: dict, micro_batching: dict
+) -> None:
     path = models["qwen2_tied"]
-    group.build("actor", {"model_path": str(path), **TRAIN})
+    group.build("actor", {"model_path": str(path), **TRAIN, **micro_batching})
     before = group.weights("actor")[0]
     batch = rollout_batch(B, P, R, _vocab(path), seed=21)
     metrics = group.train(batch, name="actor", loss="policy")

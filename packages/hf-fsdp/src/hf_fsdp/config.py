@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401  (re-exported)
 from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
@@ -30,6 +30,15 @@ class FSDPEngineConfig(TrainingEngineConfig):
     keys here are FSDP's numerics, sharding and offload switches.
     """
 
+    max_tokens_per_micro_batch: int | None = Field(
+        16384,
+        ge=1,
+        description="token budget of a micro-batch: samples grouped by length, each "
+        "micro-batch trimmed to its longest prompt and response; None: micro_batch_size chunks",
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="at most this many samples per forward/backward; None: no cap"
+    )
     param_dtype: DTypeName = Field("float32", description="dtype of the sharded master weights")
     mixed_precision: Literal["auto", "none", "bfloat16", "float16"] = Field(
         "auto", description="compute dtype; auto = bfloat16 on GPU, none on CPU (reduce in fp32)"
@@ -43,6 +52,15 @@ class FSDPEngineConfig(TrainingEngineConfig):
     gradient_checkpointing: bool = False
     disable_dropout: bool = Field(True, description="RL needs the same function in every pass")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'eager'")
+
+    @model_validator(mode="after")
+    def _micro_batches_are_bounded(self) -> FSDPEngineConfig:
+        if self.max_tokens_per_micro_batch is None and self.micro_batch_size is None:
+            raise ValueError(
+                "set max_tokens_per_micro_batch or micro_batch_size: with neither, a whole "
+                "batch would go through one forward"
+            )
+        return self
 
     @property
     def torch_param_dtype(self) -> torch.dtype:

@@ -34,10 +34,14 @@ from hf_core.device import (
 )
 from hf_core.engines import (
     LossFn,
+    MicroBatch,
     NamedTensor,
     TrainingEngine,
     check_model_folder,
+    combine_metric_rows,
     iter_buckets,
+    plan_micro_batches,
+    restore_outputs,
     save_hf_folder,
 )
 from hf_fsdp import checkpoint, heads
@@ -120,13 +124,15 @@ class FSDPEngine(TrainingEngine):
             if isinstance(module, FSDPModule):
                 module.reshard()
 
-    def _micro_batches(self, batch: Batch) -> tuple[list[Batch], int]:
-        """This rank's micro-batches and the largest count on any rank.
+    def _micro_batches(self, batch: Batch) -> tuple[list[MicroBatch], int]:
+        """This rank's micro-batches (length-grouped, padding trimmed; see
+        :mod:`hf_core.engines.micro_batches`) and the largest count on any rank.
 
         Ranks with fewer micro-batches run extra forward passes on a copy of their first
         one and drop the result: FSDP's collectives need every rank in every pass.
         """
-        micro = batch.split(self.config.micro_batch_size) if len(batch) else []
+        cfg = self.config
+        micro = plan_micro_batches(batch, cfg.max_tokens_per_micro_batch, cfg.micro_batch_size)
         count = all_reduce_int(len(micro), dist.ReduceOp.MAX)
         if count and not micro:
             raise ValueError(
@@ -141,15 +147,16 @@ class FSDPEngine(TrainingEngine):
         micro, count = self._micro_batches(batch)
         outputs: list[dict[str, torch.Tensor]] = []
         for i in range(count):
-            out = heads.forward(
-                self.config.head, self.model, micro[min(i, len(micro) - 1)], self.device, **kwargs
-            )
+            part = micro[min(i, len(micro) - 1)].batch
+            out = heads.forward(self.config.head, self.model, part, self.device, **kwargs)
             if i < len(micro):
                 outputs.append({k: out[k].detach().cpu() for k in keys})
         self._reshard()
         if not outputs:
             return Batch(batch_size=0)
-        return Batch({k: torch.cat([o[k] for o in outputs]) for k in keys})
+        width = int(batch["responses"].shape[1]) if "responses" in batch else 0
+        mask = batch["response_mask"] if "response_mask" in batch else None
+        return Batch(restore_outputs(outputs, micro, len(batch), width, mask))
 
     # ---------------------------------------------------------------- forwards
     def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
@@ -195,9 +202,10 @@ class FSDPEngine(TrainingEngine):
         and ``local_response_tokens`` (sums of ``response_mask`` when the batch has one).
         The actor's log-probs use ``batch.meta["temperature"]`` (default 1.0).
 
-        Returns the loss function's metrics and ``loss``, averaged over micro-batches and
-        ranks, plus ``grad_norm`` (before clipping, global), ``lr`` (used by this step),
-        ``step`` and ``update_skipped`` (1.0 when the gradient norm was not finite).
+        Returns the loss function's metrics and ``loss`` combined over micro-batches and
+        ranks (:func:`~hf_core.engines.combine_metric_rows`: means, maxima for ``*_max``),
+        plus ``grad_norm`` (before clipping, global), ``lr`` (used by this step), ``step``
+        and ``update_skipped`` (1.0 when the gradient norm was not finite).
         """
         if self.optimizer is None:
             raise RuntimeError(
@@ -209,11 +217,10 @@ class FSDPEngine(TrainingEngine):
         temperature = float(batch.meta.get("temperature", 1.0))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        loss_total = 0.0
+        rows: list[dict[str, float]] = []
         for i in range(count):
             real = i < len(micro)
-            mb = micro[i] if real else micro[0]
+            mb = micro[i].batch if real else micro[0].batch
             mb.meta.update(meta, micro_batch_index=i, micro_batch_size=len(mb))
             outputs = heads.forward(self.config.head, self.model, mb, self.device, temperature)
             loss, metrics = loss_fn(outputs, mb)
@@ -221,9 +228,7 @@ class FSDPEngine(TrainingEngine):
                 loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing
             loss.backward()
             if real:
-                loss_total += float(loss.detach())
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
+                rows.append({**metrics, "loss": float(loss.detach())})
         grad_norm = clip_grad_norm(
             self.model.parameters(), self.config.grad_clip, self._collective_device
         )
@@ -236,10 +241,9 @@ class FSDPEngine(TrainingEngine):
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
-        local = {k: v / max(1, len(micro)) for k, v in sums.items()}
-        local["loss"] = loss_total
-        gathered = all_gather_objects(local)
-        metrics_out = {k: sum(g.get(k, 0.0) for g in gathered) / len(gathered) for k in local}
+        # each micro-batch's loss is its share of the global loss: they add up on a rank
+        local = combine_metric_rows(rows, sums=("loss",))
+        metrics_out = combine_metric_rows(all_gather_objects(local))
         metrics_out.update(
             grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
         )

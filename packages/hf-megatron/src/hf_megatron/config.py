@@ -1,7 +1,7 @@
 """Typed configuration of the megatron training engine and the megatron rollout engine.
 
 The keys shared with hf-fsdp's ``FSDPEngineConfig`` (``model_path``, ``head``, ``trainable``,
-the optimiser and schedule keys, ``micro_batch_size``, ``param_dtype``, ``device``, ``seed``,
+the optimiser and schedule keys, ``param_dtype``, ``device``, ``seed``,
 ``export_dtype``) mean exactly the same thing, so a recipe switches backend by changing the
 engine name and adding the parallel sizes.  Both models use ``extra="forbid"``: a misspelt key
 fails loudly, and :func:`parse_config` reports every problem at once.
@@ -31,6 +31,10 @@ class MegatronEngineConfig(TrainingEngineConfig):
     data-parallel size is not configured: it is ``world_size / (tp * pp)`` of the process
     group the engine runs in (megatron's rank order ``tp-dp-pp``).
     """
+
+    micro_batch_size: int = Field(
+        8, ge=1, description="samples per forward/backward (pipeline schedules need one size)"
+    )
 
     # parallelism
     tensor_parallel_size: int = Field(1, ge=1)

@@ -34,7 +34,14 @@ import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.device import collective_device, ensure_process_group, resolve_device
-from hf_core.engines import LossFn, NamedTensor, TrainingEngine, check_model_folder, save_hf_folder
+from hf_core.engines import (
+    LossFn,
+    NamedTensor,
+    TrainingEngine,
+    check_model_folder,
+    combine_metric_rows,
+    save_hf_folder,
+)
 from hf_core.protocols import WorkerMesh
 from hf_core.resharding import (
     GenerationLayout,
@@ -456,15 +463,10 @@ class MegatronEngine(TrainingEngine):
     ) -> dict[str, float]:
         local: dict[str, float] | None = None
         if self.is_output_rank and self.position.tp_rank == 0:
-            local = {}
-            for key in results[0] if results else ():
-                values = [float(r[key]) for r in results]
-                local[key] = sum(values) if key == "loss" else sum(values) / len(values)
+            local = combine_metric_rows(results, sums=("loss",))
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, local)
-        reports = [g for g in gathered if g is not None]
-        keys = sorted({k for r in reports for k in r})
-        out = {k: sum(r.get(k, 0.0) for r in reports) / len(reports) for k in keys}
+        out = combine_metric_rows(g for g in gathered if g is not None)
         out.update(
             grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
         )

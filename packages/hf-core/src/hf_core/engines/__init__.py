@@ -25,6 +25,8 @@ from hf_core.engines.hf_folder import (
     weight_files,
 )
 from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
+from hf_core.engines.metric_rows import combine_metric_rows
+from hf_core.engines.micro_batches import MicroBatch, plan_micro_batches, restore_outputs
 from hf_core.engines.process_state import preserve_process_state
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.sampling import filter_logits, select_tokens
@@ -45,6 +47,7 @@ __all__ = [
     "HeadKind",
     "LoadsTPSlices",
     "LossFn",
+    "MicroBatch",
     "NamedTensor",
     "Offloadable",
     "RecordsSyncs",
@@ -60,12 +63,15 @@ __all__ = [
     "WeightMapping",
     "assemble_rollout",
     "check_model_folder",
+    "combine_metric_rows",
     "expand_prompts",
     "filter_logits",
     "iter_buckets",
     "lr_factor",
     "pack_responses",
+    "plan_micro_batches",
     "preserve_process_state",
+    "restore_outputs",
     "save_hf_folder",
     "select_tokens",
     "special_tokens",

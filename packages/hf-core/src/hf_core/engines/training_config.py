@@ -42,7 +42,6 @@ class TrainingEngineConfig(BaseModel):
     total_steps: int | None = Field(None, ge=1, description="needed by linear and cosine decay")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="decay floor, fraction of lr")
     grad_clip: float | None = Field(1.0, gt=0.0, description="max global grad norm; None: off")
-    micro_batch_size: int = Field(8, ge=1, description="samples per forward/backward")
 
     # placement and export
     device: Literal["auto", "cpu", "cuda"] = "auto"

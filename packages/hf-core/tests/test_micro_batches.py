@@ -1,0 +1,93 @@
+"""Token-budget micro-batches: grouping by length, padding trimmed, outputs restored."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_core.batch import Batch
+from hf_core.engines import combine_metric_rows, plan_micro_batches, restore_outputs
+from hf_core.engines.micro_batches import trim_padding
+
+
+def _rollouts(prompt_lens: list[int], response_lens: list[int], p: int = 6, r: int = 5) -> Batch:
+    rows = len(prompt_lens)
+    prompt_mask = torch.zeros(rows, p, dtype=torch.long)
+    response_mask = torch.zeros(rows, r, dtype=torch.long)
+    for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens, strict=True)):
+        prompt_mask[i, p - pl :] = 1  # left-padded
+        response_mask[i, :rl] = 1  # right-padded
+    mask = torch.cat([prompt_mask, response_mask], dim=1)
+    ids = torch.arange(rows * (p + r)).reshape(rows, p + r) * mask
+    return Batch(
+        {
+            "prompts": ids[:, :p],
+            "responses": ids[:, p:],
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": response_mask,
+            "advantages": torch.randn(rows, r),
+            "scores": torch.arange(rows, dtype=torch.float32),
+        },
+        meta={"temperature": 0.7},
+    )
+
+
+def test_trim_removes_only_columns_every_row_pads() -> None:
+    batch = _rollouts([2, 3], [1, 3])
+    trimmed = trim_padding(batch)
+    assert trimmed["input_ids"].shape == (2, 3 + 3)  # longest prompt 3, longest response 3
+    assert trimmed["prompts"].shape == (2, 3)
+    assert trimmed["responses"].shape == trimmed["advantages"].shape == (2, 3)
+    assert trimmed["scores"].shape == (2,)
+    assert trimmed.meta["temperature"] == 0.7
+    # every real token and its mask survive; only all-pad columns went
+    assert int(trimmed["attention_mask"].sum()) == int(batch["attention_mask"].sum())
+    assert int(trimmed["response_mask"].sum()) == int(batch["response_mask"].sum())
+    assert torch.equal(trimmed["advantages"], batch["advantages"][:, :3])
+    assert torch.equal(trimmed["input_ids"], batch["input_ids"][:, 3:9])
+
+
+def test_budget_groups_by_length_and_bounds_padded_tokens() -> None:
+    lengths = [(1, 1), (6, 5), (2, 1), (6, 4), (1, 2), (5, 5)]
+    batch = _rollouts([p for p, _ in lengths], [r for _, r in lengths])
+    micro = plan_micro_batches(batch, max_tokens=12)
+    rows = torch.cat([m.rows for m in micro])
+    assert sorted(rows.tolist()) == list(range(len(batch)))  # each row exactly once
+    for m in micro:
+        tokens = m.batch["input_ids"].numel()
+        assert tokens <= 12 or len(m.batch) == 1, (m.rows, tokens)
+    # short rows travel together, long ones apart: fewer padded tokens than fixed chunks
+    padded = sum(m.batch["input_ids"].numel() for m in micro)
+    fixed = sum(trim_padding(b)["input_ids"].numel() for b in batch.split(2))
+    assert padded < fixed
+
+
+def test_sample_cap_and_no_budget_keep_fixed_chunks() -> None:
+    batch = _rollouts([1, 2, 3, 4, 5], [1, 2, 3, 4, 5])
+    micro = plan_micro_batches(batch, max_tokens=None, max_samples=2)
+    assert [m.rows.tolist() for m in micro] == [[0, 1], [2, 3], [4]]
+    capped = plan_micro_batches(batch, max_tokens=10_000, max_samples=2)
+    assert all(len(m.batch) <= 2 for m in capped)
+
+
+def test_outputs_come_back_in_order_and_width() -> None:
+    batch = _rollouts([1, 6, 2, 5], [1, 5, 2, 4])
+    micro = plan_micro_batches(batch, max_tokens=14)
+    outputs = [
+        {"log_probs": m.batch["advantages"] * 2, "scores": m.batch["scores"] + 1} for m in micro
+    ]
+    merged = restore_outputs(outputs, micro, len(batch), width=5)
+    mask = batch["response_mask"].bool()
+    assert torch.equal(merged["log_probs"][mask], (batch["advantages"] * 2)[mask])
+    assert merged["log_probs"].shape == (4, 5)
+    for m in micro:  # columns a micro-batch trimmed away come back as zeros
+        width = m.batch["responses"].shape[1]
+        assert not merged["log_probs"][m.rows, width:].any()
+    assert torch.equal(merged["scores"], batch["scores"] + 1)
+
+
+def test_combine_metric_rows_means_maxima_and_sums() -> None:
+    rows = [{"a": 1.0, "x_max": 3.0, "n_sum": 2.0, "loss": 1.0}, {"a": 3.0, "x_max": 5.0}]
+    combined = combine_metric_rows([*rows, {"n_sum": 4.0, "loss": 2.0}], sums=("loss",))
+    assert combined == {"a": 2.0, "x_max": 5.0, "n_sum": 6.0, "loss": 3.0}

@@ -27,6 +27,8 @@ COMMON = [
     "timing/prepare",
     "timing/update_actor",
     "memory/peak_rss_gib",
+    "rollout/logprob_abs_diff_mean",
+    "rollout/logprob_abs_diff_max",
 ]
 EXTRA = {
     "ppo": ["critic/vf_loss", "critic/grad_norm", "actor/kl", "actor/kl/coef"],
@@ -68,6 +70,8 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         for key, value in row.items():
             if isinstance(value, (int, float)):
                 assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
+    if config.rollout.backend == "hf":  # float32 on both sides: only summation order differs
+        assert max(row["rollout/logprob_abs_diff_max"] for row in rows) <= 1e-4
     assert "val/reward_mean" in rows[-1]
     assert (config.run.output_dir / "metrics.png").stat().st_size > 0
     assert (config.run.output_dir / "checkpoints" / "latest").read_text() == "step_3"

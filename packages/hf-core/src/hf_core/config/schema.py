@@ -32,7 +32,12 @@ class RunConfig(_Strict):
     tensorboard: bool = False
     wandb: bool = False
     progress: bool = True
-    torch_threads: int = Field(1, ge=1, description="torch threads per worker process")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads per worker process; None: the node's cores shared "
+        "evenly by the run's processes",
+    )
 
 
 class ClusterConfig(_Strict):

@@ -22,6 +22,7 @@ from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
     role_path,
+    torch_threads,
     training_mesh,
 )
 from hf_core.roles.losses import PolicyLoss, sft_loss
@@ -33,7 +34,7 @@ class ActorRolloutRefWorker(Worker):
 
     def __init__(self, config: TrainerConfig) -> None:
         super().__init__()
-        torch.set_num_threads(config.run.torch_threads)
+        torch.set_num_threads(torch_threads(config))
         self.config = config
         self.actor = build_training_engine(config.actor, config, head="lm", trainable=True)
         self.reference = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
-from hf_core.engines import HasWorkerMesh, LossFn, TrainingEngine
+from hf_core.engines import HasWorkerMesh, LossFn, TrainingEngine, combine_metric_rows
 from hf_core.plugins import get_training_engine
 from hf_core.protocols import WorkerMesh
 
@@ -52,24 +53,36 @@ def mini_batch_updates(
     """``epochs`` passes over this rank's batch, ``mini_batches`` optimizer steps each.
 
     The order inside an epoch is a seeded permutation (same on every run, so resumed runs
-    repeat it); metrics are averaged over all optimizer steps.
+    repeat it); metrics are combined over all optimizer steps (means; maxima for ``*_max``).
     """
-    sums: dict[str, float] = {}
-    steps = 0
+    rows: list[dict[str, float]] = []
     for epoch in range(epochs):
         generator = torch.Generator().manual_seed(seed * 1000 + epoch)
         order = torch.randperm(len(batch), generator=generator)
         for part in batch.index(order).chunk(mini_batches):
-            metrics = engine.train_step(part, loss_fn)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            steps += 1
-    return {key: value / steps for key, value in sums.items()}
+            rows.append(engine.train_step(part, loss_fn))
+    return combine_metric_rows(rows)
 
 
 def training_mesh(engine: TrainingEngine, default: WorkerMesh) -> WorkerMesh:
     """The engine's own TP/PP/DP coordinates if it has model parallelism, else ``default``."""
     return engine.worker_mesh() if isinstance(engine, HasWorkerMesh) else default
+
+
+def torch_threads(config: TrainerConfig) -> int:
+    """``run.torch_threads``, or the node's cores shared evenly by the run's processes.
+
+    More threads than cores makes OpenMP workers spin against each other (several-fold
+    slower on a small CPU box); one rank's share of the cores is the useful maximum.
+    """
+    if config.run.torch_threads is not None:
+        return config.run.torch_threads
+    placement = config.placement
+    processes = placement.processes
+    if placement.mode == "split":
+        processes += placement.other_processes
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // processes)
 
 
 def role_path(path: str | Path, role: str) -> Path:

@@ -11,6 +11,7 @@ from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
     role_path,
+    torch_threads,
     training_mesh,
 )
 from hf_core.roles.losses import ValueLoss
@@ -22,7 +23,7 @@ class CriticWorker(Worker):
         super().__init__()
         if config.critic is None:
             raise ValueError("CriticWorker needs a 'critic' section in the config")
-        torch.set_num_threads(config.run.torch_threads)
+        torch.set_num_threads(torch_threads(config))
         self.config = config
         self.critic = build_training_engine(config.critic, config, head="value", trainable=True)
         self.loss = ValueLoss(config.algorithm)

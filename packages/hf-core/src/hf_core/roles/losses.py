@@ -24,6 +24,12 @@ from hf_core.algorithms import (
 from hf_core.batch import Batch
 from hf_core.config import AlgorithmConfig
 
+MISMATCH_MEAN = "rollout/logprob_abs_diff_mean"
+MISMATCH_MAX = "rollout/logprob_abs_diff_max"
+MISMATCH_SUM = "rollout/logprob_abs_diff_sum"
+MISMATCH_TOKENS = "rollout/logprob_tokens_sum"
+"""The rollout engine's log-probs against the training engine's, per response token."""
+
 
 def global_share(micro_batch: Batch, loss_agg_mode: str) -> float:
     """The factor turning a micro-batch mean into its share of the global mean (x DP size)."""
@@ -52,9 +58,17 @@ class PolicyLoss:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         mode = self.algo.loss_agg_mode
-        loss, metrics = self.policy_loss(
-            outputs["log_probs"], mb["old_log_probs"], mb["advantages"], mask, self.config
+        log_probs = outputs["log_probs"]
+        if "old_log_probs" in mb:
+            old_log_probs = mb["old_log_probs"]
+            metrics: dict[str, float] = {}
+        else:  # on-policy: this forward is the behaviour policy (ratio 1)
+            old_log_probs = log_probs.detach()
+            metrics = _mismatch_parts(old_log_probs, mb["rollout_log_probs"], mask)
+        loss, pg_metrics = self.policy_loss(
+            log_probs, old_log_probs, mb["advantages"], mask, self.config
         )
+        metrics.update(pg_metrics)
         if self.algo.entropy_coef > 0:
             loss, extra = entropy_bonus(
                 loss, outputs["entropy"], mask, self.algo.entropy_coef, loss_agg_mode=mode
@@ -74,6 +88,19 @@ class PolicyLoss:
             loss = loss + self.algo.kl.coef * kl
             metrics.update(extra)
         return loss * global_share(mb, mode), metrics
+
+
+def _mismatch_parts(
+    log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Sum, count and maximum of |training - rollout| log-probs over this micro-batch's
+    response tokens (sums combine exactly across micro-batches and ranks)."""
+    diff = (log_probs - rollout_log_probs).abs()[mask.bool()]
+    return {
+        MISMATCH_SUM: float(diff.sum()),
+        MISMATCH_TOKENS: float(diff.numel()),
+        MISMATCH_MAX: float(diff.max()) if diff.numel() else 0.0,
+    }
 
 
 class ValueLoss:

@@ -32,6 +32,7 @@ from hf_core.config import TrainerConfig
 from hf_core.data import PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
+from hf_core.roles.losses import MISMATCH_MAX, MISMATCH_MEAN, MISMATCH_SUM, MISMATCH_TOKENS
 from hf_core.runtime import Cluster
 from hf_core.trainer.auto_placement import plan_pools
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
@@ -50,8 +51,26 @@ ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "respo
 
 def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
     """Rank 0's row of an update's metrics, prefixed: the engines all-reduce them across
-    data-parallel ranks, so every rank holds the same numbers and one row is the mean."""
-    return {f"{prefix}/{k}": float(v) for k, v in rows[0].items()}
+    data-parallel ranks, so every rank holds the same numbers and one row is the mean.
+
+    ``rollout/*`` keys (the rollout engine's mismatch, measured in the update's forward)
+    keep their own prefix, with the token-weighted mean made from the summed parts.
+    """
+    row = {k: float(v) for k, v in rows[0].items()}
+    out = {f"{prefix}/{k}": v for k, v in row.items() if not k.startswith("rollout/")}
+    tokens = row.get(MISMATCH_TOKENS)
+    if tokens:
+        out[MISMATCH_MEAN] = row[MISMATCH_SUM] / tokens
+        out[MISMATCH_MAX] = row[MISMATCH_MAX]
+    return out
+
+
+def _mismatch(behaviour: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict:
+    """|training - rollout| log-probs over response tokens: the train/inference mismatch."""
+    diff = (behaviour - rollout).abs()[mask.bool()]
+    if diff.numel() == 0:
+        return {}
+    return {MISMATCH_MEAN: float(diff.mean()), MISMATCH_MAX: float(diff.max())}
 
 
 class RLTrainer:
@@ -62,6 +81,13 @@ class RLTrainer:
 
         preflight(config)  # names and engine blocks, before any process starts
         self.config = config
+        algo = config.algorithm
+        self.recompute_behaviour_log_probs = (
+            algo.ppo_epochs > 1 or algo.mini_batches > 1 or algo.kl.mode == "in_reward"
+        )
+        """On-policy updates (one epoch, one mini-batch) take the behaviour log-probs from the
+        update's own forward (ratio exactly 1) instead of a separate pass; off-policy updates,
+        and a KL penalty in the reward (needed before the update), keep the recompute."""
         self.resume = resume
         self.output_dir = Path(config.run.output_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
@@ -202,7 +228,9 @@ class RLTrainer:
         model_input.meta.update(batch.meta)
 
         with Timer("prepare", metrics):
-            futures = {"old": roles.actor.compute_log_probs.remote(model_input)}
+            futures = {}
+            if self.recompute_behaviour_log_probs:
+                futures["old"] = roles.actor.compute_log_probs.remote(model_input)
             if cfg.reference is not None:
                 futures["ref"] = roles.actor.compute_ref_log_probs.remote(model_input)
             if roles.critic is not None:
@@ -232,7 +260,7 @@ class RLTrainer:
             if algo.kl.mode == "in_reward":
                 rewards, kl_metrics = apply_kl_penalty(
                     scores,
-                    batch["old_log_probs"],
+                    batch["old_log_probs"],  # recomputed whenever the KL is in the reward
                     batch["ref_log_probs"],
                     mask,
                     kl_coef=self.kl_ctl.value,
@@ -259,7 +287,10 @@ class RLTrainer:
                 update.meta.update(batch.meta)
                 metrics.update(_rank_zero_metrics(roles.critic.update_critic(update), "critic"))
         with Timer("update_actor", metrics):
-            keys = [*ACTOR_KEYS, "old_log_probs", "advantages"]
+            # Without a recompute the update's own forward is the behaviour policy (ratio 1)
+            # and reports the rollout engine's mismatch from that same forward.
+            behaviour = "old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"
+            keys = [*ACTOR_KEYS, behaviour, "advantages"]
             if algo.kl.mode == "in_loss":
                 keys.append("ref_log_probs")
             update = batch.select(*keys)
@@ -283,9 +314,11 @@ class RLTrainer:
                 **peak_memory(),
             }
         )
+        if "old_log_probs" in batch:  # recomputed: the mismatch is measured here
+            metrics.update(_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], mask))
         if "ref_log_probs" in batch:
-            kl = batch["old_log_probs"] - batch["ref_log_probs"]
-            metrics["actor/kl"] = float(masked_mean(kl, mask))
+            behaviour = batch["old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"]
+            metrics["actor/kl"] = float(masked_mean(behaviour - batch["ref_log_probs"], mask))
         return metrics
 
     def _rule_scores(self, batch: Batch, fn: RuleReward | None) -> torch.Tensor | None:

@@ -144,29 +144,36 @@ class HFRolloutEngine(RolloutEngine):
         from transformers import DynamicCache
 
         ids = input_ids.to(self.device)
-        mask = attention_mask.to(self.device).long()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        rows, prompt_len = ids.shape
+        new_tokens = params.max_new_tokens
+        # One mask for the whole decode: each step attends to a longer prefix of it (a view),
+        # instead of concatenating a new column (a new allocation) every step.
+        mask = torch.ones(rows, prompt_len + new_tokens, dtype=torch.long, device=self.device)
+        mask[:, :prompt_len] = attention_mask.to(self.device)
+        positions = (mask[:, :prompt_len].cumsum(-1) - 1).clamp(min=0)
+        first_new_position = positions[:, -1:] + 1
         cache = DynamicCache(config=self.model.config)
         logits = self.model(
             input_ids=ids,
-            attention_mask=mask,
+            attention_mask=mask[:, :prompt_len],
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # the LM head runs on the last prompt position only
         ).logits[:, -1]
-        steps = ResponseSteps(ids.shape[0], stops, self.pad_token_id, self.device)
-        for step in range(params.max_new_tokens):
+        steps = ResponseSteps(rows, stops, self.pad_token_id, self.device)
+        # On an accelerator "all rows stopped?" is a host sync: ask every few steps only.
+        check_every = 1 if self.device.type == "cpu" else 8
+        for step in range(new_tokens):
             tokens, _ = steps.add(*select_tokens(logits, params, generator))
-            if steps.done or step == params.max_new_tokens - 1:
+            if step == new_tokens - 1 or (step % check_every == 0 and steps.done):
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            positions = positions[:, -1:] + 1
             logits = self.model(
                 input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=positions,
+                attention_mask=mask[:, : prompt_len + step + 1],
+                position_ids=first_new_position + step,
                 past_key_values=cache,
                 use_cache=True,
             ).logits[:, -1]
-        responses, log_probs, response_mask = steps.tensors(params.max_new_tokens)
+        responses, log_probs, response_mask = steps.tensors(new_tokens)
         return responses.cpu(), log_probs.cpu(), response_mask.cpu()

@@ -267,7 +267,15 @@ class FSDPEngine(TrainingEngine):
         self._require_onloaded("export_weights")
         self._reshard()
         dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
-        stream = stream_canonical(self.model, self.mapping, device=self.device, dtype=dtype)
+        # A gather holds the ranks' pieces and the full tensors built from them: half a
+        # bucket each keeps a sync's extra memory at about one bucket.
+        stream = stream_canonical(
+            self.model,
+            self.mapping,
+            device=self.device,
+            dtype=dtype,
+            bucket_bytes=bucket_bytes // 2,
+        )
         return iter_buckets(stream, bucket_bytes)
 
     def export_hf(

@@ -7,10 +7,11 @@ wrappers, DDP's leading ``module``) and follows HF's tied weights: with
 ``lm_head.weight``; it is exported once, under the embedding's name, as ``save_pretrained``
 does.  A rollout engine loading a tied model updates both through that one tensor.
 
-The stream gathers one parameter at a time with ``DTensor.full_tensor()`` -- a collective:
+The stream gathers parameters a bucket at a time: the ranks' dim-0 shards of every parameter
+in the bucket travel in one all-gather (a per-parameter ``DTensor.full_tensor()`` costs one
+collective round trip each, which dominated a small model's sync).  It is a collective:
 every rank must iterate the stream to the end, in the same order (``named_parameters()``
-order is the same on every rank).  Grouped with :func:`hf_core.engines.iter_buckets`, at most
-one bucket of full tensors is alive at a time.
+order is the same on every rank).  At most one gathered bucket is alive at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -95,10 +97,83 @@ def stream_canonical(
     *,
     device: torch.device | None = None,
     dtype: torch.dtype | None = None,
+    bucket_bytes: int = 64 * 2**20,
 ) -> Iterator[NamedTensor]:
-    """Every canonical ``(name, full tensor)`` of the model, one parameter gathered at a time."""
+    """Every canonical ``(name, full tensor)`` of the model, gathered ``bucket_bytes`` of
+    full tensors at a time (parameters not sharded on dim 0 go alone)."""
+    pending: list[tuple[str, torch.Tensor]] = []
+    size = 0
     for native, param in model.named_parameters():
-        tensor = full_tensor(param, device)
-        yield mapping.to_hf[native], tensor.to(dtype) if dtype is not None else tensor
+        if not _dim0_sharded(param):
+            yield from _gathered(pending, mapping, device, dtype)
+            pending, size = [], 0
+            tensor = full_tensor(param, device)
+            yield mapping.to_hf[native], tensor.to(dtype) if dtype is not None else tensor
+            continue
+        nbytes = param.numel() * param.element_size()
+        if pending and size + nbytes > bucket_bytes:
+            yield from _gathered(pending, mapping, device, dtype)
+            pending, size = [], 0
+        pending.append((native, param))
+        size += nbytes
+    yield from _gathered(pending, mapping, device, dtype)
     for native, buf in persistent_buffers(model):
         yield canonical_name(native), buf.detach().clone()
+
+
+def _dim0_sharded(param: torch.Tensor) -> bool:
+    """FSDP2's layout over several ranks: a DTensor on a 1-D mesh, sharded along dim 0.
+
+    On one rank the local shard is the whole tensor (``full_tensor`` runs no collective);
+    a gloo all-gather there only costs time, and once a large one has run, this process's
+    multi-threaded decoding was measured 2x slower for the rest of its life.
+    """
+    if not isinstance(param, DTensor) or param.device_mesh.ndim != 1 or param.ndim == 0:
+        return False
+    if param.device_mesh.size() == 1:
+        return False
+    (placement,) = param.placements
+    return placement.is_shard() and placement.dim == 0  # type: ignore[attr-defined]
+
+
+def _gathered(
+    params: list[tuple[str, torch.Tensor]],
+    mapping: FSDPWeightMapping,
+    device: torch.device | None,
+    dtype: torch.dtype | None,
+) -> Iterator[NamedTensor]:
+    """Full tensors of dim-0-sharded DTensors, with one all-gather for all of them.
+
+    Rank ``r`` holds rows ``[r c, (r + 1) c)`` of each parameter (``c = ceil(rows / world)``,
+    ``torch.chunk`` semantics; trailing ranks may hold fewer or none): every rank pads its
+    shards to ``c`` rows, so all send the same layout and each full tensor is the ranks'
+    pieces, unpadded, concatenated.
+    """
+    if not params:
+        return
+    first = params[0][1]
+    assert isinstance(first, DTensor)
+    mesh = first.device_mesh
+    world, group = mesh.size(), mesh.get_group()
+    chunks: list[int] = []
+    send: list[torch.Tensor] = []
+    for _, param in params:
+        assert isinstance(param, DTensor)
+        local = param.to_local()
+        if device is not None and local.device != device:  # shard kept in host memory
+            local = local.to(device)
+        rows = -(-param.shape[0] // world)
+        padded = local.new_zeros((rows, *param.shape[1:]))
+        padded[: local.shape[0]] = local
+        chunks.append(rows)
+        send.append(padded.reshape(-1))
+    flat = torch.cat(send)
+    pieces = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(pieces, flat, group=group)
+    offset = 0
+    for (native, param), rows, part in zip(params, chunks, send, strict=True):
+        numel = part.numel()
+        shards = [p[offset : offset + numel].view(rows, *param.shape[1:]) for p in pieces]
+        tensor = torch.cat(shards)[: param.shape[0]]
+        offset += numel
+        yield mapping.to_hf[native], tensor.to(dtype) if dtype is not None else tensor

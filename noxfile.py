@@ -225,6 +225,18 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """The end-to-end RL step throughput bench (not in the default matrix: minutes of timing).
+
+    ``nox -s bench -- --baseline 1c772fe --write`` measures a past commit side by side and
+    updates bench/RESULTS.md.
+    """
+    _install_base(session)
+    session.install(*_constraints(), *_editable("hf-fsdp"))
+    session.run("python", str(ROOT / "bench" / "e2e_throughput.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff lint and format check over the whole tree, then mypy over every package.
 

@@ -1,0 +1,315 @@
+"""End-to-end RL step throughput against the rollout engine's own limit, and against a baseline.
+
+The synchronous loop (generate -> prepare -> advantages -> update -> weight sync) run by
+``hybridflow run`` on a tiny Qwen2 (vocab 1024, hidden 128, intermediate 256, 4 layers, 4
+heads, 2 KV heads; 0.85 M parameters, float32, random weights) with GRPO, no reference or
+KL, one optimiser step per batch, temperature 1.0, prompts ``reverse: d1 ... dn =`` of 5-8
+digits, in two configurations:
+
+- ``small``: 8 prompts x 4 samples, 32 new tokens;
+- ``large``: 64 prompts x 4 samples, 64 new tokens;
+
+each on two CPU layouts (1 process x 2 threads, 2 processes x 1 thread).  Per run: median
+seconds per step after the warm-up steps, tokens/s as the paper counts them (prompt +
+response tokens over the step's wall time), each stage's share of the step; and the raw
+generation time of the same batch alone (the rollout engine called directly, on the same
+layout, no trainer around it).  With ``--baseline REV`` the same runs are repeated on that
+commit (a temporary git worktree, imported ahead of the installed packages), so the speed-up
+is measured side by side in one run.
+
+    python bench/e2e_throughput.py                       # current tree only
+    python bench/e2e_throughput.py --baseline 1c772fe --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from _common import machine_line, print_result, publish
+
+ROOT = Path(__file__).resolve().parents[1]
+TITLE = "## End-to-end RL step throughput (`bench/e2e_throughput.py`)"
+MODEL = {
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_layers": 4,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+}
+CONFIGS = {"small": (8, 4, 32), "large": (64, 4, 64)}
+"""name -> (prompts per step, samples per prompt, new tokens)"""
+LAYOUTS = ((1, 2), (2, 1))
+"""(processes, torch threads per process)"""
+STAGES = ("generate", "prepare", "advantage", "update_actor", "weight_sync")
+
+
+# --------------------------------------------------------------------------- assets
+
+
+def write_task(path: Path, rows: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with path.open("w") as fh:
+        for _ in range(rows):
+            digits = [str(rng.randrange(10)) for _ in range(rng.randint(5, 8))]
+            prompt = "reverse: " + " ".join(digits) + " ="
+            fh.write(json.dumps({"prompt": prompt, "ground_truth": "".join(digits[::-1])}) + "\n")
+    return path
+
+
+def recipe_overrides(
+    model: Path, data: Path, out: Path, config: str, layout: tuple[int, int], steps: int
+) -> list[str]:
+    prompts, n, new_tokens = CONFIGS[config]
+    procs, threads = layout
+    return [
+        f"model.path={model}",
+        f"data.train_files=[{data}]",
+        f"data.batch_size={prompts}",
+        "data.chat_template=false",
+        f"run.output_dir={out}",
+        f"run.total_steps={steps}",
+        "run.seed=0",
+        "run.progress=false",
+        "run.save_final=false",
+        f"run.torch_threads={threads}",
+        f"placement.processes={procs}",
+        "rollout.backend=hf",
+        f"rollout.n={n}",
+        "rollout.temperature=1.0",
+        f"rollout.max_new_tokens={new_tokens}",
+        "actor.backend=fsdp",
+        "actor.engine.lr=1e-4",
+        "reward.function=digits_reverse",
+        "algorithm.advantage=grpo",
+        "algorithm.ppo_epochs=1",
+        "algorithm.mini_batches=1",
+    ]
+
+
+# ----------------------------------------------------------------------- measurements
+
+
+def run_trainer(src: Path | None, overrides: list[str], out: Path, warmup: int) -> dict:
+    """``hybridflow run`` in a child (the code under ``src``'s packages when given)."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_DEDUP_LOGS="0")
+    if src is not None:
+        paths = [str(p / "src") for p in sorted((src / "packages").glob("hf-*"))]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    recipe = out.parent / f"{out.name}.yaml"
+    recipe.write_text("{}\n")
+    cmd = [sys.executable, "-m", "hf_core.cli", "run", str(recipe), *overrides]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = rows[warmup:]
+
+    def median(key: str) -> float:
+        return statistics.median(float(r[key]) for r in rows if key in r)
+
+    step = median("perf/step_s")
+    shares = {s: median(f"timing/{s}") / step for s in STAGES if f"timing/{s}" in rows[0]}
+    return {
+        "step_s": step,
+        "tokens_per_s": median("perf/throughput"),
+        "tokens": median("perf/tokens"),
+        "shares": shares,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def generation_child(args: argparse.Namespace) -> None:
+    """One rank of the raw-generation measurement (``--child-generate``)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    from hf_core.batch import Batch
+    from hf_core.engines import SamplingParams
+    from hf_core.plugins import get_rollout_engine
+
+    prompts_per_step, n, new_tokens = CONFIGS[args.config]
+    share = prompts_per_step // args.procs
+    tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+    rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()]
+    texts = [r["prompt"] for r in rows[args.rank * share : (args.rank + 1) * share]]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    engine = get_rollout_engine("hf")(model_path=args.model, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, n=n, seed=1)
+    engine.generate(prompts, params)  # warm-up
+    seconds = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        engine.generate(prompts, params)
+        seconds.append(time.perf_counter() - start)
+    print_result({"seconds": seconds})
+
+
+def raw_generation(model: Path, data: Path, config: str, layout: tuple[int, int], repeats: int):
+    """Seconds to generate one step's batch with the rollout engine alone on ``layout``:
+    each process its share, all at once (the slowest process counts)."""
+    procs, threads = layout
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, __file__, "--child-generate", "--model", str(model)]
+    cmd += ["--data", str(data), "--config", config, "--procs", str(procs)]
+    cmd += ["--threads", str(threads), "--repeats", str(repeats)]
+    children = [
+        subprocess.Popen([*cmd, "--rank", str(rank)], stdout=subprocess.PIPE, text=True, env=env)
+        for rank in range(procs)
+    ]
+    results = []
+    for child in children:
+        stdout, _ = child.communicate(timeout=1800)
+        line = [x for x in stdout.splitlines() if x.startswith("RESULT ")][-1]
+        results.append(json.loads(line[len("RESULT ") :])["seconds"])
+    return statistics.median(max(per_rank) for per_rank in zip(*results, strict=True))
+
+
+@contextmanager
+def baseline_tree(rev: str):
+    """A temporary git worktree of ``rev``, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="hf-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield tree
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                check=False,
+                capture_output=True,
+            )
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def table(results: dict, baseline: str | None) -> str:
+    head = "| config | side | layout | s/step | tokens/s | raw generate s | step / generate |"
+    head += " " + " | ".join(f"{s} %" for s in STAGES) + " |"
+    lines = [head, "|" + "---|" * (7 + len(STAGES))]
+    for (config, side, layout), res in results.items():
+        label = f"{layout[0]} proc x {layout[1]} thr"
+        ratio = res["step_s"] / res["raw_generate_s"]
+        shares = " | ".join(f"{100 * res['shares'].get(s, 0.0):.0f}" for s in STAGES)
+        lines.append(
+            f"| {config} | {side} | {label} | {res['step_s']:.3f} | {res['tokens_per_s']:,.0f} "
+            f"| {res['raw_generate_s']:.3f} | {ratio:.2f} | {shares} |"
+        )
+    lines.append("")
+    for config in CONFIGS:
+        best = {}
+        for side in ("current", baseline):
+            runs = [r for (c, s, _), r in results.items() if c == config and s == side]
+            if runs:
+                best[side] = max(runs, key=lambda r: r["tokens_per_s"])
+        if "current" in best:
+            cur = best["current"]
+            line = f"- {config}: best current {cur['tokens_per_s']:,.0f} tokens/s, step = "
+            line += f"{cur['step_s'] / cur['raw_generate_s']:.2f} x raw generation"
+            if baseline in best:
+                speedup = cur["tokens_per_s"] / best[baseline]["tokens_per_s"]
+                line += f"; best {baseline} {best[baseline]['tokens_per_s']:,.0f} tokens/s "
+                line += f"-> {speedup:.2f}x"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", help="a git revision to measure side by side")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument(
+        "--layouts", default=",".join(f"{p}x{t}" for p, t in LAYOUTS), help="processes x threads"
+    )
+    parser.add_argument("--steps", type=int, default=8, help="RL steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="first steps left out")
+    parser.add_argument("--repeats", type=int, default=3, help="raw generation repeats")
+    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    parser.add_argument("--child-generate", action="store_true", help=argparse.SUPPRESS)
+    for name in ("--model", "--data", "--config"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    for name in ("--procs", "--threads", "--rank"):
+        parser.add_argument(name, type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_generate:
+        generation_child(args)
+        return
+
+    from hf_testing.tiny import build_tiny_model
+
+    layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
+
+    results: dict[tuple[str, str, tuple[int, int]], dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="hf-e2e-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
+        data = write_task(tmp / "train.jsonl", rows=4096)
+        sides: list[tuple[str, Path | None]] = [("current", None)]
+        with contextmanager_or_none(args.baseline) as tree:
+            if tree is not None:
+                sides.append((args.baseline, tree))
+            for config in args.configs.split(","):
+                for layout in layouts:
+                    raw = raw_generation(model, data, config, layout, args.repeats)
+                    for side, src in sides:
+                        out = tmp / f"{config}-{side}-{layout[0]}x{layout[1]}"
+                        overrides = recipe_overrides(model, data, out, config, layout, args.steps)
+                        res = run_trainer(src, overrides, out, args.warmup)
+                        res["raw_generate_s"] = raw
+                        results[config, side, layout] = res
+                        print(config, side, layout, json.dumps(res), flush=True)
+
+    prompts = ", ".join(
+        f"{c}: {p} prompts x {n} samples, {t} new tokens" for c, (p, n, t) in CONFIGS.items()
+    )
+    section = "\n".join(
+        [
+            TITLE,
+            "",
+            f"GRPO steps of `hybridflow run` (HF rollout, FSDP actor, no reference or KL, one "
+            f"optimiser step per batch, temperature 1.0) on a tiny Qwen2 (0.85 M parameters, "
+            f"float32); {prompts}. Median of {args.steps - args.warmup} steps after "
+            f"{args.warmup} warm-up steps; raw generate = the same batch through the rollout "
+            f"engine alone on the same layout (median of {args.repeats}). tokens/s = prompt + "
+            "response tokens per second of step wall time. Stage shares are of the step.",
+            "",
+            machine_line(load=True),
+            "",
+            table(results, args.baseline),
+            "",
+        ]
+    )
+    publish(TITLE, section, args.write)
+
+
+@contextmanager
+def contextmanager_or_none(rev: str | None):
+    if rev is None:
+        yield None
+        return
+    with baseline_tree(rev) as tree:
+        yield tree
+
+
+if __name__ == "__main__":
+    main()

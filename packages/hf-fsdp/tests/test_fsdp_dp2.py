@@ -144,6 +144,7 @@ MICRO_BATCHING = {
     "token-budget": {},  # the default budget, samples capped by TRAIN's micro_batch_size
     # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
     "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
+    "per-layer-units": {"fsdp_unit": "layer"},  # tiny models default to one unit
 }
 
 

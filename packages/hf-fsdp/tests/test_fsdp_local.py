@@ -82,6 +82,24 @@ def test_value_head_on_a_causal_lm_folder_is_initialised_from_seed(models: dict)
         critic.compute_log_probs(batch)
 
 
+def test_fsdp_units_per_layer_or_whole_model(models: dict) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    path = str(models["qwen2_tied"])
+    batch = rollout_batch(4, 5, 6, VOCAB, seed=3)
+    engines = {
+        unit: FSDPEngine({"model_path": path, "fsdp_unit": unit, "trainable": False})
+        for unit in ("auto", "layer", "model")
+    }
+    units = {
+        k: sum(isinstance(m, FSDPModule) for m in e.model.modules()) for k, e in engines.items()
+    }
+    layers = engines["layer"].hf_config.num_hidden_layers
+    assert units == {"auto": 1, "layer": layers + 1, "model": 1}  # tiny: auto = one unit
+    out = {k: e.compute_log_probs(batch)["log_probs"] for k, e in engines.items()}
+    assert torch.allclose(out["layer"], out["model"], atol=1e-6)
+
+
 def test_micro_batch_size_does_not_change_results(models: dict) -> None:
     path = str(models["qwen2_tied"])
     batch = rollout_batch(6, 5, 6, VOCAB, seed=2)

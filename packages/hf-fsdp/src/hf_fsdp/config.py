@@ -44,6 +44,11 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "auto", description="compute dtype; auto = bfloat16 on GPU, none on CPU (reduce in fp32)"
     )
     reshard_after_forward: bool = True
+    fsdp_unit: Literal["auto", "layer", "model"] = Field(
+        "auto",
+        description="FSDP units: each decoder layer (bounds gathered memory), the whole "
+        "model (fewest collectives), or auto: per layer from 100M parameters",
+    )
     cpu_offload: bool = Field(
         False, description="FSDP2 CPUOffloadPolicy: shards live in host memory (GPU only)"
     )

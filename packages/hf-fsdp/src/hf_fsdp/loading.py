@@ -148,10 +148,28 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+PER_LAYER_MIN_PARAMS = 100_000_000
+"""``fsdp_unit: auto`` shards layer by layer from this model size on."""
+
+
+def shards_per_layer(model: nn.Module, cfg: FSDPEngineConfig) -> bool:
+    """Whether each decoder layer is its own FSDP unit.
+
+    Per-layer units bound the gathered memory to about one layer, which large models need;
+    each unit also costs a collective per forward and backward.  Below
+    :data:`PER_LAYER_MIN_PARAMS` the whole model gathered is small, and one unit made a
+    tiny model's update ~30% faster on 2 CPU ranks (gloo latency per collective dominates).
+    """
+    if cfg.fsdp_unit != "auto":
+        return cfg.fsdp_unit == "layer"
+    return sum(p.numel() for p in model.parameters()) >= PER_LAYER_MIN_PARAMS
+
+
 def shard_model(
     model: nn.Module, mesh: DeviceMesh, cfg: FSDPEngineConfig, device: torch.device
 ) -> None:
-    """``fully_shard`` per decoder layer, then the root (embeddings, norm, head)."""
+    """``fully_shard`` per decoder layer (see :func:`shards_per_layer`), then the root
+    (embeddings, norm, head, and the layers when they are not sharded on their own)."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         MixedPrecisionPolicy,
@@ -171,7 +189,8 @@ def shard_model(
             offload = CPUOffloadPolicy(pin_memory=True)
         else:
             log.info("cpu_offload ignored: the model already lives in CPU memory")
-    for layer in decoder_layers(model):
+    layers = decoder_layers(model) if shards_per_layer(model, cfg) else []
+    for layer in layers:
         fully_shard(
             layer,
             mesh=mesh,

@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from hf_core.batch import Batch
-from hf_core.config import EngineConfigError
 from hf_core.engines import (
     HasGenerationRank,
     LoadsTPSlices,
@@ -31,7 +30,7 @@ from hf_core.engines import (
     SamplingParams,
 )
 from hf_core.plugins import get_rollout_engine
-from hf_testing.conformance.capabilities import capability_report
+from hf_testing.conformance.common import EngineConformance
 from hf_testing.conformance.reference import (
     canonical_buckets,
     folder_tensors,
@@ -43,7 +42,6 @@ from hf_testing.conformance.reference import (
     responses_of,
 )
 from hf_testing.prompts import prompt_batch
-from hf_testing.tiny import QWEN2_TIED
 
 ROLLOUT_CAPABILITIES: tuple[type, ...] = (HasGenerationRank, LoadsTPSlices)
 CAPABILITY_CHECKS: dict[type, str] = {
@@ -83,21 +81,13 @@ def _result_of(call: Callable[[], object]) -> object:
     return call()
 
 
-class RolloutEngineConformance:
+class RolloutEngineConformance(EngineConformance):
     """Checks of the :class:`~hf_core.engines.RolloutEngine` contract for one registered engine.
 
-    Subclass it as ``Test...`` and set :attr:`engine`; the other attributes have defaults.
+    Subclass it as ``Test...`` and set :attr:`engine` (``get_rollout_engine(engine)``); the
+    other attributes have defaults.
     """
 
-    engine: ClassVar[str]
-    """The name the backend registers (``get_rollout_engine(engine)``)."""
-    engine_config: ClassVar[dict[str, Any]] = {}
-    """Keyword config besides ``model_path``."""
-    model: ClassVar[dict[str, Any]] = QWEN2_TIED
-    """Arguments of :func:`hf_testing.tiny.build_tiny_model` (tied: the harder case to sync)."""
-    capabilities: ClassVar[frozenset[type]] = frozenset()
-    """The rollout capability protocols (``HasGenerationRank``, ``LoadsTPSlices``) it has."""
-    misspelt_key: ClassVar[str] = "tensor_paralel_size"
     num_prompts: ClassVar[int] = 32
     max_new_tokens: ClassVar[int] = 16
     log_prob_atol: ClassVar[float] = 1e-4
@@ -108,13 +98,13 @@ class RolloutEngineConformance:
     """Small, so a sync takes many buckets and fused layers straddle them."""
     perturb_scale: ClassVar[float] = 0.05
 
+    registry = staticmethod(get_rollout_engine)
+    all_capabilities = ROLLOUT_CAPABILITIES
+    capability_checks = CAPABILITY_CHECKS
+    _kit = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Collect the check of an optional capability only where the engine declares it,
-        rather than reporting a skip for every engine that lacks it."""
         super().__init_subclass__(**kwargs)
-        for protocol, name in CAPABILITY_CHECKS.items():
-            declared = protocol in cls.capabilities
-            setattr(cls, name, getattr(RolloutEngineConformance, name) if declared else None)
         # pytest runs a subclass's own attributes after the inherited ones, in the order set:
         # attached last, the check that closes the engine runs after every other one
         setattr(  # noqa: B010  (a re-attached method, so mypy sees no method assignment)
@@ -124,13 +114,6 @@ class RolloutEngineConformance:
         )
 
     # ------------------------------------------------------------------ fixtures
-    @pytest.fixture(scope="class")
-    @classmethod
-    def conformance_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        from hf_testing.tiny import build_tiny_model
-
-        return build_tiny_model(tmp_path_factory.mktemp("conformance") / "model", **cls.model)
-
     @pytest.fixture(scope="class")
     @classmethod
     def held_engine(cls, conformance_model: Path) -> Iterator[_Held]:
@@ -164,11 +147,6 @@ class RolloutEngineConformance:
     def hf_greedy_rows(cls, conformance_model: Path, prompts: Batch) -> list[list[int]]:
         return hf_greedy(hf_causal_lm(conformance_model), prompts, cls.max_new_tokens)
 
-    @classmethod
-    def make_engine(cls, model_path: Path, **overrides: Any) -> RolloutEngine:
-        factory = get_rollout_engine(cls.engine)
-        return factory(model_path=str(model_path), **{**cls.engine_config, **overrides})
-
     def greedy(self, engine: RolloutEngine, prompts: Batch) -> Batch:
         return engine.generate(
             prompts, SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
@@ -185,19 +163,11 @@ class RolloutEngineConformance:
         return count
 
     # ------------------------------------------------------------------ checks
-    def test_misspelt_config_key_is_named(self, conformance_model: Path) -> None:
-        with pytest.raises(EngineConfigError) as info:
-            self.make_engine(conformance_model, **{self.misspelt_key: 2})
-        assert self.misspelt_key in str(info.value)
-
     def test_is_a_rollout_engine_with_the_declared_capabilities(
         self, rollout_engine: RolloutEngine
     ) -> None:
         assert isinstance(rollout_engine, RolloutEngine)
-        satisfied, problems = capability_report(rollout_engine, ROLLOUT_CAPABILITIES)
-        assert not problems, problems
-        names = sorted(p.__name__ for p in satisfied)
-        assert names == sorted(p.__name__ for p in self.capabilities)
+        self.check_declared_capabilities(rollout_engine)
 
     def test_greedy_equals_transformers_generate(
         self, rollout_engine: RolloutEngine, prompts: Batch, hf_greedy_rows: list[list[int]]

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 import torch
 
 from hf_core.batch import Batch
-from hf_core.config import EngineConfigError
 from hf_core.engines import (
     Closeable,
     ExportsHF,
@@ -33,14 +32,13 @@ from hf_core.engines import (
     TrainingEngine,
 )
 from hf_core.plugins import get_training_engine
-from hf_testing.conformance.capabilities import capability_report
+from hf_testing.conformance.common import EngineConformance
 from hf_testing.conformance.reference import (
     folder_tensors,
     hf_causal_lm,
     hf_log_probs_and_entropy,
     masked_max_diff,
 )
-from hf_testing.tiny import QWEN2_TIED
 from hf_testing.workers import policy_loss, rollout_batch
 
 TRAINING_CAPABILITIES: tuple[type, ...] = (HasWorkerMesh, ExportsHF, Offloadable, Closeable)
@@ -78,52 +76,30 @@ def fused_units(bucket: list[NamedTensor]) -> dict[str, int]:
     return units
 
 
-class TrainingEngineConformance:
+class TrainingEngineConformance(EngineConformance):
     """Checks of the :class:`~hf_core.engines.TrainingEngine` contract for one registered engine.
 
-    Subclass it as ``Test...`` and set :attr:`engine`; the other attributes have defaults.
+    Subclass it as ``Test...`` and set :attr:`engine` (``get_training_engine(engine)``);
+    :attr:`engine_config` must allow training (a ``train_step``).  The other attributes
+    have defaults.
     """
 
-    engine: ClassVar[str]
-    """The name the backend registers (``get_training_engine(engine)``)."""
-    engine_config: ClassVar[dict[str, Any]] = {}
-    """Keyword config besides ``model_path``; it must allow training (a ``train_step``)."""
-    model: ClassVar[dict[str, Any]] = QWEN2_TIED
-    """Arguments of :func:`hf_testing.tiny.build_tiny_model` (tied: the harder case)."""
-    capabilities: ClassVar[frozenset[type]] = frozenset()
-    """The :mod:`hf_core.engines.capabilities` protocols the engine must satisfy, exactly."""
-    misspelt_key: ClassVar[str] = "tensor_paralel_size"
     log_prob_atol: ClassVar[float] = 1e-5
     """float32 on both sides, same math as transformers: only summation order differs."""
     batch_shape: ClassVar[tuple[int, int, int]] = (8, 6, 7)
     """Sequences, prompt length, response length of the test batches."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Collect the check of an optional capability only where the engine declares it,
-        rather than reporting a skip for every engine that lacks it."""
-        super().__init_subclass__(**kwargs)
-        for protocol, name in CAPABILITY_CHECKS.items():
-            declared = protocol in cls.capabilities
-            setattr(cls, name, getattr(TrainingEngineConformance, name) if declared else None)
+    registry = staticmethod(get_training_engine)
+    all_capabilities = TRAINING_CAPABILITIES
+    capability_checks = CAPABILITY_CHECKS
+    _kit = True
 
     # ------------------------------------------------------------------ fixtures
-    @pytest.fixture(scope="class")
-    @classmethod
-    def conformance_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        from hf_testing.tiny import build_tiny_model
-
-        return build_tiny_model(tmp_path_factory.mktemp("conformance") / "model", **cls.model)
-
     @pytest.fixture(scope="class")
     @classmethod
     def training_engine(cls, conformance_model: Path) -> TrainingEngine:
         """One engine for the checks that only read it (none trains it)."""
         return cls.make_engine(conformance_model)
-
-    @classmethod
-    def make_engine(cls, model_path: Path, **overrides: Any) -> TrainingEngine:
-        factory = get_training_engine(cls.engine)
-        return factory(model_path=str(model_path), **{**cls.engine_config, **overrides})
 
     def batch(self, model_path: Path, seed: int) -> Batch:
         from transformers import AutoConfig
@@ -208,16 +184,8 @@ class TrainingEngineConformance:
         differ = sorted(n for n in expected if not torch.equal(after[n], expected[n]))
         assert not differ, differ
 
-    def test_misspelt_config_key_is_named(self, conformance_model: Path) -> None:
-        with pytest.raises(EngineConfigError) as info:
-            self.make_engine(conformance_model, **{self.misspelt_key: 2})
-        assert self.misspelt_key in str(info.value)
-
     def test_capabilities_are_the_declared_protocols(self, training_engine: TrainingEngine) -> None:
-        satisfied, problems = capability_report(training_engine, TRAINING_CAPABILITIES)
-        assert not problems, problems
-        names = sorted(p.__name__ for p in satisfied)
-        assert names == sorted(p.__name__ for p in self.capabilities)
+        self.check_declared_capabilities(training_engine)
 
     def test_export_hf_loads_with_from_pretrained(
         self, training_engine: TrainingEngine, conformance_model: Path, tmp_path: Path

@@ -1,0 +1,76 @@
+"""What the training- and rollout-engine kits share: the settings a backend gives, the model
+the checks build, how an engine is made, and the checks of its config errors and capabilities."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from hf_core.config import EngineConfigError
+from hf_testing.conformance.capabilities import capability_report
+from hf_testing.tiny import QWEN2_TIED
+
+
+class EngineConformance:
+    """Base of the kits.  A kit sets :attr:`registry` and :attr:`all_capabilities` and marks
+    itself with ``_kit = True``; a backend subclasses a kit and sets :attr:`engine`."""
+
+    engine: ClassVar[str]
+    """The name the backend registers."""
+    engine_config: ClassVar[dict[str, Any]] = {}
+    """Keyword config besides ``model_path``."""
+    model: ClassVar[dict[str, Any]] = QWEN2_TIED
+    """Arguments of :func:`hf_testing.tiny.build_tiny_model` (tied: the harder case)."""
+    capabilities: ClassVar[frozenset[type]] = frozenset()
+    """The :mod:`hf_core.engines.capabilities` protocols the engine has, exactly."""
+    misspelt_key: ClassVar[str] = "tensor_paralel_size"
+
+    all_capabilities: ClassVar[tuple[type, ...]] = ()
+    """The protocols an engine of this kind may have (a kit sets it)."""
+    capability_checks: ClassVar[dict[type, str]] = {}
+    """Protocol -> the kit's check of it, collected only where the engine declares it."""
+    _kit: ClassVar[bool] = False
+
+    @staticmethod
+    def registry(name: str) -> Callable[..., Any]:
+        """The engine factory registered as ``name`` (a kit sets ``get_training_engine`` or
+        ``get_rollout_engine``)."""
+        raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """In a backend's class, keep the check of an optional capability only where the
+        engine declares it, rather than reporting a skip for every engine that lacks it."""
+        super().__init_subclass__(**kwargs)
+        if vars(cls).get("_kit"):
+            return
+        kit = next(k for k in cls.__mro__ if vars(k).get("_kit"))
+        for protocol, name in cls.capability_checks.items():
+            declared = protocol in cls.capabilities
+            setattr(cls, name, getattr(kit, name) if declared else None)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def conformance_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        from hf_testing.tiny import build_tiny_model
+
+        return build_tiny_model(tmp_path_factory.mktemp("conformance") / "model", **cls.model)
+
+    @classmethod
+    def make_engine(cls, model_path: Path, **overrides: Any) -> Any:
+        factory = cls.registry(cls.engine)
+        return factory(model_path=str(model_path), **{**cls.engine_config, **overrides})
+
+    def test_misspelt_config_key_is_named(self, conformance_model: Path) -> None:
+        with pytest.raises(EngineConfigError) as info:
+            self.make_engine(conformance_model, **{self.misspelt_key: 2})
+        assert self.misspelt_key in str(info.value)
+
+    def check_declared_capabilities(self, engine: Any) -> None:
+        """The engine has exactly the declared protocols, whole and callable as core calls."""
+        satisfied, problems = capability_report(engine, self.all_capabilities)
+        assert not problems, problems
+        names = sorted(p.__name__ for p in satisfied)
+        assert names == sorted(p.__name__ for p in self.capabilities)

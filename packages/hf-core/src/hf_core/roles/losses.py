@@ -64,7 +64,7 @@ class PolicyLoss:
             metrics: dict[str, float] = {}
         else:  # on-policy: this forward is the behaviour policy (ratio 1)
             old_log_probs = log_probs.detach()
-            metrics = _mismatch_parts(old_log_probs, mb["rollout_log_probs"], mask)
+            metrics = mismatch_parts(old_log_probs, mb["rollout_log_probs"], mask)
         loss, pg_metrics = self.policy_loss(
             log_probs, old_log_probs, mb["advantages"], mask, self.config
         )
@@ -90,7 +90,7 @@ class PolicyLoss:
         return loss * global_share(mb, mode), metrics
 
 
-def _mismatch_parts(
+def mismatch_parts(
     log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
     """Sum, count and maximum of |training - rollout| log-probs over this micro-batch's
@@ -101,6 +101,14 @@ def _mismatch_parts(
         MISMATCH_TOKENS: float(diff.numel()),
         MISMATCH_MAX: float(diff.max()) if diff.numel() else 0.0,
     }
+
+
+def mismatch_summary(parts: dict[str, float]) -> dict[str, float]:
+    """The logged mismatch (token mean and maximum) from :func:`mismatch_parts`' sums."""
+    tokens = parts.get(MISMATCH_TOKENS)
+    if not tokens:
+        return {}
+    return {MISMATCH_MEAN: parts[MISMATCH_SUM] / tokens, MISMATCH_MAX: parts[MISMATCH_MAX]}
 
 
 class ValueLoss:

@@ -32,7 +32,7 @@ from hf_core.config import TrainerConfig
 from hf_core.data import PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
-from hf_core.roles.losses import MISMATCH_MAX, MISMATCH_MEAN, MISMATCH_SUM, MISMATCH_TOKENS
+from hf_core.roles.losses import mismatch_parts, mismatch_summary
 from hf_core.runtime import Cluster
 from hf_core.trainer.auto_placement import plan_pools
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
@@ -58,19 +58,7 @@ def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, f
     """
     row = {k: float(v) for k, v in rows[0].items()}
     out = {f"{prefix}/{k}": v for k, v in row.items() if not k.startswith("rollout/")}
-    tokens = row.get(MISMATCH_TOKENS)
-    if tokens:
-        out[MISMATCH_MEAN] = row[MISMATCH_SUM] / tokens
-        out[MISMATCH_MAX] = row[MISMATCH_MAX]
-    return out
-
-
-def _mismatch(behaviour: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict:
-    """|training - rollout| log-probs over response tokens: the train/inference mismatch."""
-    diff = (behaviour - rollout).abs()[mask.bool()]
-    if diff.numel() == 0:
-        return {}
-    return {MISMATCH_MEAN: float(diff.mean()), MISMATCH_MAX: float(diff.max())}
+    return out | mismatch_summary(row)
 
 
 class RLTrainer:
@@ -315,7 +303,8 @@ class RLTrainer:
             }
         )
         if "old_log_probs" in batch:  # recomputed: the mismatch is measured here
-            metrics.update(_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], mask))
+            parts = mismatch_parts(batch["old_log_probs"], batch["rollout_log_probs"], mask)
+            metrics.update(mismatch_summary(parts))
         if "ref_log_probs" in batch:
             behaviour = batch["old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"]
             metrics["actor/kl"] = float(masked_mean(behaviour - batch["ref_log_probs"], mask))

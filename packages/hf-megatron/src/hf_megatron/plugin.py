@@ -29,9 +29,19 @@ def create_rollout_engine(**config: Any) -> Any:
 
 @hookimpl
 def register_training_engines(register: Callable[..., None]) -> None:
-    register("megatron", create_training_engine, config="hf_megatron.config:MegatronEngineConfig")
+    register(
+        "megatron",
+        create_training_engine,
+        config="hf_megatron.config:MegatronEngineConfig",
+        parallel=("tp", "pp"),
+    )
 
 
 @hookimpl
 def register_rollout_engines(register: Callable[..., None]) -> None:
-    register("megatron", create_rollout_engine, config="hf_megatron.config:MegatronRolloutConfig")
+    register(
+        "megatron",
+        create_rollout_engine,
+        config="hf_megatron.config:MegatronRolloutConfig",
+        parallel=("tp",),
+    )

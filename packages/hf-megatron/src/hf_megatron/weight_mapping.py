@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from hf_core.engines import HeadKind, NamedTensor, WeightMapping
+from hf_core.engines import CanonicalSlice, HeadKind, NamedTensor, WeightMapping
 
 Fetch = Callable[[str, int | None, int, int], torch.Tensor]
 """``fetch(hf_name, dim, start, stop)``: rows/cols ``[start, stop)`` of a canonical tensor along
@@ -169,34 +169,6 @@ class Part:
     dim: int | None = None
     start: int = 0
     stop: int = 0
-
-
-@dataclass(frozen=True)
-class CanonicalSlice:
-    """A canonical tensor, or a block of one: ``tensor`` is ``full.narrow(dim, start, len)``.
-
-    ``dim is None`` means the whole tensor.  This is what the weight export yields: any
-    rollout engine can load it -- a whole tensor as is, a TP slice into its own shard when
-    its TP partition matches (megatron's and vLLM's do), or after gathering the slices.
-    """
-
-    name: str
-    tensor: torch.Tensor
-    dim: int | None
-    start: int
-    full_shape: tuple[int, ...]
-
-    @property
-    def stop(self) -> int:
-        return self.start + (self.tensor.shape[self.dim] if self.dim is not None else 0)
-
-    @property
-    def is_full(self) -> bool:
-        return self.dim is None or tuple(self.tensor.shape) == self.full_shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
 
 
 @dataclass(frozen=True)

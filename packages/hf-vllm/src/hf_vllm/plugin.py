@@ -17,4 +17,6 @@ create_rollout_engine = engine_factory("hf_vllm.engine:VLLMRolloutEngine")
 
 @hookimpl
 def register_rollout_engines(register: Callable[..., None]) -> None:
-    register("vllm", create_rollout_engine, config="hf_vllm.config:VLLMRolloutConfig")
+    register(
+        "vllm", create_rollout_engine, config="hf_vllm.config:VLLMRolloutConfig", parallel=("tp",)
+    )

@@ -123,6 +123,20 @@ class RolloutConfig(_Strict):
     stop_token_ids: list[int] = Field(default_factory=list)
     val_temperature: float = Field(0.0, ge=0.0, description="validation: 0 is greedy")
     bucket_mb: float = Field(64.0, gt=0, description="weight-sync bucket size")
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="t_g: ranks forming one rollout engine (the generation TP of the "
+        "3D-HybridEngine); must divide the actor's TP size when the actor is model-parallel",
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="p_g: generation pipeline stages (engines that support it)"
+    )
+    reshard: Literal["hybrid", "naive"] = Field(
+        "hybrid",
+        description="training -> generation transition of a model-parallel actor: the paper's "
+        "micro-DP all-gathers (hybrid, zero redundancy) or whole-replica gathers (naive)",
+    )
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 
 

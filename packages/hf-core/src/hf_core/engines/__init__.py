@@ -8,6 +8,7 @@ from hf_core.engines.capabilities import (
     HasWorkerMesh,
     LoadsTPSlices,
     Offloadable,
+    ReshardsWeights,
 )
 from hf_core.engines.decoding import (
     ResponseSteps,
@@ -34,10 +35,11 @@ from hf_core.engines.schedule import lr_factor
 from hf_core.engines.sync_stats import RecordsSyncs, SyncStats
 from hf_core.engines.training import LossFn, TrainingEngine
 from hf_core.engines.training_config import TrainingEngineConfig
-from hf_core.engines.weights import NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
+from hf_core.engines.weights import CanonicalSlice, NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
 
 __all__ = [
     "PROMPT_KEYS",
+    "CanonicalSlice",
     "Closeable",
     "DTypeName",
     "ExportsHF",
@@ -51,6 +53,7 @@ __all__ = [
     "NamedTensor",
     "Offloadable",
     "RecordsSyncs",
+    "ReshardsWeights",
     "ReleasesTaggedMemory",
     "ResponseSteps",
     "RolloutEngine",

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from hf_core.engines.weights import CanonicalSlice
     from hf_core.protocols.mesh import WorkerMesh
-    from hf_core.resharding import GenerationLayout
+    from hf_core.resharding import GenerationLayout, ParallelLayout, ReshardPlan, ReshardReport
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,31 @@ class HasGenerationRank(Protocol):
 
 @runtime_checkable
 class LoadsTPSlices(Protocol):
-    """A rollout engine whose ``load_weights`` takes generation-TP slices, not whole tensors.
+    """A rollout engine whose ``load_weights`` takes :class:`CanonicalSlice` items: whole
+    tensors or this rank's generation-TP slices, copied into its own shard as they are.
 
     Its generation layout ``(p_g, t_g)`` is what a reshard plan maps the training layout onto.
     """
 
     def generation_layout(self) -> GenerationLayout: ...
+
+
+@runtime_checkable
+class ReshardsWeights(Protocol):
+    """A model-parallel training engine that runs the 3D-HybridEngine transition itself.
+
+    ``parallel_layout`` is its training mesh ``(p, t, d)``; ``export_slices`` streams this
+    rank's generation shard for core's plan (every rank of the group calls it together; the
+    all-gathers run inside), and ``last_reshard`` says what the last transition moved.
+    """
+
+    def parallel_layout(self) -> ParallelLayout: ...
+
+    def export_slices(
+        self, bucket_bytes: int, plan: ReshardPlan
+    ) -> Iterator[list[CanonicalSlice]]: ...
+
+    def last_reshard(self) -> ReshardReport | None: ...
 
 
 @runtime_checkable
@@ -75,12 +97,14 @@ class Offloadable(Protocol):
     """A training engine that moves parameters, gradients and optimiser state off the device.
 
     ``offload`` before generation frees the accelerator for the rollout engine; ``onload``
-    brings them back before the next forward or update.
+    brings them back before the next forward or update.  Both return the bytes moved -- on a
+    CPU-only run, where nothing moves, the bytes they would move -- so the hand-over is
+    measured the same way everywhere.
     """
 
-    def offload(self) -> None: ...
+    def offload(self) -> int: ...
 
-    def onload(self) -> None: ...
+    def onload(self) -> int: ...
 
 
 @runtime_checkable

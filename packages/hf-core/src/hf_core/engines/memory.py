@@ -21,7 +21,9 @@ class TaggedMemory:
     """Which of an engine's memory tags are released now; the engine supplies the calls.
 
     ``release(tags)`` frees all of them at once; ``resume(tag)`` brings one back.
-    ``cpu_note`` explains why nothing happens without CUDA (logged once).
+    ``tag_bytes(tag)`` says how many bytes a tag holds, so release and resume report what they
+    move -- or, on the CPU where they move nothing, what they would move.  ``cpu_note``
+    explains why nothing happens without CUDA (logged once).
     """
 
     def __init__(
@@ -31,35 +33,45 @@ class TaggedMemory:
         release: Callable[[Sequence[str]], object],
         resume: Callable[[str], object],
         cpu_note: str,
+        tag_bytes: Callable[[str], int] = lambda _tag: 0,
         tags: Sequence[str] = MEMORY_TAGS,
     ) -> None:
         self.on_gpu = on_gpu
         self.tags = tuple(tags)
         self.released: set[str] = set()
         self._release, self._resume = release, resume
+        self._tag_bytes = tag_bytes
         self._cpu_note = cpu_note
         self._said_cpu_noop = False
 
-    def release_all(self) -> None:
-        """Free every tag (a no-op on the CPU, or when already released)."""
+    def nbytes(self, tags: Sequence[str] | None = None) -> int:
+        """Bytes the given tags (default: all) hold when resident."""
+        return sum(self._tag_bytes(tag) for tag in (self.tags if tags is None else tags))
+
+    def release_all(self) -> int:
+        """Free every tag; the bytes freed (on the CPU: a no-op, the bytes it would free)."""
         if not self._on_gpu("release_memory"):
-            return
-        if not self.released:
-            self._release(self.tags)
-            self.released = set(self.tags)
+            return self.nbytes()
+        if self.released:
+            return 0
+        self._release(self.tags)
+        self.released = set(self.tags)
+        return self.nbytes()
 
-    def resume(self, tag: str) -> None:
-        """Bring back one tag if it is released."""
-        if tag in self.released:
-            self._resume(tag)
-            self.released.discard(tag)
+    def resume(self, tag: str) -> int:
+        """Bring back one tag if it is released; the bytes brought back."""
+        if tag not in self.released:
+            return 0
+        self._resume(tag)
+        self.released.discard(tag)
+        return self._tag_bytes(tag)
 
-    def resume_all(self) -> None:
-        """Bring back every tag, in order (weights first, then the KV cache)."""
+    def resume_all(self) -> int:
+        """Bring back every tag, in order (weights first, then the KV cache); bytes moved
+        (on the CPU: a no-op, the bytes it would bring back)."""
         if not self._on_gpu("resume_memory"):
-            return
-        for tag in self.tags:
-            self.resume(tag)
+            return self.nbytes()
+        return sum(self.resume(tag) for tag in self.tags)
 
     def _on_gpu(self, what: str) -> bool:
         if not self.on_gpu and not self._said_cpu_noop:
@@ -79,10 +91,11 @@ class ReleasesTaggedMemory:
         """Whether weights or KV cache are released now (only ever on a GPU)."""
         return bool(self._memory.released)
 
-    def release_memory(self) -> None:
-        """GPU: free weights and KV cache. CPU: a no-op (see :attr:`memory_released`)."""
-        self._memory.release_all()
+    def release_memory(self) -> int:
+        """GPU: free weights and KV cache. CPU: a no-op (see :attr:`memory_released`) that
+        reports the bytes it would free."""
+        return self._memory.release_all()
 
-    def resume_memory(self) -> None:
-        """Undo :meth:`release_memory` (weights first, then the KV cache)."""
-        self._memory.resume_all()
+    def resume_memory(self) -> int:
+        """Undo :meth:`release_memory` (weights first, then the KV cache); bytes moved."""
+        return self._memory.resume_all()

@@ -60,11 +60,16 @@ class RolloutEngine(ABC):
     def finish_weight_sync(self) -> None:
         """Called after the last bucket of a sync: flush caches that hold stale results."""
 
-    def release_memory(self) -> None:
-        """Free KV cache (and weights where supported) while training runs. Default: no-op."""
+    def release_memory(self) -> int:
+        """Free KV cache (and weights where supported) while training runs; returns the bytes
+        freed (on a CPU-only run, where nothing is freed, the bytes it would free).
+        Default: nothing, 0."""
+        return 0
 
-    def resume_memory(self) -> None:
-        """Undo :meth:`release_memory` before the next generation. Default: no-op."""
+    def resume_memory(self) -> int:
+        """Undo :meth:`release_memory` before the next generation; bytes brought back (or
+        that would be). Default: nothing, 0."""
+        return 0
 
     def sync_metrics(self) -> dict[str, float]:
         """Numbers of the last weight sync under ``weight_sync/`` keys (seconds, buckets,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +42,35 @@ def iter_buckets(stream: Iterable[NamedTensor], bucket_bytes: int) -> Iterator[l
         size += nbytes
     if bucket:
         yield bucket
+
+
+@dataclass(frozen=True)
+class CanonicalSlice:
+    """A canonical tensor, or a block of one: ``tensor`` is ``full.narrow(dim, start, len)``.
+
+    ``dim is None`` means the whole tensor.  This is what a resharding training engine yields
+    (the 3D-HybridEngine's generation shard): a rollout engine that loads TP slices
+    (:class:`~hf_core.engines.LoadsTPSlices`) copies each into its own shard; one that takes
+    whole tensors gets only slices that are whole.
+    """
+
+    name: str
+    tensor: torch.Tensor
+    dim: int | None
+    start: int
+    full_shape: tuple[int, ...]
+
+    @property
+    def stop(self) -> int:
+        return self.start + (self.tensor.shape[self.dim] if self.dim is not None else 0)
+
+    @property
+    def is_full(self) -> bool:
+        return self.dim is None or tuple(self.tensor.shape) == self.full_shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
 
 
 class WeightMapping(ABC):

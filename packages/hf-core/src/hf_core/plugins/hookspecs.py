@@ -22,12 +22,14 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def register_training_engines(register: Callable[..., None]) -> None:
-    """Register training engines: ``register(name, factory, config=SettingsModel)``.
+    """Register training engines: ``register(name, factory, config=Settings, parallel=())``.
 
     ``factory(**config)`` must return an object implementing
     :class:`hf_core.engines.TrainingEngine`.  ``config`` (optional, recommended) is the
     pydantic model of the engine's settings: a recipe's ``engine:`` block is validated against
-    it when the recipe loads, before any process starts.
+    it when the recipe loads, before any process starts.  ``parallel`` names the model-parallel
+    axes the engine supports (``("tp", "pp")``; empty: data parallel only); its settings then
+    hold ``tensor_parallel_size`` / ``pipeline_parallel_size``.
     """
 
 
@@ -36,7 +38,10 @@ def register_rollout_engines(register: Callable[..., None]) -> None:
     """Register rollout engines: ``register(name, factory, config=SettingsModel)``.
 
     ``factory(**config)`` must return an object implementing
-    :class:`hf_core.engines.RolloutEngine`; ``config`` as for training engines.
+    :class:`hf_core.engines.RolloutEngine`; ``config`` as for training engines.  ``parallel``
+    of ``("tp",)`` says the engine forms one replica over ``tensor_parallel_size`` consecutive
+    ranks and loads generation TP slices (:class:`hf_core.engines.LoadsTPSlices`); its
+    settings then take ``tensor_parallel_size``.
     """
 
 

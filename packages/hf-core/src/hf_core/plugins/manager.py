@@ -73,6 +73,10 @@ class Registry:
     rollout_engine_configs: NamedRegistry[ConfigRef] = field(
         default_factory=lambda: _table("rollout engine config", _INSTALL_HINT)
     )
+    training_engine_parallel: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Model-parallel axes (``tp``, ``pp``) each training engine can split a model over."""
+    rollout_engine_parallel: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Generation axes each rollout engine can form across ranks (``tp``: it loads TP slices)."""
     protocols: NamedRegistry[TransferProtocol] = field(
         default_factory=lambda: _table(
             "transfer protocol", "register new ones via the register_protocols hook"
@@ -110,17 +114,23 @@ def _collect(
     hook_name: str,
     table: NamedRegistry[Any],
     configs: NamedRegistry[ConfigRef] | None,
+    parallel_table: dict[str, frozenset[str]] | None = None,
 ) -> dict[str, list[str]]:
     """Call each plugin's implementation of one hook, recording who registered what.
 
-    Engine hooks take ``register(name, factory, config=ConfigModel)``: the optional pydantic
-    model of the engine's settings, so a recipe's ``engine:`` block is checked at load time.
+    Engine hooks take ``register(name, factory, config=ConfigModel, parallel=("tp", "pp"))``:
+    the optional pydantic model of the engine's settings, so a recipe's ``engine:`` block is
+    checked at load time, and the parallel axes the engine supports, so recipes and the
+    auto-mapping planner only ask for layouts it can run.
     """
     by_plugin: dict[str, list[str]] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         plugin = impl.plugin_name
 
-        def register(*args: Any, _plugin: str = plugin, config: Any = None) -> None:
+        def register(
+            *args: Any, _plugin: str = plugin, config: Any = None, parallel: Any = ()
+        ) -> None:
+            axes_table = parallel_table
             if configs is None:
                 (value,) = args
                 if not isinstance(value, TransferProtocol):
@@ -144,6 +154,8 @@ def _collect(
                 raise PluginLoadError(str(exc)) from None
             if configs is not None and config is not None:
                 configs.add(name, config, owner=_plugin)
+            if axes_table is not None:
+                axes_table[name] = _parallel_axes(parallel, _plugin, name)
             by_plugin.setdefault(_plugin, []).append(name)
 
         try:
@@ -157,6 +169,25 @@ def _collect(
     return by_plugin
 
 
+PARALLEL_AXES = frozenset({"tp", "pp"})
+
+
+def _parallel_axes(axes: Any, plugin: str, name: str) -> frozenset[str]:
+    """Validate an engine's declared parallel axes (a collection of ``tp`` / ``pp``)."""
+    if isinstance(axes, str) or not all(isinstance(a, str) for a in axes):
+        raise PluginLoadError(
+            f"plugin {plugin!r}: parallel= of engine {name!r} must be a tuple of axis names "
+            f"such as ('tp', 'pp'), got {axes!r}"
+        )
+    unknown = sorted(set(axes) - PARALLEL_AXES)
+    if unknown:
+        raise PluginLoadError(
+            f"plugin {plugin!r}: engine {name!r} declares unknown parallel axes {unknown}; "
+            f"known: {sorted(PARALLEL_AXES)}"
+        )
+    return frozenset(axes)
+
+
 def _build() -> tuple[pluggy.PluginManager, Registry]:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -167,13 +198,27 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
         CORE_PLUGIN, "hf-core", core.version if core else "?", "hf_core.plugins.builtin"
     )
     _load_entry_points(pm, registry)
-    hooks: list[tuple[str, NamedRegistry[Any], NamedRegistry[ConfigRef] | None]] = [
-        ("register_training_engines", registry.training_engines, registry.training_engine_configs),
-        ("register_rollout_engines", registry.rollout_engines, registry.rollout_engine_configs),
-        ("register_protocols", registry.protocols, None),
+    hooks: list[
+        tuple[
+            str, NamedRegistry[Any], NamedRegistry[ConfigRef] | None, dict[str, frozenset[str]] | None
+        ]
+    ] = [
+        (
+            "register_training_engines",
+            registry.training_engines,
+            registry.training_engine_configs,
+            registry.training_engine_parallel,
+        ),
+        (
+            "register_rollout_engines",
+            registry.rollout_engines,
+            registry.rollout_engine_configs,
+            registry.rollout_engine_parallel,
+        ),
+        ("register_protocols", registry.protocols, None, None),
     ]
-    for hook_name, table, configs in hooks:
-        for plugin, names in _collect(pm, hook_name, table, configs).items():
+    for hook_name, table, configs, axes in hooks:
+        for plugin, names in _collect(pm, hook_name, table, configs, axes).items():
             info = registry.backends.get(plugin)
             if info is not None:
                 listing = {
@@ -235,6 +280,20 @@ def get_engine_config(kind: Literal["training", "rollout"], name: str) -> type[B
         return None
     ref = configs.get(name)
     return ref if isinstance(ref, type) else _import_config(ref, configs.owner(name), name)
+
+
+def get_engine_parallelism(kind: Literal["training", "rollout"], name: str) -> frozenset[str]:
+    """The parallel axes engine ``name`` declared (``tp``, ``pp``); empty: data parallel only.
+
+    A training engine with ``tp`` / ``pp`` splits the model over ranks (and reshards it for
+    generation); a rollout engine with ``tp`` forms one engine over ``t_g`` consecutive ranks
+    and loads the generation TP slices of a reshard.
+    """
+    if kind == "training":
+        get_training_engine(name)
+        return registry().training_engine_parallel.get(name, frozenset())
+    get_rollout_engine(name)
+    return registry().rollout_engine_parallel.get(name, frozenset())
 
 
 def _import_config(path: str, plugin: str, engine: str) -> type[BaseModel]:

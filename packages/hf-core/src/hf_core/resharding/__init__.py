@@ -14,6 +14,7 @@ from hf_core.resharding.plan import (
     hybrid_engine_volume_fraction,
     naive_volume_fraction,
 )
+from hf_core.resharding.report import ReshardReport, expected_received_bytes
 
 __all__ = [
     "GenerationLayout",
@@ -21,10 +22,12 @@ __all__ = [
     "ParallelLayout",
     "RankPlan",
     "ReshardPlan",
+    "ReshardReport",
     "Shard",
     "Unit",
     "build_hybrid_plan",
     "build_naive_plan",
+    "expected_received_bytes",
     "ds_chat_volume_fraction",
     "hybrid_engine_volume_fraction",
     "naive_volume_fraction",

@@ -11,7 +11,7 @@ import torch
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
 from hf_core.engines import HasWorkerMesh, LossFn, TrainingEngine, combine_metric_rows
-from hf_core.plugins import get_training_engine
+from hf_core.plugins import get_engine_parallelism, get_training_engine
 from hf_core.protocols import WorkerMesh
 
 
@@ -39,6 +39,20 @@ def training_engine_args(
         "trainable": trainable,
         "seed": config.run.seed,
     }
+
+
+def rollout_engine_args(config: TrainerConfig) -> dict[str, Any]:
+    """The keys core passes to the rollout engine factory: the model, and the generation
+    layout (``tensor_parallel_size`` / ``pipeline_parallel_size``) for engines that declare
+    those axes; the ``rollout.engine`` block adds backend settings on top."""
+    rollout = config.rollout
+    args: dict[str, Any] = {"model_path": str(config.role_model(config.actor))}
+    axes = get_engine_parallelism("rollout", rollout.backend)
+    if "tp" in axes:
+        args["tensor_parallel_size"] = rollout.tensor_parallel_size
+    if "pp" in axes:
+        args["pipeline_parallel_size"] = rollout.pipeline_parallel_size
+    return args
 
 
 def mini_batch_updates(

@@ -1,0 +1,41 @@
+"""What one 3D-HybridEngine transition moved, next to what the paper says it should move.
+
+A resharding training engine fills a :class:`ReshardReport` per weight sync; core compares it
+with :func:`expected_received_bytes` (HybridFlow Table 2 for the plan in use) and logs both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from hf_core.resharding.plan import ReshardPlan
+
+
+@dataclass(frozen=True)
+class ReshardReport:
+    """One rank's transition, measured (bytes are of the training dtype)."""
+
+    kind: str
+    """The plan: ``hybrid`` (the paper's) or ``naive`` (HybridFlow-V)."""
+    received_bytes: int
+    """Bytes of other ranks' training shards that landed in this rank's buffers."""
+    model_bytes: int
+    """``M`` as the all-gathers move it (``p * t`` equal units, padding included)."""
+    peak_extra_bytes: int
+    """Largest sum of live transition buffers beyond the training parameters themselves."""
+    zero_redundancy: bool
+    """Own shard inside the generation shard, and nothing gathered beyond it."""
+    seconds: float = 0.0
+
+
+def expected_received_bytes(plan: ReshardPlan, model_bytes: int) -> int:
+    """Per-rank received volume of ``plan`` for a model of ``model_bytes`` (Table 2):
+    ``(pt - t_g p_g) / (t_g p_g pt) M`` for the paper's plan, ``(pt - 1) / pt M`` naive."""
+    pt = plan.train.model_parallel_size
+    gg = plan.gen.tp * plan.gen.pp
+    fraction = Fraction(pt - gg, gg * pt) if plan.kind == "hybrid" else Fraction(pt - 1, pt)
+    expected = fraction * model_bytes
+    if expected.denominator != 1:
+        raise ValueError(f"{model_bytes} bytes do not split into {pt} equal training units")
+    return int(expected)

@@ -546,24 +546,31 @@ class MegatronEngine(TrainingEngine):
         self.step = checkpoint.load(path, self)
 
     # ------------------------------------------------------------------ offload
-    def offload(self) -> None:
-        """Move weights, gradients and optimiser state to host memory (GPU only)."""
-        if not self.on_gpu:
+    def offload(self) -> int:
+        """Move weights, gradients and optimiser state to host memory; the bytes moved (on
+        the CPU nothing moves: the bytes a GPU run would).  Refuses work until :meth:`onload`,
+        on the CPU too; a second call returns 0."""
+        from hf_megatron.offload import offload_engine, resident_bytes
+
+        if self._offloaded:
+            return 0
+        if self.on_gpu:
+            moved = offload_engine(self)
+        else:
             log.info("offload: the engine runs on the CPU, nothing to move")
-            return
+            moved = resident_bytes(self)
+        self._offloaded = True
+        return moved
+
+    def onload(self) -> int:
+        """Undo :meth:`offload`; the bytes moved back (0 when not offloaded)."""
+        from hf_megatron.offload import onload_engine, resident_bytes
+
         if not self._offloaded:
-            from hf_megatron.offload import offload_engine
-
-            offload_engine(self)
-            self._offloaded = True
-
-    def onload(self) -> None:
-        """Undo :meth:`offload`."""
-        if self.on_gpu and self._offloaded:
-            from hf_megatron.offload import onload_engine
-
-            onload_engine(self)
-            self._offloaded = False
+            return 0
+        moved = onload_engine(self) if self.on_gpu else resident_bytes(self)
+        self._offloaded = False
+        return moved
 
     @property
     def offloaded(self) -> bool:

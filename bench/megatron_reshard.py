@@ -72,7 +72,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> di
                 # warm-up (first-call allocations of gloo and the groups), not measured
                 for _ in engine.export_slices(int(args.buckets[0] * MIB), plan):
                     pass
-                unit_bytes = engine.last_reshard.unit_numel * engine.last_reshard.element_size
+                unit_bytes = engine.reshard_stats.unit_numel * engine.reshard_stats.element_size
                 size = bucket or unit_bytes * len(plan.for_rank(rank).gather_group)
                 times, extras, stats = [], [], None
                 for _ in range(args.repeats):
@@ -82,7 +82,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> di
                         for out in engine.export_slices(size, plan):
                             del out
                         dist.barrier()
-                    stats = engine.last_reshard
+                    stats = engine.reshard_stats
                     times.append(stats.seconds)
                     extras.append(peak["bytes"])
                 rows.append(

@@ -42,7 +42,7 @@ def main(model_path: str, out_dir: str) -> None:
     plan = make_plan(engine.layout.layout, 1, "hybrid")
     names = [s.name for bucket in engine.export_slices(1 << 20, plan) for s in bucket]
     results["exported"] = len(names)
-    results["received_fraction"] = engine.last_reshard.received_fraction
+    results["received_fraction"] = engine.reshard_stats.received_fraction
     results |= offload_round_trip(engine, batch, policy_loss)
     finish_nccl_job(results, out_dir, rank)
 

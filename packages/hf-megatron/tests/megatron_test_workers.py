@@ -88,12 +88,17 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
     ) -> dict[str, Any]:
         """The 3D-HybridEngine transition into the colocated rollout engine; reports stats
         and the generation mesh."""
-        from hf_megatron.hybrid import hybrid_sync
+        from hf_core.roles.weight_sync import WeightSync
 
         source = self.engines[engine]
         plan = source.reshard_plan(gen_tp=t_g, kind=kind)
         assert plan == make_plan(source.layout.layout, t_g, kind)
-        stats = hybrid_sync(source, self.rollouts[rollout], plan, bucket_bytes)
+        sync = WeightSync(
+            source, self.rollouts[rollout], bucket_bytes=bucket_bytes, kind=kind, rank=self.rank
+        )
+        assert sync.plan == plan  # core builds the same plan from the two engines' layouts
+        sync.run()
+        stats = source.reshard_stats
         self.set_mesh(source.worker_mesh(plan))
         out = stats.as_dict()
         out["recv_units_planned"] = sorted(plan.for_rank(self.rank).recv_units)

@@ -102,3 +102,30 @@ def peak_memory(reset: bool = False) -> dict[str, float]:
     if rss is not None:
         out["memory/peak_rss_gib"] = rss
     return out
+
+
+def reset_stage_peak() -> None:
+    """Start a new peak-memory interval: the CUDA allocator's peak, and on Linux the process's
+    peak resident set (``VmHWM``, reset by writing 5 to ``/proc/self/clear_refs``)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass  # not Linux, or not permitted: the interval peak becomes the process peak
+
+
+def stage_peak_gib() -> float:
+    """Peak memory since :func:`reset_stage_peak`: device memory when CUDA is in use (what the
+    hand-over frees), else the resident set (``VmHWM``; the process peak where unreadable)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / _GIB
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / _GIB
+    except OSError:
+        pass
+    return peak_rss_gib() or 0.0

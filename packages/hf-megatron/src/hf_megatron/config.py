@@ -43,15 +43,13 @@ class MegatronEngineConfig(TrainingEngineConfig):
     layer_spec: Literal["auto", "local", "transformer_engine"] = Field(
         "auto", description="auto = Transformer Engine on GPU when installed, else local"
     )
-    make_vocab_size_divisible_by: int = Field(
-        128, ge=1, description="vocab padded to a multiple of this times the TP size"
+    make_vocab_size_divisible_by: int | None = Field(
+        None,
+        ge=1,
+        description="vocab padded to a multiple of this times the TP size; None: 64 / TP "
+        "(pads to 64 like vLLM, so generation TP slices line up), or 128 if TP does not divide 64",
     )
     use_distributed_optimizer: bool = Field(True, description="shard optimiser state over DP")
-    reshard: Literal["hybrid", "naive"] = Field(
-        "hybrid",
-        description="plan of the training -> generation transition: the paper's micro-DP "
-        "all-gathers (hybrid) or every rank gathering its whole DP replica (naive, for comparison)",
-    )
     weight_decay_scope: Literal["all", "matrices"] = Field(
         "all", description="all params (as hf-fsdp) or megatron's rule: no decay on biases/norms"
     )
@@ -83,7 +81,12 @@ class MegatronRolloutConfig(BaseModel):
     dtype: DTypeName = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch_size: int = Field(64, ge=1, description="sequences decoded together")
-    make_vocab_size_divisible_by: int = Field(128, ge=1)
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="t_g: consecutive ranks forming one engine (set by the trainer)"
+    )
+    make_vocab_size_divisible_by: int | None = Field(
+        None, ge=1, description="as the training engine's (None: 64 / TP, or 128)"
+    )
     padded_vocab_size: int | None = Field(
         None, description="the training engine's padded vocabulary, so TP slices line up"
     )

@@ -45,8 +45,10 @@ from hf_core.engines import (
 from hf_core.protocols import WorkerMesh
 from hf_core.resharding import (
     GenerationLayout,
+    ParallelLayout,
     RankPlan,
     ReshardPlan,
+    ReshardReport,
     build_hybrid_plan,
     build_naive_plan,
 )
@@ -93,7 +95,8 @@ class MegatronEngine(TrainingEngine):
         with cpu_compat.cpu_device_mode():
             self._build()
         self.step = 0
-        self.last_reshard: ReshardStats | None = None
+        self.reshard_stats: ReshardStats | None = None
+        """What the last :meth:`export_slices` moved on this rank (tests, bench)."""
         self._offloaded = False
 
     # ------------------------------------------------------------------ building
@@ -220,12 +223,17 @@ class MegatronEngine(TrainingEngine):
         """Last pipeline stage: where outputs and losses exist."""
         return self.position.last_stage
 
-    def reshard_plan(
-        self, gen_tp: int = 1, gen_pp: int = 1, kind: str | None = None
-    ) -> ReshardPlan:
+    def parallel_layout(self) -> ParallelLayout:
+        """The training mesh ``(p, t, d)`` in megatron's rank order (what plans map from)."""
+        return self.layout.layout
+
+    def last_reshard(self) -> ReshardReport | None:
+        """The last transition as core reports it (``None`` before the first)."""
+        return self.reshard_stats.report() if self.reshard_stats is not None else None
+
+    def reshard_plan(self, gen_tp: int = 1, gen_pp: int = 1, kind: str = "hybrid") -> ReshardPlan:
         """Core's plan from this engine's training layout to generation ``(gen_pp, gen_tp)``;
-        ``kind`` (default: the ``reshard`` config switch) is ``hybrid`` or ``naive``."""
-        kind = kind or self.config.reshard
+        ``kind`` is ``hybrid`` (the paper's) or ``naive`` (HybridFlow-V)."""
         if kind not in ("hybrid", "naive"):
             raise ValueError(f"reshard kind must be 'hybrid' or 'naive', got {kind!r}")
         build = build_hybrid_plan if kind == "hybrid" else build_naive_plan
@@ -486,7 +494,7 @@ class MegatronEngine(TrainingEngine):
         gathers the whole model on every rank.  Each slice is a whole canonical tensor
         (``t_g == 1``) or this rank's generation TP slice of one.  Every rank must consume
         its iterator to the end (it runs the all-gathers).  Statistics of the transition are
-        in :attr:`last_reshard` afterwards.
+        in :attr:`reshard_stats` afterwards.
         """
         self._require_ready("export_weights")
         full = resolve_plan(self.layout.layout, plan, self.rank)
@@ -498,7 +506,7 @@ class MegatronEngine(TrainingEngine):
             padded_vocab=self.padded_vocab,
             export_dtype=to_dtype(self.config.export_dtype) if self.config.export_dtype else None,
         )
-        self.last_reshard = resharder.stats
+        self.reshard_stats = resharder.stats
         yield from resharder.stream(bucket_bytes)
 
     def export_weights(

@@ -40,6 +40,7 @@ from hf_core.resharding import (
     ParallelLayout,
     RankPlan,
     ReshardPlan,
+    ReshardReport,
     Unit,
     build_hybrid_plan,
     build_naive_plan,
@@ -152,6 +153,17 @@ class ReshardStats:
         return (
             self.own_unit in self.gen_units
             and (self.received_units | {self.own_unit}) == self.gen_units
+        )
+
+    def report(self) -> ReshardReport:
+        """This transition in core's terms (for the trainer's ``reshard/*`` metrics)."""
+        return ReshardReport(
+            kind=self.kind,
+            received_bytes=self.received_bytes,
+            model_bytes=self.model_bytes,
+            peak_extra_bytes=self.peak_buffer_bytes,
+            zero_redundancy=self.zero_redundancy,
+            seconds=self.seconds,
         )
 
     def as_dict(self) -> dict[str, object]:

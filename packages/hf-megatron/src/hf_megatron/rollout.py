@@ -22,7 +22,14 @@ import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.device import ensure_process_group, resolve_device
-from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, select_tokens
+from hf_core.engines import (
+    CanonicalSlice,
+    GenerationRank,
+    NamedTensor,
+    RolloutEngine,
+    SamplingParams,
+    select_tokens,
+)
 from hf_core.engines.decoding import ResponseSteps, expand_prompts
 from hf_core.engines.hf_folder import check_model_folder, special_tokens
 from hf_core.engines.rollout import assemble_rollout
@@ -33,7 +40,6 @@ from hf_megatron.config import MegatronRolloutConfig, parse_config, to_dtype
 from hf_megatron.loading import FolderReader, load_hf_config
 from hf_megatron.model import build_gpt, layer_spec, mark_tensor_parallel, transformer_config
 from hf_megatron.weight_mapping import (
-    CanonicalSlice,
     MegatronWeightMapping,
     ModelDims,
     RankPosition,
@@ -52,6 +58,14 @@ def _groups(groups: list[tuple[int, ...]]) -> dict[tuple[int, ...], dist.Process
     return _GROUPS[key]
 
 
+def _blocks(world: int, cfg: MegatronRolloutConfig) -> list[tuple[int, ...]]:
+    """Generation TP groups of ``tensor_parallel_size`` consecutive ranks (as vLLM forms)."""
+    t_g = cfg.tensor_parallel_size
+    if world % t_g:
+        raise ValueError(f"tensor_parallel_size={t_g} must divide the world size {world}")
+    return [tuple(range(first, first + t_g)) for first in range(0, world, t_g)]
+
+
 class MegatronRolloutEngine(RolloutEngine):
     """Greedy / sampled decoding with a megatron GPT model split over a generation TP group."""
 
@@ -65,11 +79,10 @@ class MegatronRolloutEngine(RolloutEngine):
         rank, world = dist.get_rank(), dist.get_world_size()
         if plan is not None and plan.gen.pp != 1:
             raise NotImplementedError("the megatron rollout engine supports generation pp = 1")
-        tp_groups: list[tuple[int, ...]] = (
-            list(plan.gen_tp_groups) if plan is not None else [(r,) for r in range(world)]
-        )
+        tp_groups = list(plan.gen_tp_groups) if plan is not None else _blocks(world, cfg)
         self.tp_ranks = next(g for g in tp_groups if rank in g)
         self.tp_rank, self.tp_size = self.tp_ranks.index(rank), len(self.tp_ranks)
+        self.replica, self.replicas = sorted(tp_groups).index(self.tp_ranks), len(tp_groups)
         self.tp_group = _groups(tp_groups)[self.tp_ranks]
         single = _groups([(r,) for r in range(world)])[(rank,)]
         self.hf_config = load_hf_config(folder)
@@ -127,6 +140,16 @@ class MegatronRolloutEngine(RolloutEngine):
         params = dict(self.model.named_parameters())
         for name, tensor in self.mapping.load(FolderReader(folder), self.dtype):
             params[name].copy_(tensor)
+
+    def generation_rank(self) -> GenerationRank:
+        """This rank's generation replica and TP rank, so ``3D_ALL_MICRO_DP`` gives every
+        rank of one TP group the same prompts."""
+        return GenerationRank(
+            dp_rank=self.replica,
+            dp_size=self.replicas,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp_size,
+        )
 
     def generation_layout(self) -> GenerationLayout:
         """The generation layout ``(p_g = 1, t_g)`` this engine's TP group was built for: it

@@ -47,6 +47,10 @@ class MappingError(ValueError):
     """A model or layout the megatron mapping cannot represent."""
 
 
+VLLM_VOCAB_MULTIPLE = 64
+"""vLLM pads a vocabulary to a multiple of 64 before splitting it evenly over TP ranks."""
+
+
 @dataclass(frozen=True)
 class ModelDims:
     """The shapes that decide the mapping, read from a HF config."""
@@ -101,8 +105,15 @@ class ModelDims:
             fused_norms=fused_norms,
         )
 
-    def padded_vocab(self, tp: int, divisible_by: int) -> int:
-        """megatron's padded vocabulary: a multiple of ``divisible_by * tp``."""
+    def padded_vocab(self, tp: int, divisible_by: int | None = None) -> int:
+        """megatron's padded vocabulary: a multiple of ``divisible_by * tp``.
+
+        ``None`` picks ``64 / tp`` when ``tp`` divides 64, which pads to a multiple of 64 --
+        the padding vLLM's vocabulary-parallel layers use -- so every TP rank's rows are the
+        same on both sides and generation TP slices load without regathering; otherwise 128.
+        """
+        if divisible_by is None:
+            divisible_by = VLLM_VOCAB_MULTIPLE // tp if VLLM_VOCAB_MULTIPLE % tp == 0 else 128
         multiple = divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
 

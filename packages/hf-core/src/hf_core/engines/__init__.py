@@ -35,7 +35,13 @@ from hf_core.engines.schedule import lr_factor
 from hf_core.engines.sync_stats import RecordsSyncs, SyncStats
 from hf_core.engines.training import LossFn, TrainingEngine
 from hf_core.engines.training_config import TrainingEngineConfig
-from hf_core.engines.weights import CanonicalSlice, NamedTensor, WeightMapping, iter_buckets, tensor_nbytes
+from hf_core.engines.weights import (
+    CanonicalSlice,
+    NamedTensor,
+    WeightMapping,
+    iter_buckets,
+    tensor_nbytes,
+)
 
 __all__ = [
     "PROMPT_KEYS",
@@ -53,8 +59,8 @@ __all__ = [
     "NamedTensor",
     "Offloadable",
     "RecordsSyncs",
-    "ReshardsWeights",
     "ReleasesTaggedMemory",
+    "ReshardsWeights",
     "ResponseSteps",
     "RolloutEngine",
     "SamplingParams",

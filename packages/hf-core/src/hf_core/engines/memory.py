@@ -49,28 +49,28 @@ class TaggedMemory:
         return sum(self._tag_bytes(tag) for tag in (self.tags if tags is None else tags))
 
     def release_all(self) -> int:
-        """Free every tag; the bytes freed (on the CPU: a no-op, the bytes it would free)."""
-        if not self._on_gpu("release_memory"):
-            return self.nbytes()
+        """Free every tag; the bytes freed.  On the CPU nothing moves: the state is tracked
+        all the same and the bytes it would free are returned."""
         if self.released:
             return 0
-        self._release(self.tags)
+        if self._on_gpu("release_memory"):
+            self._release(self.tags)
         self.released = set(self.tags)
         return self.nbytes()
 
     def resume(self, tag: str) -> int:
-        """Bring back one tag if it is released; the bytes brought back."""
+        """Bring back one tag if it is released; the bytes brought back (or that would be)."""
         if tag not in self.released:
             return 0
-        self._resume(tag)
+        if self.on_gpu:
+            self._resume(tag)
         self.released.discard(tag)
         return self._tag_bytes(tag)
 
     def resume_all(self) -> int:
         """Bring back every tag, in order (weights first, then the KV cache); bytes moved
-        (on the CPU: a no-op, the bytes it would bring back)."""
-        if not self._on_gpu("resume_memory"):
-            return self.nbytes()
+        (on the CPU: a no-op that reports the bytes it would bring back)."""
+        self._on_gpu("resume_memory")
         return sum(self.resume(tag) for tag in self.tags)
 
     def _on_gpu(self, what: str) -> bool:
@@ -88,8 +88,9 @@ class ReleasesTaggedMemory:
 
     @property
     def memory_released(self) -> bool:
-        """Whether weights or KV cache are released now (only ever on a GPU)."""
-        return bool(self._memory.released)
+        """Whether weights or KV cache are really released now (only ever on a GPU; the CPU
+        tracks what would be released, but nothing is)."""
+        return self._memory.on_gpu and bool(self._memory.released)
 
     def release_memory(self) -> int:
         """GPU: free weights and KV cache. CPU: a no-op (see :attr:`memory_released`) that

@@ -8,7 +8,7 @@ computed anywhere, printed by ``hybridflow plan`` and handed to a runner as plai
 ...             {}, make_cluster(nodes=2, devices_per_node=8))[0]  # doctest: +SKIP
 """
 
-from hf_core.planner.autoparallel import Candidate, RoleModel, auto_parallel
+from hf_core.planner.autoparallel import Candidate, RoleModel, RoleParallelism, auto_parallel
 from hf_core.planner.dataflow import (
     DATAFLOWS,
     GRPO,
@@ -56,6 +56,7 @@ __all__ = [
     "Planner",
     "PoolPlan",
     "RoleModel",
+    "RoleParallelism",
     "Workload",
     "aggregate",
     "allocations",

@@ -5,12 +5,17 @@ the heads and the KV heads' grouping) and ``p`` dividing the layers; for the gen
 each generation TP size ``t_g`` dividing ``t`` is tried too (``p_g = 1``: the rollout engine
 runs no pipeline).  Strategies whose own memory does not fit one device are dropped here; the
 search then combines colocated models' strategies under their shared memory budget.
+
+A role's :class:`RoleParallelism` narrows the search to what the engines running it can do
+(the axes a backend declares, sizes a user fixed); its default allows everything, which is the
+paper's unconstrained search.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from hf_core.planner.dataflow import Op
 from hf_core.planner.devices import DeviceCluster
@@ -27,6 +32,69 @@ from hf_core.planner.simulator import infer_seconds, train_seconds, transition_s
 from hf_core.planner.workload import Workload
 from hf_core.resharding import ParallelLayout
 
+Axis = Literal["tp", "pp"]
+AXES: frozenset[str] = frozenset({"tp", "pp"})
+"""The model-parallel axes the planner sizes (data parallelism takes the remaining ranks)."""
+
+
+@dataclass(frozen=True)
+class RoleParallelism:
+    """What the engines running one role can run: the planner proposes nothing else.
+
+    ``axes``: model-parallel axes of the training (and forward) engine; without ``tp`` the
+    role gets ``t = 1``, without ``pp`` ``p = 1``, so a data-parallel-only engine (FSDP) uses
+    all of its pool's ranks as ``d``.  ``generation_axes``: axes of the rollout engine (the
+    generating role only); without ``tp``, ``t_g = 1``.  When the training engine is
+    model-parallel (any axis), ``t_g`` must divide ``t`` (the 3D-HybridEngine reshard, Table 2);
+    a data-parallel one exports whole tensors, so ``t_g`` need only divide the pool's ranks.
+    ``tp`` / ``pp`` / ``generation_tp`` fix a size (a user's explicit setting).
+    ``shared_layout``: roles with the same key placed in one pool must get the same ``(t, p)``
+    (engines keeping their process groups in process-wide state, e.g. megatron-core).
+
+    The default allows every layout: the paper's unconstrained search.
+    """
+
+    axes: frozenset[str] = AXES
+    generation_axes: frozenset[str] = frozenset({"tp"})
+    tp: int | None = None
+    pp: int | None = None
+    generation_tp: int | None = None
+    shared_layout: str | None = None
+
+    def __post_init__(self) -> None:
+        bad = sorted((set(self.axes) | set(self.generation_axes)) - AXES)
+        if bad:
+            raise ValueError(f"unknown parallel axes {bad}; expected a subset of {sorted(AXES)}")
+        for axis, size in (("tp", self.tp), ("pp", self.pp)):
+            if size is not None and size < 1:
+                raise ValueError(f"fixed {axis} size must be >= 1, got {size}")
+            if size is not None and size > 1 and axis not in self.axes:
+                raise ValueError(
+                    f"{axis}={size} is fixed, but the engine supports only {sorted(self.axes)}"
+                )
+        tg = self.generation_tp
+        if tg is not None and (tg < 1 or (tg > 1 and "tp" not in self.generation_axes)):
+            raise ValueError(
+                f"generation tp={tg} is fixed, but the rollout engine supports only "
+                f"{sorted(self.generation_axes)}"
+            )
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether the training engine shards the model itself (then ``t_g | t``)."""
+        return bool(self.axes)
+
+    def sizes(self, axis: Axis, options: list[int]) -> list[int]:
+        """``options`` narrowed to what this role may use on ``axis``."""
+        fixed = self.tp if axis == "tp" else self.pp
+        if axis not in self.axes:
+            options = [k for k in options if k == 1]
+        return [k for k in options if fixed is None or k == fixed]
+
+
+FREE = RoleParallelism()
+"""No constraint: every layout the model's shape allows."""
+
 
 @dataclass(frozen=True)
 class RoleModel:
@@ -35,6 +103,7 @@ class RoleModel:
     role: str
     spec: ModelSpec
     ops: tuple[tuple[str, Op], ...]
+    parallelism: RoleParallelism = FREE
 
     @property
     def trained(self) -> bool:
@@ -100,14 +169,45 @@ def tensor_sizes(spec: ModelSpec, n: int, per_node: int) -> list[int]:
     return sizes
 
 
-def layouts(spec: ModelSpec, n: int, per_node: int) -> list[ParallelLayout]:
-    """All training layouts ``(t, p, d)`` of ``n`` devices the model can use."""
+def layouts(
+    spec: ModelSpec, n: int, per_node: int, parallelism: RoleParallelism = FREE
+) -> list[ParallelLayout]:
+    """All training layouts ``(t, p, d)`` of ``n`` devices the model and its engine can use."""
     out = []
-    for t in tensor_sizes(spec, n, per_node):
-        for p in _divisors(n // t):
-            if spec.num_layers % p == 0:
-                out.append(ParallelLayout(pp=p, tp=t, dp=n // (t * p)))
+    for t in parallelism.sizes("tp", tensor_sizes(spec, n, per_node)):
+        stages = [p for p in _divisors(n // t) if spec.num_layers % p == 0]
+        for p in parallelism.sizes("pp", stages):
+            out.append(ParallelLayout(pp=p, tp=t, dp=n // (t * p)))
     return out
+
+
+def generation_sizes(
+    spec: ModelSpec, layout: ParallelLayout, per_node: int, parallelism: RoleParallelism = FREE
+) -> list[int]:
+    """Generation TP sizes ``t_g`` the rollout engine can take next to ``layout``.
+
+    A model-parallel training engine reshards its ``t``-way slices, so ``t_g | t``; a
+    data-parallel one hands over whole tensors, which a TP rollout can slice any way that
+    suits the heads, inside a node, over its ranks.
+    """
+    if "tp" not in parallelism.generation_axes:
+        sizes = [1]
+    elif parallelism.model_parallel:
+        sizes = [tg for tg in _divisors(layout.tp) if spec.num_heads % tg == 0]
+    else:
+        sizes = tensor_sizes(spec, layout.world_size, per_node)
+    fixed = parallelism.generation_tp
+    return [tg for tg in sizes if fixed is None or tg == fixed]
+
+
+def _transition(
+    spec: ModelSpec, layout: ParallelLayout, gen_tp: int, cluster: DeviceCluster
+) -> float:
+    """Reshard seconds; zero when the training layout holds whole tensors (``t = p = 1``):
+    every rank then slices its generation shard locally."""
+    if layout.model_parallel_size == 1:
+        return 0.0
+    return transition_seconds(spec, layout, gen_tp, cluster)
 
 
 def auto_parallel(
@@ -121,7 +221,8 @@ def auto_parallel(
     budget = cluster.device.usable_bytes
     spec = role.spec
     out: list[Candidate] = []
-    for layout in layouts(spec, n, cluster.devices_per_node):
+    per_node = cluster.devices_per_node
+    for layout in layouts(spec, n, per_node, role.parallelism):
         resident = persistent_bytes(spec, layout, role.trained, workload.distributed_optimizer)
         transient = 0.0
         seconds: dict[str, float] = {}
@@ -141,9 +242,7 @@ def auto_parallel(
         if not role.generates:
             out.append(Candidate(role.role, layout, None, resident, transient, seconds))
             continue
-        for tg in _divisors(layout.tp):
-            if spec.num_heads % tg:
-                continue
+        for tg in generation_sizes(spec, layout, per_node, role.parallelism):
             gen_weights = generation_weight_bytes(spec, layout, tg)
             kv_seq = kv_bytes_per_token(spec, tg) * workload.sequence_length
             if resident + gen_weights + kv_seq > budget:
@@ -156,7 +255,7 @@ def auto_parallel(
                     resident,
                     transient,
                     seconds,
-                    transition=transition_seconds(spec, layout, tg, cluster),
+                    transition=_transition(spec, layout, tg, cluster),
                     gen_weights=gen_weights,
                     kv_per_sequence=kv_seq,
                 )

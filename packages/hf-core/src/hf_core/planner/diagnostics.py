@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hf_core.planner.autoparallel import RoleModel, layouts
+from hf_core.planner.autoparallel import AXES, RoleModel, layouts
 from hf_core.planner.devices import GIB, DeviceCluster
 from hf_core.planner.memory import (
     generation_weight_bytes,
@@ -49,12 +49,12 @@ def too_big(rm: RoleModel, cluster: DeviceCluster, workload: Workload) -> str:
     )
     if rm.state_bytes > n * usable:
         return f"{head} needs {rm.state_bytes / GIB:.1f} GiB but the cluster has {have}"
-    shapes = layouts(rm.spec, n, cluster.devices_per_node)
+    shapes = layouts(rm.spec, n, cluster.devices_per_node, rm.parallelism)
     if not shapes:
         return (
             f"{head}: no (t, p, d) layout of {n} devices suits its shape "
             f"({rm.spec.num_heads} heads, {rm.spec.num_layers} layers) on "
-            f"{cluster.devices_per_node}-device nodes"
+            f"{cluster.devices_per_node}-device nodes{_limits(rm)}"
         )
     need, best = min(
         ((footprint(rm, lay, workload), lay) for lay in shapes), key=lambda item: item[0]
@@ -63,6 +63,18 @@ def too_big(rm: RoleModel, cluster: DeviceCluster, workload: Workload) -> str:
         f"{head} needs at least {need / GIB:.1f} GiB per device (best layout "
         f"t={best.tp}, p={best.pp}, d={best.dp}) with its activations"
         f"{' and KV cache' if rm.generates else ''}, but the cluster has {have}"
+    )
+
+
+def _limits(rm: RoleModel) -> str:
+    """What the role's engine allows, when that (not the model) may rule layouts out."""
+    par = rm.parallelism
+    fixed = [f"{k}={v}" for k, v in (("t", par.tp), ("p", par.pp)) if v is not None]
+    if par.axes == AXES and not fixed:
+        return ""
+    axes = ", ".join(sorted(par.axes)) or "none (data parallel only)"
+    return f" with its engine's model-parallel axes: {axes}" + (
+        f", fixed {' '.join(fixed)}" if fixed else ""
     )
 
 

@@ -88,5 +88,8 @@ def kv_bytes_per_token(spec: ModelSpec, gen_tp: int) -> float:
 
 def generation_weight_bytes(spec: ModelSpec, layout: ParallelLayout, gen_tp: int) -> float:
     """Extra weight bytes while generating: the 3D-HybridEngine gathers a ``1 / t_g`` shard
-    that contains the rank's own ``1 / (t p)`` training shard (zero redundancy, Table 2)."""
-    return spec.weight_bytes * (1.0 / gen_tp - 1.0 / layout.model_parallel_size)
+    that contains the rank's own ``1 / (t p)`` training shard (zero redundancy, Table 2).
+
+    None when the training shard already holds it: a data-parallel layout (``t = p = 1``)
+    keeps whole tensors, of which a ``t_g``-way rollout uses a slice."""
+    return spec.weight_bytes * max(0.0, 1.0 / gen_tp - 1.0 / layout.model_parallel_size)

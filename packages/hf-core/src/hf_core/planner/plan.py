@@ -130,6 +130,14 @@ def _layout_dict(layout: ParallelLayout) -> dict[str, Any]:
     return {"pp": layout.pp, "tp": layout.tp, "dp": layout.dp, "order": layout.order}
 
 
+def _micro_dp(train: ParallelLayout, gen: GenerationLayout) -> int | None:
+    """``d_g`` of the 3D-HybridEngine; ``None`` when a data-parallel layout hands whole tensors
+    to a TP rollout (``t_g`` need not divide ``t`` then, and there is no reshard)."""
+    if train.tp % gen.tp or train.pp % gen.pp:
+        return None
+    return gen.micro_dp_size(train)
+
+
 def plan_to_placement(plan: Plan) -> dict[str, Any]:
     """Plain data for a runner: one entry per pool (roles, device count, per-node process
     counts for a ``ResourcePool``, node slots) with each role's layouts, plus the estimates."""
@@ -145,7 +153,7 @@ def plan_to_placement(plan: Plan) -> dict[str, Any]:
                 entry["generation"] = {
                     "pp": m.generation.pp,
                     "tp": m.generation.tp,
-                    "micro_dp": m.generation.micro_dp_size(m.layout),
+                    "micro_dp": _micro_dp(m.layout, m.generation),
                     "replicas": m.devices // (m.generation.tp * m.generation.pp),
                 }
             layouts[m.role] = entry

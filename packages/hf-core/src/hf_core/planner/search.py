@@ -6,17 +6,29 @@ share the devices' memory -- and the plan's score is ``d_cost``: per stage the m
 of the sum inside a set, summed over stages.  Two caches make this cheap: strategies per
 ``(model, devices)`` (Algorithm 2's result is the same whatever the placement) and costed sets
 per ``(set, devices)`` (the same set recurs in many placements and allocations).
+
+Per-role :class:`~hf_core.planner.autoparallel.RoleParallelism` limits (the axes the installed
+engines support, sizes a user fixed) narrow Algorithm 2; roles that must share one layout when
+colocated are costed once per common ``(t, p)``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_core.planner.autoparallel import Candidate, RoleModel, auto_parallel, pareto
+from hf_core.planner.autoparallel import (
+    FREE,
+    Candidate,
+    RoleModel,
+    RoleParallelism,
+    auto_parallel,
+    pareto,
+)
 from hf_core.planner.colocation import PoolResult, cost_pool
 from hf_core.planner.dataflow import VALUE_HEAD_ROLES, Dataflow, get_dataflow
 from hf_core.planner.devices import DeviceCluster
@@ -29,6 +41,8 @@ from hf_core.planner.workload import Workload
 from hf_core.resharding import GenerationLayout
 
 ModelSource = ModelSpec | str | Path | Mapping[str, Any]
+SharedLayout = dict[str, tuple[int, int]]
+"""``(t, p)`` imposed on roles that must share their layout inside one pool."""
 
 
 @dataclass
@@ -44,6 +58,8 @@ class Planner:
 
     Construct once, call :meth:`plan`; the caches persist, so re-planning with another
     ``top_k`` or a restricted set of placements reuses every costed model and set.
+    ``parallelism`` limits the layouts of some roles (the engines' axes, fixed sizes); roles
+    left out are unconstrained.
     """
 
     def __init__(
@@ -52,13 +68,14 @@ class Planner:
         models: Mapping[str, ModelSource],
         workload: Workload | Mapping[str, Any] | None,
         cluster: DeviceCluster,
+        parallelism: Mapping[str, RoleParallelism] | None = None,
     ) -> None:
         self.dataflow = get_dataflow(dataflow)
         self.workload = (
             workload if isinstance(workload, Workload) else Workload.model_validate(workload or {})
         )
         self.cluster = cluster
-        self.roles = self._bind(models)
+        self.roles = self._bind(models, parallelism or {})
         self.stages = self.dataflow.stage_names()
         self.candidate_cache = CacheStats()
         self.pool_cache = CacheStats()
@@ -68,9 +85,18 @@ class Planner:
         self.allocations_scored = 0
         """(placement, allocation) pairs scored by ``d_cost`` so far."""
 
-    def _bind(self, models: Mapping[str, ModelSource]) -> dict[str, RoleModel]:
-        """Pair each role of the dataflow with its model; critics and scorers get value heads."""
+    def _bind(
+        self, models: Mapping[str, ModelSource], parallelism: Mapping[str, RoleParallelism]
+    ) -> dict[str, RoleModel]:
+        """Pair each role of the dataflow with its model (critics and scorers get value heads)
+        and its parallelism limits."""
         needed = self.dataflow.roles
+        unknown = sorted(set(parallelism) - set(needed))
+        if unknown:
+            raise ValueError(
+                f"parallelism given for {unknown}, but algorithm {self.dataflow.name!r} uses "
+                f"roles {list(needed)}"
+            )
         missing = [r for r in needed if r not in models]
         extra = sorted(set(models) - set(needed))
         if missing or extra:
@@ -85,7 +111,8 @@ class Planner:
             spec = load_model(models[role])
             if role in VALUE_HEAD_ROLES:
                 spec = spec.with_value_head()
-            bound[role] = RoleModel(role, spec, tuple(self.dataflow.stage_ops(role)))
+            ops = tuple(self.dataflow.stage_ops(role))
+            bound[role] = RoleModel(role, spec, ops, parallelism.get(role, FREE))
         return bound
 
     # ------------------------------------------------------------------ Algorithm 2, cached
@@ -115,18 +142,53 @@ class Planner:
 
     def _cost_pool(self, roles: tuple[str, ...], devices: int) -> PoolResult | None:
         """Gather each model's strategies (Pareto fronts; all of the generator's) and let
-        :func:`~hf_core.planner.colocation.cost_pool` choose them jointly."""
+        :func:`~hf_core.planner.colocation.cost_pool` choose them jointly -- once per common
+        ``(t, p)`` of roles that must share a layout, keeping the fastest."""
         gen = self.dataflow.generator
         generator = self.roles[gen] if gen in roles else None
-        fronts: dict[str, list[Candidate]] = {}
+        strategies: dict[str, list[Candidate]] = {}
         for role in roles:
-            cands = self.candidates(role, devices)
-            if not cands:
+            strategies[role] = self.candidates(role, devices)
+            if not strategies[role]:
                 return None
-            fronts[role] = cands if role == gen else pareto(cands)
-        return cost_pool(
-            roles, devices, fronts, generator, self.workload, self.cluster, self.stages
-        )
+        best: PoolResult | None = None
+        for shared in self._shared_layouts(roles, strategies):
+            fronts: dict[str, list[Candidate]] = {}
+            for role in roles:
+                cands = [
+                    c
+                    for c in strategies[role]
+                    if role not in shared or (c.layout.tp, c.layout.pp) == shared[role]
+                ]
+                fronts[role] = cands if role == gen else pareto(cands)
+            result = cost_pool(
+                roles, devices, fronts, generator, self.workload, self.cluster, self.stages
+            )
+            if result is not None and (best is None or result.busy < best.busy):
+                best = result
+        return best
+
+    def _shared_layouts(
+        self, roles: Sequence[str], strategies: Mapping[str, list[Candidate]]
+    ) -> list[SharedLayout]:
+        """Every way to give each group of roles that must share a layout one common
+        ``(t, p)`` all of them can use; ``[{}]`` when no two roles of the pool are tied."""
+        groups: dict[str, list[str]] = {}
+        for role in roles:
+            key = self.roles[role].parallelism.shared_layout
+            if key is not None:
+                groups.setdefault(key, []).append(role)
+        options: list[list[SharedLayout]] = []
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            usable = [{(c.layout.tp, c.layout.pp) for c in strategies[r]} for r in members]
+            common = sorted(set.intersection(*usable))
+            options.append([dict.fromkeys(members, tp_pp) for tp_pp in common])
+        return [
+            {role: tp_pp for choice in combo for role, tp_pp in choice.items()}
+            for combo in itertools.product(*options)
+        ]
 
     # ------------------------------------------------------------------ get_min_alloc
     def pool_sizes(self, roles: Sequence[str]) -> list[int]:
@@ -261,6 +323,11 @@ def plan(
     cluster: DeviceCluster,
     top_k: int = 3,
     placements: Iterable[Sequence[Sequence[str]]] | None = None,
+    parallelism: Mapping[str, RoleParallelism] | None = None,
 ) -> list[Plan]:
-    """Auto-map ``dataflow`` onto ``cluster``: the ``top_k`` best plans, best first."""
-    return Planner(dataflow, models, workload, cluster).plan(top_k=top_k, placements=placements)
+    """Auto-map ``dataflow`` onto ``cluster``: the ``top_k`` best plans, best first.
+
+    ``parallelism`` (per role, optional) restricts each role to layouts its engines can run.
+    """
+    planner = Planner(dataflow, models, workload, cluster, parallelism)
+    return planner.plan(top_k=top_k, placements=placements)

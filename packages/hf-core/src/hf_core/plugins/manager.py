@@ -200,7 +200,10 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
     _load_entry_points(pm, registry)
     hooks: list[
         tuple[
-            str, NamedRegistry[Any], NamedRegistry[ConfigRef] | None, dict[str, frozenset[str]] | None
+            str,
+            NamedRegistry[Any],
+            NamedRegistry[ConfigRef] | None,
+            dict[str, frozenset[str]] | None,
         ]
     ] = [
         (

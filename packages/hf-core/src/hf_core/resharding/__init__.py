@@ -27,8 +27,8 @@ __all__ = [
     "Unit",
     "build_hybrid_plan",
     "build_naive_plan",
-    "expected_received_bytes",
     "ds_chat_volume_fraction",
+    "expected_received_bytes",
     "hybrid_engine_volume_fraction",
     "naive_volume_fraction",
 ]

@@ -2,13 +2,15 @@
 
 One process per rank holds the actor's training engine and its rollout engine side by side
 (the paper's hybrid engine): after each update the new weights stream from the training
-engine into the rollout engine in buckets, in the same process, with no second full copy.
+engine into the rollout engine in buckets, in the same process, with no second full copy
+(:mod:`hf_core.roles.weight_sync`), and the device memory changes hands every step
+(:mod:`hf_core.roles.handover`): training state is offloaded while the rollout engine
+generates, the rollout engine's weights and KV cache are released while the model trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import torch
@@ -22,10 +24,13 @@ from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
     role_path,
+    rollout_engine_args,
     torch_threads,
     training_mesh,
 )
+from hf_core.roles.handover import MemoryHandover
 from hf_core.roles.losses import PolicyLoss, sft_loss
+from hf_core.roles.weight_sync import WeightSync
 from hf_core.worker import Worker
 
 
@@ -43,12 +48,18 @@ class ActorRolloutRefWorker(Worker):
             else None
         )
         rollout_factory = get_rollout_engine(config.rollout.backend)
-        self.rollout = rollout_factory(
-            model_path=str(config.role_model(config.actor)), **config.rollout.engine
-        )
+        self.rollout = rollout_factory(**rollout_engine_args(config), **config.rollout.engine)
         self.loss = PolicyLoss(config.algorithm)
         self.needs_sync = False
         self._report_mesh()
+        self.weight_sync = WeightSync(
+            self.actor,
+            self.rollout,
+            bucket_bytes=int(config.rollout.bucket_mb * 2**20),
+            kind=config.rollout.reshard,
+            rank=self.rank,
+        )
+        self.handover = MemoryHandover(self.actor, self.reference, self.rollout)
 
     def _report_mesh(self) -> None:
         """Tell the controller how this rank is laid out, so the 3D protocols route data.
@@ -74,30 +85,47 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------- generation
     @register("3D_ALL_MICRO_DP")
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """Sample responses; syncs weights first if the actor changed since the last sync."""
+        """Sample responses; syncs weights first if the actor changed since the last sync.
+
+        The rollout engine owns the device while it generates (training state offloaded);
+        afterwards the training engines get it back for log-probs and updates.
+        """
         if self.needs_sync:
             self.sync_weights()
-        self.rollout.resume_memory()
-        try:
-            return self.rollout.generate(prompts, params)
-        finally:
-            self.rollout.release_memory()
+        with self.handover.stage("generate"):
+            self.handover.to_generation()
+            out = self.rollout.generate(prompts, params)
+        self.handover.to_training()
+        return out
 
     @register("ONE_TO_ALL")
-    def sync_weights(self) -> float:
-        """Stream the actor's canonical weights into the rollout engine; returns seconds."""
-        start = time.perf_counter()
-        bucket_bytes = int(self.config.rollout.bucket_mb * 2**20)
-        for bucket in self.actor.export_weights(bucket_bytes):
-            self.rollout.load_weights(bucket)
-        self.rollout.finish_weight_sync()
+    def sync_weights(self) -> dict[str, float]:
+        """The 3D-HybridEngine transition into the rollout engine (see
+        :mod:`hf_core.roles.weight_sync`); returns this rank's sync metrics.
+
+        The rollout engine's memory comes back first (its weights are written in place);
+        once the weights are in it, the training state leaves the device until the next
+        update, so generation starts with the device to itself.
+        """
+        with self.handover.stage("weight_sync"):
+            self.handover.to_training()
+            self.handover.resume_rollout()
+            metrics = self.weight_sync.run()
+            self.handover.to_generation()
         self.needs_sync = False
-        return time.perf_counter() - start
+        return metrics
+
+    @register("ONE_TO_ALL")
+    def take_handover_log(self) -> dict[str, object]:
+        """The memory hand-over since the last call: the ordered events (engine, action,
+        bytes) and each stage's peak memory; the log starts afresh."""
+        return self.handover.take_log()
 
     # ---------------------------------------------------------- log-probs
     @register("3D_PROTO")
     def compute_log_probs(self, batch: Batch) -> Batch:
         """The behaviour policy's log-probs (``old_log_probs``) and entropy."""
+        self.handover.to_training()
         out = self.actor.compute_log_probs(batch, temperature=self._temperature(batch))
         return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
@@ -105,6 +133,7 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         if self.reference is None:
             raise RuntimeError("no reference model configured (add a 'reference' section)")
+        self.handover.to_training()
         out = self.reference.compute_log_probs(batch, temperature=self._temperature(batch))
         return Batch({"ref_log_probs": out["log_probs"]})
 
@@ -116,14 +145,16 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs x mini-batches over this rank's share; weights sync before next rollout."""
         batch.meta.setdefault("temperature", self._temperature(batch))
-        metrics = mini_batch_updates(
-            self.actor,
-            batch,
-            self.loss,
-            epochs=self.config.algorithm.ppo_epochs,
-            mini_batches=self.config.algorithm.mini_batches,
-            seed=int(batch.meta.get("step", 0)),
-        )
+        self.handover.to_training()
+        with self.handover.stage("update_actor"):
+            metrics = mini_batch_updates(
+                self.actor,
+                batch,
+                self.loss,
+                epochs=self.config.algorithm.ppo_epochs,
+                mini_batches=self.config.algorithm.mini_batches,
+                seed=int(batch.meta.get("step", 0)),
+            )
         self.needs_sync = True
         return metrics
 
@@ -131,6 +162,7 @@ class ActorRolloutRefWorker(Worker):
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One supervised step (prompt -> target tokens as the 'response')."""
         batch.meta["temperature"] = 1.0
+        self.handover.to_training()
         metrics = self.actor.train_step(batch, sft_loss)
         self.needs_sync = True
         return metrics
@@ -138,10 +170,12 @@ class ActorRolloutRefWorker(Worker):
     # ---------------------------------------------------------- checkpoints
     @register("ONE_TO_ALL")
     def save_checkpoint(self, path: str) -> None:
+        self.handover.to_training()
         self.actor.save_checkpoint(role_path(path, "actor"))
 
     @register("ONE_TO_ALL")
     def load_checkpoint(self, path: str) -> None:
+        self.handover.to_training()
         self.actor.load_checkpoint(role_path(path, "actor"))
         self.needs_sync = True
 
@@ -149,4 +183,5 @@ class ActorRolloutRefWorker(Worker):
     def export_hf(self, path: str) -> str:
         if not isinstance(self.actor, ExportsHF):
             raise NotImplementedError(f"{type(self.actor).__name__} cannot export an HF folder")
+        self.handover.to_training()
         return str(self.actor.export_hf(Path(path), tokenizer=str(self.config.tokenizer_path)))

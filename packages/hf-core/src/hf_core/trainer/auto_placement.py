@@ -1,27 +1,42 @@
-"""``placement.mode: auto``: ask the auto-mapping planner (paper §6) for the pools.
+"""``placement.mode: auto``: ask the auto-mapping planner (paper §6) for pools and layouts.
 
 The planner sees the run's own dataflow (which roles exist and what each does per stage), each
 model's shape from its ``config.json``, the workload from the data and rollout settings, and
 ``placement.devices`` devices of profile ``placement.device``.  The reference policy shares the
-actor's worker here, so only placements keeping the two together are searched.  Parallel sizes
-the plan picks (t, p, t_g) apply to backends that have them; a data-parallel backend such as
-FSDP uses all of its pool's ranks for data parallelism.
+actor's worker here, so only placements keeping the two together are searched.
+
+It proposes only layouts the chosen backends can run: each role's training engine declares its
+model-parallel axes (:func:`hf_core.plugins.get_engine_parallelism`), so a data-parallel
+backend such as FSDP gets ``t = p = 1`` and uses all of its pool's ranks for data parallelism,
+and the rollout engine's axes decide whether the generation TP ``t_g`` may exceed 1.  A size
+the user set explicitly (``tensor_parallel_size`` / ``pipeline_parallel_size`` in a role's
+``engine`` block, ``rollout.tensor_parallel_size``) is respected: the search is constrained to
+it.  Roles on the same model-parallel backend share one ``(t, p)`` when colocated, because such
+engines (megatron-core) keep their process groups in process-wide state.
+
+The result is applied, not just printed: :func:`plan_pools` returns the pools to spawn and a
+copy of the config whose engine blocks carry the plan's ``t`` / ``p`` and whose
+``rollout.tensor_parallel_size`` is the plan's ``t_g``; ``plan.json`` records both.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from hf_core.algorithms import get_estimator_traits
-from hf_core.config import TrainerConfig
+from hf_core.config import ModelRoleConfig, TrainerConfig, validate
 from hf_core.planner import (
     Dataflow,
     Op,
+    Plan,
+    RoleParallelism,
     Workload,
     from_hf_config,
     make_cluster,
@@ -30,9 +45,42 @@ from hf_core.planner import (
     plan_to_placement,
     set_partitions,
 )
-from hf_core.trainer.spawning import PoolSpec, role_specs
+from hf_core.plugins import get_engine_parallelism
+from hf_core.trainer.preflight import preflight
+from hf_core.trainer.spawning import PoolSpec, configured_pools, role_specs
 
 log = logging.getLogger(__name__)
+
+ROLE_KEYS = {
+    "actor": ("actor",),
+    "reference": ("reference",),
+    "critic": ("critic",),
+    "reward": ("reward", "model"),
+    "cost": ("cost", "model"),
+}
+"""Where each planner role's ``ModelRoleConfig`` sits in the recipe (dotted key parts)."""
+
+SIZE_KEYS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size"}
+"""Engine-block keys of the model-parallel axes engines declare."""
+
+
+@dataclass(frozen=True)
+class AutoPlacement:
+    """What a run spawns: the pools, and the config whose engine settings follow the plan.
+
+    ``plan`` is what ``plan.json`` holds (``None`` for ``colocate`` / ``split``).
+    """
+
+    pools: list[PoolSpec]
+    config: TrainerConfig
+    plan: dict[str, Any] | None = None
+
+
+def place_roles(config: TrainerConfig, output_dir: Path) -> AutoPlacement:
+    """Pools and effective config for any ``placement.mode`` (only ``auto`` changes the config)."""
+    if config.placement.mode == "auto":
+        return plan_pools(config, output_dir)
+    return AutoPlacement(configured_pools(config), config)
 
 
 def _dataflow(config: TrainerConfig, roles: list[str]) -> Dataflow:
@@ -54,30 +102,93 @@ def _dataflow(config: TrainerConfig, roles: list[str]) -> Dataflow:
     )
 
 
+def role_configs(config: TrainerConfig) -> dict[str, ModelRoleConfig]:
+    """Each model role the config uses, by planner role name."""
+    found: dict[str, ModelRoleConfig | None] = {
+        "actor": config.actor,
+        "reference": config.reference,
+        "critic": config.critic,
+        "reward": config.reward.model,
+        "cost": config.cost.model if config.cost is not None else None,
+    }
+    return {role: rc for role, rc in found.items() if rc is not None}
+
+
 def _model_configs(config: TrainerConfig, roles: list[str]) -> dict[str, Any]:
-    paths = {"actor": config.role_model(config.actor)}
-    if config.reference is not None:
-        paths["reference"] = config.role_model(config.reference)
-    if config.critic is not None:
-        paths["critic"] = config.role_model(config.critic)
-    if config.reward.model is not None:
-        paths["reward"] = config.role_model(config.reward.model)
-    if config.cost is not None and config.cost.model is not None:
-        paths["cost"] = config.role_model(config.cost.model)
+    configs = role_configs(config)
+    paths = {role: Path(config.role_model(configs[role])) for role in roles}
     return {
-        role: from_hf_config(
-            json.loads((Path(paths[role]) / "config.json").read_text()), name=Path(paths[role]).name
-        )
-        for role in roles
+        role: from_hf_config(json.loads((path / "config.json").read_text()), name=path.name)
+        for role, path in paths.items()
     }
 
 
-def plan_pools(config: TrainerConfig, output_dir: Path) -> list[PoolSpec]:
-    """Run the planner, log and save the chosen plan, and return the pools to spawn."""
-    worker_roles = list(role_specs(config))
-    roles = worker_roles + (["reference"] if config.reference is not None else [])
-    devices = config.placement.devices or config.placement.processes
-    workload = Workload(
+def _fixed(block: Mapping[str, Any], key: str, where: str) -> int | None:
+    """An explicitly set parallel size, checked to be a positive integer."""
+    value = block.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _generation_tp(config: TrainerConfig) -> int | None:
+    """``t_g`` the user fixed (``rollout.tensor_parallel_size`` or the rollout engine block)."""
+    rollout = config.rollout
+    explicit = "tensor_parallel_size" in rollout.model_fields_set
+    core = rollout.tensor_parallel_size if explicit else None
+    block = _fixed(rollout.engine, "tensor_parallel_size", "rollout.engine")
+    if core is not None and block is not None and core != block:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={core} and rollout.engine.tensor_parallel_size="
+            f"{block} disagree"
+        )
+    if rollout.pipeline_parallel_size != 1:
+        raise ValueError(
+            f"rollout.pipeline_parallel_size={rollout.pipeline_parallel_size}: placement auto "
+            "plans generation without pipeline stages (p_g = 1)"
+        )
+    return core if core is not None else block
+
+
+def role_parallelism(config: TrainerConfig, roles: list[str]) -> dict[str, RoleParallelism]:
+    """What each role's engines can run, as the planner's constraint input.
+
+    Training axes come from the role's backend, generation axes (actor) from the rollout
+    backend; explicit sizes in the config are fixed; roles on one model-parallel backend
+    share their layout when colocated.
+    """
+    configs = role_configs(config)
+    out = {}
+    for role in roles:
+        rc = configs[role]
+        where = ".".join(ROLE_KEYS[role]) + ".engine"
+        axes = get_engine_parallelism("training", rc.backend)
+        generation = frozenset[str]()
+        tg = None
+        if role == "actor":
+            generation = get_engine_parallelism("rollout", config.rollout.backend)
+            tg = _generation_tp(config)
+        try:
+            out[role] = RoleParallelism(
+                axes=axes,
+                generation_axes=generation,
+                tp=_fixed(rc.engine, SIZE_KEYS["tp"], where),
+                pp=_fixed(rc.engine, SIZE_KEYS["pp"], where),
+                generation_tp=tg,
+                shared_layout=rc.backend if axes else None,
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"{where} (training backend {rc.backend!r}, rollout backend "
+                f"{config.rollout.backend!r}): {exc}"
+            ) from None
+    return out
+
+
+def _workload(config: TrainerConfig) -> Workload:
+    return Workload(
         global_batch=config.data.batch_size,
         prompt_length=config.data.max_prompt_length or 64,
         response_length=config.rollout.max_new_tokens,
@@ -85,6 +196,13 @@ def plan_pools(config: TrainerConfig, output_dir: Path) -> list[PoolSpec]:
         mini_batches=config.algorithm.mini_batches,
         samples_per_prompt=config.rollout.n,
     )
+
+
+def best_plan(config: TrainerConfig) -> Plan:
+    """The planner's best plan for this run, restricted to what its backends can run."""
+    worker_roles = list(role_specs(config))
+    roles = worker_roles + (["reference"] if config.reference is not None else [])
+    devices = config.placement.devices or config.placement.processes
     dataflow = _dataflow(config, roles)
     placements = [
         p
@@ -92,17 +210,77 @@ def plan_pools(config: TrainerConfig, output_dir: Path) -> list[PoolSpec]:
         if not any(("actor" in s) != ("reference" in s) for s in p)
     ]
     cluster = make_cluster(nodes=1, devices_per_node=devices, device=config.placement.device)
-    best = plan(
-        dataflow, _model_configs(config, roles), workload, cluster, top_k=1, placements=placements
+    return plan(
+        dataflow,
+        _model_configs(config, roles),
+        _workload(config),
+        cluster,
+        top_k=1,
+        placements=placements,
+        parallelism=role_parallelism(config, roles),
     )[0]
-    Console(stderr=True, width=140).print(plan_table(best))
-    placement = plan_to_placement(best)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "plan.json").write_text(json.dumps(placement, indent=2))
-    log.info("auto placement: %s (written to %s)", best.kind, output_dir / "plan.json")
+
+
+def engine_settings(config: TrainerConfig, chosen: Plan) -> dict[str, dict[str, Any]]:
+    """Per role (and ``rollout``) the settings the plan implies for its backend.
+
+    Only axes a backend declares get a size: a data-parallel engine takes none (it uses all
+    of its pool's ranks), a rollout engine without ``tp`` keeps ``t_g = 1``.
+    """
+    configs = role_configs(config)
+    out: dict[str, dict[str, Any]] = {}
+    for role, model in chosen.models.items():
+        axes = get_engine_parallelism("training", configs[role].backend)
+        sizes = {"tp": model.layout.tp, "pp": model.layout.pp}
+        out[role] = {SIZE_KEYS[a]: sizes[a] for a in sorted(axes)}
+    actor = chosen.models["actor"]
+    tg = actor.generation.tp if actor.generation is not None else 1
+    out["rollout"] = {"tensor_parallel_size": tg, "pipeline_parallel_size": 1}
+    return out
+
+
+def apply_plan(config: TrainerConfig, chosen: Plan) -> TrainerConfig:
+    """A re-validated copy of ``config`` running the plan: engine blocks carry ``t`` / ``p``,
+    ``rollout`` carries ``t_g``, ``placement.processes`` is the actor pool's size."""
+    data = config.model_dump()
+    settings = engine_settings(config, chosen)
+    for role, sizes in settings.items():
+        if role == "rollout":
+            data["rollout"].update(sizes)
+            continue
+        section = data
+        for part in ROLE_KEYS[role]:
+            section = section[part]
+        section["engine"] = {**section["engine"], **sizes}
+    actor_pool = next(p for p in chosen.pools if "actor" in p.roles)
+    data["placement"]["processes"] = actor_pool.devices
+    applied = validate(TrainerConfig, data, "placement auto (the planner's layout)")
+    preflight(applied)  # the engines' own settings models accept the sizes
+    return applied
+
+
+def _plan_record(config: TrainerConfig, chosen: Plan) -> dict[str, Any]:
+    """``plan.json``: the planner's placement plus what each engine was configured with."""
+    record = plan_to_placement(chosen)
+    configs = role_configs(config)
+    engines: dict[str, Any] = {}
+    for role, sizes in engine_settings(config, chosen).items():
+        if role == "rollout":
+            backend = config.rollout.backend
+            axes = get_engine_parallelism("rollout", backend)
+        else:
+            backend = configs[role].backend
+            axes = get_engine_parallelism("training", backend)
+        engines[role] = {"backend": backend, "parallel_axes": sorted(axes), **sizes}
+    record["engines"] = engines
+    return record
+
+
+def _pools(config: TrainerConfig, record: Mapping[str, Any]) -> list[PoolSpec]:
+    """Worker pools from the plan (the reference lives in the actor's worker)."""
     pools = []
     samples = config.data.batch_size * config.rollout.n
-    for pool in placement["pools"]:
+    for pool in record["pools"]:
         pool_roles = tuple(r for r in pool["roles"] if r != "reference")
         parts = pool["devices"] * config.algorithm.mini_batches
         if samples % parts:
@@ -113,3 +291,22 @@ def plan_pools(config: TrainerConfig, output_dir: Path) -> list[PoolSpec]:
             )
         pools.append(PoolSpec(pool_roles, pool["devices"]))
     return pools
+
+
+def plan_pools(config: TrainerConfig, output_dir: Path) -> AutoPlacement:
+    """Run the planner, log and save the chosen plan, and return the pools to spawn with the
+    config that applies the plan's parallel sizes."""
+    chosen = best_plan(config)
+    Console(stderr=True, width=140).print(plan_table(chosen))
+    record = _plan_record(config, chosen)
+    pools = _pools(config, record)
+    applied = apply_plan(config, chosen)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "plan.json").write_text(json.dumps(record, indent=2))
+    log.info(
+        "auto placement: %s, engines %s (written to %s)",
+        chosen.describe(),
+        record["engines"],
+        output_dir / "plan.json",
+    )
+    return AutoPlacement(pools, applied, record)

@@ -20,8 +20,8 @@ from hf_core.algorithms import (
 )
 from hf_core.config import ConfigError, ModelRoleConfig, TrainerConfig, load_config, validate
 from hf_core.errors import EngineConfigError
-from hf_core.plugins import UnknownNameError, get_engine_config
-from hf_core.roles.common import training_engine_args
+from hf_core.plugins import UnknownNameError, get_engine_config, get_engine_parallelism
+from hf_core.roles.common import rollout_engine_args, training_engine_args
 
 EngineKind = Literal["training", "rollout"]
 
@@ -36,8 +36,50 @@ def load_run_config(recipe: str | Path | None, overrides: Sequence[str] = ()) ->
 def preflight(config: TrainerConfig) -> None:
     """Raise :class:`ConfigError` naming the key if a name or an ``engine:`` block is wrong."""
     _check_algorithm(config)
+    checked: dict[str, Any] = {}
     for key, kind, backend, block, supplied in _engine_blocks(config):
-        _check_engine_block(key, kind, backend, block, supplied)
+        checked[key] = _check_engine_block(key, kind, backend, block, supplied)
+    _check_generation_layout(config, checked.get("actor"))
+
+
+def _check_generation_layout(config: TrainerConfig, actor_settings: Any) -> None:
+    """The rollout's generation layout ``(p_g, t_g)`` must be one the rollout engine can form
+    and the 3D-HybridEngine can reshard into from the actor's layout (HybridFlow §5.4)."""
+    rollout = config.rollout
+    t_g, p_g = rollout.tensor_parallel_size, rollout.pipeline_parallel_size
+    if t_g == 1 and p_g == 1:
+        return
+    axes = get_engine_parallelism("rollout", rollout.backend)
+    for key, size, axis in (
+        ("tensor_parallel_size", t_g, "tp"),
+        ("pipeline_parallel_size", p_g, "pp"),
+    ):
+        if size > 1 and axis not in axes:
+            raise ConfigError(
+                f"invalid configuration:\n  rollout.{key}: {size}, but the "
+                f"{rollout.backend!r} rollout engine cannot split a model over ranks "
+                f"({axis}); use 1, or a rollout backend that loads {axis.upper()} slices"
+            )
+    if config.placement.mode != "auto" and config.placement.processes % (t_g * p_g):
+        raise ConfigError(
+            f"invalid configuration:\n  rollout.tensor_parallel_size: t_g * p_g = {t_g * p_g} "
+            f"ranks form one rollout engine; it must divide the actor's "
+            f"placement.processes = {config.placement.processes}"
+        )
+    if not get_engine_parallelism("training", config.actor.backend) or actor_settings is None:
+        return  # a data-parallel actor streams whole tensors: any engine shards them itself
+    t = int(getattr(actor_settings, "tensor_parallel_size", 1))
+    p = int(getattr(actor_settings, "pipeline_parallel_size", 1))
+    for key, gen, train, name in (
+        ("tensor_parallel_size", t_g, t, "t"),
+        ("pipeline_parallel_size", p_g, p, "p"),
+    ):
+        if train % gen:
+            raise ConfigError(
+                f"invalid configuration:\n  rollout.{key}: {gen} does not divide the actor's "
+                f"{key} {train}; the 3D-HybridEngine regroups training ranks into generation "
+                f"groups, so {name}_g must divide {name} (HybridFlow §5.4)"
+            )
 
 
 def _check_algorithm(config: TrainerConfig) -> None:
@@ -82,28 +124,37 @@ def _engine_blocks(
         if role is not None:
             supplied = training_engine_args(config, role, head=head, trainable=trainable)
             yield key, "training", role.backend, role.engine, supplied
-    supplied = {"model_path": str(config.role_model(config.actor))}
+    try:
+        supplied = rollout_engine_args(config)
+    except UnknownNameError as exc:
+        raise ConfigError(f"invalid configuration:\n  rollout.backend: {exc}") from None
     yield "rollout", "rollout", config.rollout.backend, config.rollout.engine, supplied
 
 
 def _check_engine_block(
     key: str, kind: EngineKind, backend: str, block: dict[str, Any], supplied: dict[str, Any]
-) -> None:
+) -> Any:
+    """The engine's validated settings (``None`` if its plugin registered no model)."""
     try:
         model = get_engine_config(kind, backend)
     except UnknownNameError as exc:
         raise ConfigError(f"invalid configuration:\n  {key}.backend: {exc}") from None
     if model is None:
-        return  # the plugin registered no settings model: the engine checks its own
+        return None  # the plugin registered no settings model: the engine checks its own
     clash = sorted(set(block) & (set(supplied) - {"seed"}))
     if clash:
+        where = (
+            f"use {key}.{clash[0]}"
+            if kind == "rollout" and clash[0] in ("tensor_parallel_size", "pipeline_parallel_size")
+            else "remove it from the engine block"
+        )
         raise ConfigError(
             f"invalid configuration:\n  {key}.engine.{clash[0]}: set by the trainer for every "
-            f"{kind} engine; remove it from the engine block"
+            f"{kind} engine; {where}"
         )
     data = {**supplied, **block}  # exactly what the role worker will pass
     try:
-        validate(model, data, f"{key}.engine ({backend})", EngineConfigError)
+        return validate(model, data, f"{key}.engine ({backend})", EngineConfigError)
     except EngineConfigError as exc:
         text = str(exc)
         for field in model.model_fields:

@@ -32,7 +32,9 @@ from hf_core.config import TrainerConfig
 from hf_core.data import PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
+from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import mismatch_parts, mismatch_summary
+from hf_core.roles.weight_sync import merge_rank_metrics
 from hf_core.runtime import Cluster
 from hf_core.trainer.auto_placement import plan_pools
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
@@ -131,6 +133,8 @@ class RLTrainer:
         )
         self.step = 0
         self.roles: RoleGroups | None = None
+        self.handover_log: list[dict[str, Any]] = []
+        """Per step, rank 0's memory hand-over events in order (engine, action, bytes)."""
 
     @property
     def _groups(self) -> RoleGroups:
@@ -285,7 +289,10 @@ class RLTrainer:
             update.meta.update(batch.meta)
             metrics.update(_rank_zero_metrics(roles.actor.update_actor(update), "actor"))
         with Timer("weight_sync", metrics):
-            metrics["perf/weight_sync_s"] = max(roles.actor.sync_weights())
+            metrics.update(merge_rank_metrics(roles.actor.sync_weights()))
+        handover = roles.actor.take_handover_log()
+        self.handover_log.append({"step": self.step, "events": handover[0]["events"]})
+        metrics.update(handover_metrics(handover))
 
         elapsed = time.perf_counter() - start
         lengths = mask.sum(-1).float()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -133,16 +134,43 @@ def test_export_with_trivial_plan_and_reject_tp_plan(models: dict) -> None:
         engine.export_weights(4096, tp_plan.for_rank(0))
 
 
-def test_offload_is_a_no_op_on_cpu(models: dict, caplog: pytest.LogCaptureFixture) -> None:
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_offload_on_cpu_moves_nothing_and_reports_the_bytes(
+    models: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the CPU the hand-over is measured but moves nothing: offload reports the bytes of
+    parameters and buffers a GPU run would move, keeps the offloaded state (work is refused
+    until onload, as on a GPU), and a second offload or onload reports 0."""
     engine = FSDPEngine({"model_path": str(models["llama"]), "trainable": False})
     before = _weights(engine)
+    resident = _nbytes([*engine.model.parameters(), *engine.model.buffers()])
+    assert resident >= 4 * engine.num_params  # float32 master weights, plus rotary buffers
     with caplog.at_level("INFO", logger="hf_fsdp.engine"):
-        engine.offload()
+        assert engine.offload() == resident
     assert "nothing to move" in caplog.text
-    assert not engine.offloaded
-    engine.onload()
+    assert engine.offloaded and engine.offload() == 0
+    with pytest.raises(RuntimeError, match=r"offloaded; call onload\(\) first"):
+        engine.compute_log_probs(rollout_batch(2, 3, 4, VOCAB, seed=1))
+    assert engine.onload() == resident
+    assert not engine.offloaded and engine.onload() == 0
+    assert {p.device.type for p in engine.model.parameters()} == {"cpu"}
     after = _weights(engine)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_offload_bytes_follow_the_config(models: dict) -> None:
+    """After a step AdamW holds two moments per parameter; offload counts what the config
+    says it moves: parameters (``offload_params``), optimiser state (``offload_optimizer``)."""
+    full = _trained(models)
+    params = _nbytes([*full.model.parameters(), *full.model.buffers()])
+    moments = 2 * 4 * full.num_params  # exp_avg, exp_avg_sq in float32
+    assert full.offload() == params + moments
+    assert full.onload() == params + moments
+    assert _trained(models, offload_params=False).offload() == moments
+    assert _trained(models, offload_optimizer=False).offload() == params
 
 
 def test_export_hf_in_shards_loads_with_from_pretrained(models: dict, tmp_path: Path) -> None:
@@ -253,6 +281,26 @@ def test_rollout_load_weights_in_place_and_errors(models: dict) -> None:
         engine.load_weights([("model.norm.weight", torch.zeros(3))])
     with pytest.raises(KeyError, match="generate needs"):
         engine.generate(Batch({"x": torch.zeros(2)}), SamplingParams())
+
+
+def test_rollout_release_reports_weight_bytes_on_cpu(models: dict) -> None:
+    """The HF rollout engine holds its weights (a tied embedding once) and no KV cache
+    between generations: release reports those bytes, moves nothing on the CPU, a second
+    release reports 0, and generation afterwards (resuming by itself) is unchanged."""
+    engine = HFRolloutEngine({"model_path": str(models["qwen2_tied"])})
+    weights = _nbytes([*engine.model.parameters(), *engine.model.buffers()])
+    embed = engine.model.model.embed_tokens.weight
+    everything = engine.model.named_parameters(remove_duplicate=False)
+    assert weights < _nbytes(t for _, t in everything)  # the tied embedding once
+    prompts, _ = _prompts(models["qwen2_tied"], TEXTS)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    before = engine.generate(prompts, greedy)["responses"]
+    assert engine.release_memory() == weights
+    assert engine.release_memory() == 0
+    assert torch.equal(engine.generate(prompts, greedy)["responses"], before)  # resumed itself
+    assert engine.resume_memory() == 0
+    assert engine.release_memory() == weights and engine.resume_memory() == weights
+    assert engine.model.model.embed_tokens.weight is embed
 
 
 # ---------------------------------------------------------------------- checkpoints

@@ -49,7 +49,7 @@ from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
 from hf_fsdp.loading import build_empty_model, load_hf_config, materialize_and_load, shard_model
-from hf_fsdp.offload import move_model, move_optimizer
+from hf_fsdp.offload import model_bytes, move_model, move_optimizer, optimizer_bytes
 from hf_fsdp.optim import build_optimizer, build_scheduler, clip_grad_norm
 
 if TYPE_CHECKING:
@@ -342,29 +342,41 @@ class FSDPEngine(TrainingEngine):
             self._said_cpu_offload = True
         return True
 
-    def offload(self) -> None:
-        """Move parameters, gradients and optimiser state to host memory (GPU only)."""
-        if self._cpu_only() or self._offloaded:
-            return
-        cpu = torch.device("cpu")
-        self._reshard()
+    def _hand_over(self, device: torch.device) -> int:
+        """Move what the config names (parameters with their gradients, unless FSDP already
+        keeps them on the host; optimiser state) to ``device``; bytes moved.  On a CPU-only
+        engine nothing moves: the bytes a GPU run would move are counted instead."""
+        dry = self._cpu_only()
+        moved = 0
         if self.config.offload_params and not self.config.cpu_offload:
-            move_model(self.model, cpu)
+            moved += model_bytes(self.model) if dry else move_model(self.model, device)
         if self.config.offload_optimizer and self.optimizer is not None:
-            move_optimizer(self.optimizer, cpu)
-        release_cached_memory(self.device)
-        self._offloaded = True
+            moved += (
+                optimizer_bytes(self.optimizer) if dry else move_optimizer(self.optimizer, device)
+            )
+        if not dry:
+            release_cached_memory(self.device)
+        return moved
 
-    def onload(self) -> None:
-        """Undo :meth:`offload`."""
-        if self._cpu_only() or not self._offloaded:
-            return
-        if self.config.offload_params and not self.config.cpu_offload:
-            move_model(self.model, self.device)
-        if self.config.offload_optimizer and self.optimizer is not None:
-            move_optimizer(self.optimizer, self.device)
-        release_cached_memory(self.device)
+    def offload(self) -> int:
+        """Move parameters, gradients and optimiser state (this rank's shards) to host memory;
+        the bytes moved (CPU-only: would move).  The engine refuses work until :meth:`onload`,
+        on the CPU too, so a misordered hand-over fails there as it would on a GPU.  A second
+        call moves nothing and returns 0."""
+        if self._offloaded:
+            return 0
+        self._reshard()  # count and move the shards, not a root left gathered by a forward
+        moved = self._hand_over(torch.device("cpu"))
+        self._offloaded = True
+        return moved
+
+    def onload(self) -> int:
+        """Undo :meth:`offload`; the bytes moved back (0 when not offloaded)."""
+        if not self._offloaded:
+            return 0
+        moved = self._hand_over(self.device)
         self._offloaded = False
+        return moved
 
     @property
     def offloaded(self) -> bool:

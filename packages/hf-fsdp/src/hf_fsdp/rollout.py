@@ -34,6 +34,7 @@ from hf_core.engines import (
 )
 from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
 from hf_fsdp.export import persistent_buffers
+from hf_fsdp.offload import model_bytes
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,8 @@ class HFRolloutEngine(RolloutEngine):
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device)
         self.model.eval().requires_grad_(False)
         _own_storage(self.model)
-        self._targets: dict[str, torch.Tensor] = dict(
-            self.model.named_parameters(remove_duplicate=False)
-        )
-        self._targets.update(persistent_buffers(self.model))
+        self._targets: dict[str, torch.Tensor] = {}
+        self._index_targets()
 
         tokens = special_tokens(folder, self.model.config)
         self.eos_token_ids, self.pad_token_id = list(tokens.eos_token_ids), tokens.pad_token_id
@@ -100,17 +99,39 @@ class HFRolloutEngine(RolloutEngine):
         self.weight_version += 1
         self._tensors_this_sync = 0
 
-    def release_memory(self) -> None:
-        """On a GPU, park the weights in host memory while training runs."""
-        if self.device.type == "cuda" and not self._released:
-            self.model.to("cpu")
-            release_cached_memory(self.device)
-            self._released = True
+    def _index_targets(self) -> None:
+        """Name -> tensor that :meth:`load_weights` copies into.  Parameters keep their
+        identity through ``model.to``; buffers are replaced, so this runs again after a move."""
+        self._targets = dict(self.model.named_parameters(remove_duplicate=False))
+        self._targets.update(persistent_buffers(self.model))
 
-    def resume_memory(self) -> None:
+    def _move(self, device: torch.device) -> int:
+        """Move the model (on a CPU-only engine: nothing) and say what that moves: weights
+        and buffers.  No KV cache is held between generations (each decode builds its own)."""
+        moved = model_bytes(self.model, grads=False)
+        if self.device.type != "cpu":
+            self.model.to(device)
+            self._index_targets()
+        return moved
+
+    def release_memory(self) -> int:
+        """Park the weights in host memory while training runs; the bytes moved.  On a
+        CPU-only engine nothing moves and the bytes a GPU run would move are returned; a
+        second call returns 0.  The next generation resumes by itself."""
         if self._released:
-            self.model.to(self.device)
-            self._released = False
+            return 0
+        moved = self._move(torch.device("cpu"))
+        release_cached_memory(self.device)
+        self._released = True
+        return moved
+
+    def resume_memory(self) -> int:
+        """Undo :meth:`release_memory`; the bytes moved back (0 when not released)."""
+        if not self._released:
+            return 0
+        moved = self._move(self.device)
+        self._released = False
+        return moved
 
     # --------------------------------------------------------------- generation
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:

@@ -84,6 +84,40 @@ def test_engine_kwargs_for_cpu_and_overrides() -> None:
     assert engine_kwargs(cfg, "cuda")["enable_memory_saver"] is True
 
 
+class _ServerInfo:
+    """An engine stand-in answering ``get_server_info`` as SGLang does after start-up."""
+
+    def get_server_info(self) -> dict:
+        return {"max_total_num_tokens": 1000}
+
+
+def test_memory_tags_report_weight_and_kv_cache_bytes(tiny_model: Path) -> None:
+    """What release/resume report on the CPU (where they free nothing): the canonical
+    weights (the tied embedding once) at the engine's dtype, and the configured KV cache."""
+    from transformers import AutoConfig
+
+    from hf_sglang.config import SGLangRolloutConfig
+    from hf_sglang.engine import CPU_MAX_TOTAL_TOKENS, engine_kwargs, memory_tag_bytes
+    from hf_sglang.weights import canonical_shapes
+
+    shapes = canonical_shapes(tiny_model)
+    hf = AutoConfig.from_pretrained(tiny_model)
+    assert hf.tie_word_embeddings and "lm_head.weight" not in shapes
+    numel = sum(torch.Size(s).numel() for s in shapes.values())
+    head_dim = hf.hidden_size // hf.num_attention_heads
+    per_token = hf.num_hidden_layers * 2 * hf.num_key_value_heads * head_dim
+
+    cpu = engine_kwargs(SGLangRolloutConfig(model_path=tiny_model), "cpu")
+    tags = memory_tag_bytes(tiny_model, shapes, torch.float32, _ServerInfo(), cpu)
+    assert tags == {"weights": 4 * numel, "kv_cache": 4 * per_token * CPU_MAX_TOTAL_TOKENS}
+
+    # on a GPU without max_total_tokens SGLang sizes the cache; fp8 KV counts one byte
+    cfg = SGLangRolloutConfig(model_path=tiny_model, engine_kwargs={"kv_cache_dtype": "fp8_e5m2"})
+    gpu = engine_kwargs(cfg, "cuda")
+    tags = memory_tag_bytes(tiny_model, shapes, torch.bfloat16, _ServerInfo(), gpu)
+    assert tags == {"weights": 2 * numel, "kv_cache": per_token * 1000}
+
+
 def fake_output(tokens: list[int], logps: list[float]) -> dict:
     entries = [(lp, t, None) for lp, t in zip(logps, tokens, strict=True)]
     return {"output_ids": tokens, "meta_info": {"output_token_logprobs": entries}}

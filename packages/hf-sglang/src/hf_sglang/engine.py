@@ -14,13 +14,23 @@ keys of the HF rollout engine, with per-token log-probs of ``softmax(logits / te
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from hf_core.batch import Batch
 from hf_core.device import resolve_device
-from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, assemble_rollout
+from hf_core.engines import (
+    NamedTensor,
+    RolloutEngine,
+    SamplingParams,
+    assemble_rollout,
+    to_dtype,
+)
 from hf_core.engines.decoding import expand_prompts, strip_left_padding
 from hf_core.engines.hf_folder import check_model_folder, special_tokens
 from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
@@ -85,6 +95,52 @@ def make_transport(
     return DistributedTransport(engine, cfg.sync_group, cfg.tp_size, device)
 
 
+def weight_bytes(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> int:
+    """Bytes of the weights the engine holds: the canonical shapes (tied aliases once) at
+    the engine's dtype -- what its memory saver frees under the ``weights`` tag."""
+    return sum(math.prod(shape) for shape in shapes.values()) * dtype.itemsize
+
+
+def kv_cache_bytes(folder: str | Path, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes of a KV cache of ``tokens`` token slots: a key and a value vector per layer and
+    KV head -- what the memory saver frees under the ``kv_cache`` tag."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder).get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return tokens * config.num_hidden_layers * 2 * kv_heads * head_dim * dtype.itemsize
+
+
+def kv_cache_tokens(engine: Any, kwargs: dict[str, Any]) -> int:
+    """The KV cache's size in tokens: ``max_total_tokens`` where configured (always on the
+    CPU), else what SGLang sized from ``mem_fraction_static`` at start-up."""
+    configured = kwargs.get("max_total_tokens")
+    if configured:
+        return int(configured)
+    return int(engine.get_server_info().get("max_total_num_tokens") or 0)
+
+
+def memory_tag_bytes(
+    folder: str | Path,
+    shapes: dict[str, tuple[int, ...]],
+    dtype: torch.dtype,
+    engine: Any,
+    kwargs: dict[str, Any],
+) -> dict[str, int]:
+    """Bytes under each memory tag (whole engine, all its TP ranks), so release and resume
+    report what they free -- or, on the CPU where they free nothing, what they would.
+    ``kwargs`` are the engine's (a ``kv_cache_dtype`` of ``fp8*`` counts one byte a value)."""
+    kv_dtype = str(kwargs.get("kv_cache_dtype", "auto"))
+    kv_cache_dtype = torch.float8_e4m3fn if kv_dtype.startswith("fp8") else dtype
+    tokens = kv_cache_tokens(engine, kwargs)
+    return {
+        "weights": weight_bytes(shapes, dtype),
+        "kv_cache": kv_cache_bytes(folder, tokens, kv_cache_dtype),
+    }
+
+
 class SGLangRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
     """``sglang.Engine`` next to the trainer; see the module docstring and the package README."""
 
@@ -98,15 +154,18 @@ class SGLangRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         self._shapes = canonical_shapes(folder)
 
         start = time.perf_counter()
+        kwargs = engine_kwargs(cfg, self.device)
         with preserve_process_state():
-            self.engine = sglang.Engine(**engine_kwargs(cfg, self.device))
+            self.engine = sglang.Engine(**kwargs)
         self.startup_seconds = time.perf_counter() - start
         self.transport = make_transport(self.engine, cfg, self.device)
         self.weight_version = 0
         self.last_sync: SGLangSyncStats | None = None
         self._sync: SGLangSyncStats | None = None
+        tag_bytes = memory_tag_bytes(folder, self._shapes, to_dtype(cfg.dtype), self.engine, kwargs)
         self._memory = TaggedMemory(
             on_gpu=self.device == "cuda",
+            tag_bytes=tag_bytes.__getitem__,
             release=lambda tags: self.engine.release_memory_occupation(tags=list(tags)),
             resume=lambda tag: self.engine.resume_memory_occupation(tags=[tag]),
             cpu_note="SGLang's memory saver (torch_memory_saver) needs CUDA; weights and "

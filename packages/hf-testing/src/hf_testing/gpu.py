@@ -72,8 +72,16 @@ def assert_bf16_log_probs(result: Mapping[str, Any], model_path: Path) -> None:
 
 def assert_offload_round_trip(result: Mapping[str, Any]) -> None:
     """What :func:`offload_round_trip` recorded: offload frees GPU memory, a forward pass
-    while offloaded is refused, onload restores the memory and training goes on."""
+    while offloaded is refused, onload restores the memory and training goes on.  The bytes
+    the engine reports are the memory that really left (within a factor of two either way:
+    allocator rounding, FSDP's padded shards), a second offload reports 0, and onload
+    reports what offload did."""
     assert result["mem_offloaded"] < 0.5 * result["mem_trained"]
+    freed = result["mem_trained"] - result["mem_offloaded"]
+    moved = result["offload_bytes"]
+    assert type(moved) is int and 0.5 * freed <= moved <= 2 * freed, (moved, freed)
+    assert result["offload_again_bytes"] == 0
+    assert result["onload_bytes"] == moved
     assert "offloaded; call onload() first" in result["offloaded_error"]
     assert result["mem_onloaded"] >= 0.9 * result["mem_trained"]
     assert result["metrics_after_onload"]["update_skipped"] == 0.0
@@ -102,11 +110,13 @@ def offload_round_trip(
     while_offloaded: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Offload a trained engine, try a forward pass, onload and train again; records GPU
-    memory at each point.  ``while_offloaded`` adds what a backend checks in between."""
+    memory at each point and the bytes offload / onload report.  ``while_offloaded`` adds
+    what a backend checks in between."""
     torch.cuda.synchronize()
     out: dict[str, Any] = {"mem_trained": torch.cuda.memory_allocated()}
-    engine.offload()
+    out["offload_bytes"] = engine.offload()
     out["mem_offloaded"] = torch.cuda.memory_allocated()
+    out["offload_again_bytes"] = engine.offload()
     if while_offloaded is not None:
         out.update(while_offloaded())
     try:
@@ -114,7 +124,7 @@ def offload_round_trip(
         out["offloaded_error"] = None
     except RuntimeError as exc:
         out["offloaded_error"] = str(exc)
-    engine.onload()
+    out["onload_bytes"] = engine.onload()
     out["mem_onloaded"] = torch.cuda.memory_allocated()
     out["metrics_after_onload"] = engine.train_step(batch, loss_fn)
     return out

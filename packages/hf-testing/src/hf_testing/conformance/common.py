@@ -14,6 +14,18 @@ from hf_testing.conformance.capabilities import capability_report
 from hf_testing.tiny import QWEN2_TIED
 
 
+def check_bytes(what: str, moved: object, positive: bool = False) -> int:
+    """A memory hand-over's result is a plain ``int`` of bytes, never negative (and, for a
+    first move of a model's weights, ``positive``).  ``None`` -- what these methods returned
+    before they reported bytes -- or a float fails here, since static typing alone does not
+    see what a subclass returns."""
+    assert type(moved) is int, f"{what}() returned {moved!r}, not an int of bytes"
+    assert moved >= 0, f"{what}() returned {moved} bytes"
+    if positive:
+        assert moved > 0, f"{what}() reported 0 bytes for a model with weights"
+    return moved
+
+
 class EngineConformance:
     """Base of the kits.  A kit sets :attr:`registry` and :attr:`all_capabilities` and marks
     itself with ``_kit = True``; a backend subclasses a kit and sets :attr:`engine`."""

@@ -32,7 +32,7 @@ from hf_core.engines import (
     TrainingEngine,
 )
 from hf_core.plugins import get_training_engine
-from hf_testing.conformance.common import EngineConformance
+from hf_testing.conformance.common import EngineConformance, check_bytes
 from hf_testing.conformance.reference import (
     folder_tensors,
     hf_causal_lm,
@@ -207,15 +207,41 @@ class TrainingEngineConformance(EngineConformance):
     def test_offload_and_onload_keep_the_model(
         self, training_engine: TrainingEngine, conformance_model: Path
     ) -> None:
+        """The hand-over core makes every step: offload and onload return the bytes they move
+        (on a CPU-only run the bytes they would move), twice in a row the second moves
+        nothing where the engine tracks ``offloaded``, and the model is unchanged after."""
         assert isinstance(training_engine, Offloadable)
         batch = self.batch(conformance_model, seed=13)
         before = training_engine.compute_log_probs(batch)["log_probs"]
         weights = exported(training_engine)
-        training_engine.offload()
-        training_engine.onload()
+        try:
+            moved = check_bytes("offload", training_engine.offload(), positive=True)
+            again = check_bytes("offload", training_engine.offload())
+            tracked = getattr(training_engine, "offloaded", None)
+        finally:
+            back = check_bytes("onload", training_engine.onload(), positive=True)
+        if tracked is not None:
+            assert tracked is True, "offloaded is False after offload()"
+            assert again == 0, f"a second offload() moved {again} bytes"
+            assert getattr(training_engine, "offloaded", None) is False
+            assert check_bytes("onload", training_engine.onload()) == 0
+        assert back == moved, f"onload() brought back {back} bytes, offload() moved {moved}"
         after = exported(training_engine)
         assert all(torch.equal(after[n], weights[n]) for n in weights)
         assert torch.equal(training_engine.compute_log_probs(batch)["log_probs"], before)
+        self.check_trained_offload_counts_more(conformance_model, moved)
+
+    def check_trained_offload_counts_more(self, conformance_model: Path, untrained: int) -> None:
+        """After a step the optimiser holds state (Adam's moments), which offload moves too:
+        an engine that counted parameters only would report the untrained number again."""
+        run: TrainingEngine = self.make_engine(conformance_model)
+        assert isinstance(run, Offloadable)
+        batch = self.batch(conformance_model, seed=14)
+        run.train_step(batch, policy_loss)
+        moved = check_bytes("offload", run.offload(), positive=True)
+        assert moved > untrained, (moved, untrained)
+        assert check_bytes("onload", run.onload()) == moved
+        assert run.train_step(batch, policy_loss)["update_skipped"] == 0.0  # state came back
 
     def test_worker_mesh_covers_the_world(self, training_engine: TrainingEngine) -> None:
         import torch.distributed as dist

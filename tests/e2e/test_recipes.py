@@ -29,6 +29,13 @@ COMMON = [
     "memory/peak_rss_gib",
     "rollout/logprob_abs_diff_mean",
     "rollout/logprob_abs_diff_max",
+    "memory/generate_peak_gib",
+    "memory/update_actor_peak_gib",
+    "memory/weight_sync_peak_gib",
+    "handover/actor_offload_bytes",
+    "handover/actor_onload_bytes",
+    "handover/rollout_release_bytes",
+    "handover/rollout_resume_bytes",
 ]
 EXTRA = {
     "ppo": ["critic/vf_loss", "critic/grad_norm", "actor/kl", "actor/kl/coef"],
@@ -42,6 +49,34 @@ EXTRA = {
     "reinforce_pp": ["actor/kl"],
     "safe_rlhf": ["critic/vf_loss", "cost/mean", "cost/lagrange"],
 }
+
+
+def check_handover(log: list[dict], config: TrainerConfig) -> None:
+    """Every step hands the device over in order: training engines offloaded before the
+    rollout engine generates and back before they compute; the rollout engine released
+    while they train and resumed before the weight sync; each move reports its bytes (on
+    the CPU: what it would move); the step ends ready to generate."""
+    trainers = ["actor"] + (["reference"] if config.reference is not None else [])
+    offloaded = dict.fromkeys(trainers, False)
+    resident = True
+    assert [entry["step"] for entry in log] == [1, 2, 3]
+    for entry in log:
+        actions = [(e["engine"], e["action"]) for e in entry["events"]]
+        for engine in trainers:  # a full cycle every step
+            assert (engine, "offload") in actions and (engine, "onload") in actions, actions
+        assert ("rollout", "release") in actions and ("rollout", "resume") in actions, actions
+        for event in entry["events"]:
+            engine, action, nbytes = event["engine"], event["action"], event["bytes"]
+            assert nbytes > 0, f"step {entry['step']}: {engine} {action} reported no bytes"
+            if engine == "rollout":
+                assert resident == (action == "release"), (entry["step"], actions)
+                resident = action == "resume"
+            else:
+                assert offloaded[engine] == (action == "onload"), (entry["step"], actions)
+                offloaded[engine] = action == "offload"
+                if action == "onload":  # training runs only once the rollout engine let go
+                    assert not resident, (entry["step"], actions)
+        assert resident and all(offloaded.values()), f"step {entry['step']} ends mid-hand-over"
 
 
 def recipe_names() -> list[str]:
@@ -60,7 +95,9 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         RECIPES / f"{name}.yaml",
         ["run.total_steps=3", "run.val_every=3", "run.progress=false"],
     )
-    RLTrainer(config).fit()
+    trainer = RLTrainer(config)
+    trainer.fit()
+    check_handover(trainer.handover_log, config)
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     for key in COMMON + EXTRA[name]:

@@ -102,6 +102,7 @@ class MegatronRolloutEngine(RolloutEngine):
             for name in self.dims.canonical_shapes()
         }
         self._pending: dict[str, CanonicalSlice] = {}
+        self._released = False
         self._built_this_sync = 0
         self.weight_version = 0
         tokens = special_tokens(folder, self.hf_config)
@@ -199,6 +200,30 @@ class MegatronRolloutEngine(RolloutEngine):
             for param in self._consumers[name]
         )
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of this rank's share of the model (its generation TP shard)."""
+        return sum(p.numel() * p.element_size() for p in self._params.values())
+
+    def release_memory(self) -> int:
+        """Move the weights to host memory while training runs (GPU); on the CPU nothing moves
+        and the bytes that would are reported.  There is no KV cache to free."""
+        if self._released:
+            return 0
+        self._released = True
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+        return self.weight_bytes
+
+    def resume_memory(self) -> int:
+        """Undo :meth:`release_memory` before a weight sync or generation."""
+        if not self._released:
+            return 0
+        self._released = False
+        if self.device.type == "cuda":
+            self.model.to(self.device)
+        return self.weight_bytes
+
     def finish_weight_sync(self) -> None:
         if self._pending:
             raise RuntimeError(
@@ -214,6 +239,7 @@ class MegatronRolloutEngine(RolloutEngine):
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
         ``max_new_tokens``; same output keys as every rollout engine."""
         batch = expand_prompts(prompts, params)
+        self.resume_memory()
         generator = self._generator
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed)

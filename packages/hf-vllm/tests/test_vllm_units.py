@@ -53,7 +53,7 @@ def test_buffer_releases_a_fused_layer_only_when_complete() -> None:
     buffer = FusedGroupBuffer(_params(), DEFAULT_PACKED_MODULES)
     t = torch.zeros(4, 4)
     assert buffer.add([(f"{ATTN}.q_proj.weight", t), (f"{ATTN}.o_proj.weight", t)]) == [
-        (f"{ATTN}.o_proj.weight", t)
+        (f"{ATTN}.o_proj.weight", t, False)  # whole, not a TP slice
     ]
     assert buffer.missing() == {
         f"{ATTN}.qkv_proj": [
@@ -66,7 +66,7 @@ def test_buffer_releases_a_fused_layer_only_when_complete() -> None:
     ready = buffer.add(
         [(f"{ATTN}.k_proj.weight", t), (f"{ATTN}.v_proj.weight", t), (f"{ATTN}.q_proj.bias", t[0])]
     )
-    assert [n for n, _ in ready] == [
+    assert [item.name for item in ready] == [
         f"{ATTN}.q_proj.weight",
         f"{ATTN}.k_proj.weight",
         f"{ATTN}.v_proj.weight",

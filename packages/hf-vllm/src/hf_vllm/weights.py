@@ -19,11 +19,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from hf_core.engines import NamedTensor, SyncStats, tensor_nbytes
+from hf_core.engines import CanonicalSlice, NamedTensor, SyncStats, tensor_nbytes
+from hf_vllm.tp_slices import TPRange, VLLMPartition, range_mismatch
 
 if TYPE_CHECKING:
     from hf_core.engines import RolloutEngine, TrainingEngine
@@ -86,39 +87,131 @@ def canonical_params(folder: str | Path) -> CanonicalParams:
     return CanonicalParams(shapes, aliases)
 
 
-class FusedGroupBuffer:
-    """Releases canonical tensors only as complete vLLM layers (see the module docstring)."""
+class ReadyTensor(NamedTuple):
+    """A tensor released to vLLM: whole, or (``sharded``) this rank's block of it."""
 
-    def __init__(self, params: CanonicalParams, packed: Mapping[str, Iterable[str]]) -> None:
+    name: str
+    tensor: torch.Tensor
+    sharded: bool = False
+
+
+class FusedGroupBuffer:
+    """Releases canonical tensors only as complete vLLM layers (see the module docstring).
+
+    Items are whole ``(name, tensor)`` pairs or :class:`~hf_core.engines.CanonicalSlice`
+    blocks.  A block must be exactly the one ``partition`` gives TP rank ``tp_rank`` (checked
+    on arrival, with the expected shape); a whole tensor of a vLLM parameter that also gets
+    blocks in the same layer is narrowed to this rank's block (a view), so each parameter is
+    loaded one way.
+    """
+
+    def __init__(
+        self,
+        params: CanonicalParams,
+        packed: Mapping[str, Iterable[str]],
+        partition: VLLMPartition | None = None,
+        tp_rank: int = 0,
+    ) -> None:
         self.params = params
+        self.partition = partition
+        self.tp_rank = tp_rank
         self.group_of = {name: reload_group(name, packed) for name in params.shapes}
         self.members: dict[str, set[str]] = {}
         for name, group in self.group_of.items():
             self.members.setdefault(group, set()).add(name)
-        self.pending: dict[str, dict[str, torch.Tensor]] = {}
+        self.pending: dict[str, dict[str, ReadyTensor]] = {}
         self.released: set[str] = set()
         """Canonical names handed to vLLM since the last :meth:`clear` (one sync)."""
 
-    def add(self, bucket: Iterable[NamedTensor]) -> list[NamedTensor]:
-        """Take one bucket; return every tensor whose layer is now complete, in arrival order."""
-        ready: list[NamedTensor] = []
-        for name, tensor in bucket:
-            if name in self.params.aliases:
+    def add(self, bucket: Iterable[NamedTensor | CanonicalSlice]) -> list[ReadyTensor]:
+        """Take one bucket; return every tensor whose layer is now complete, in arrival order.
+
+        The whole bucket is checked first, so a bucket with a bad item changes nothing.
+        """
+        arrived = [self._check(item) for item in bucket]
+        ready: list[ReadyTensor] = []
+        for item in arrived:
+            if item is None:
                 continue  # a tied alias: its tensor arrives under the owner's name
-            shape = self.params.shapes.get(name)
-            if shape is None:
-                raise KeyError(f"the rollout model has no parameter {name!r}")
-            if tuple(tensor.shape) != shape:
-                raise ValueError(
-                    f"{name}: got shape {tuple(tensor.shape)}, rollout model has {shape}"
-                )
-            group = self.group_of[name]
+            group = self.group_of[item.name]
             held = self.pending.setdefault(group, {})
-            held[name] = tensor
+            held[item.name] = item
             if held.keys() == self.members[group]:
-                ready.extend(self.pending.pop(group).items())
-        self.released.update(name for name, _ in ready)
+                ready.extend(self._one_way(list(self.pending.pop(group).values())))
+        self.released.update(item.name for item in ready)
         return ready
+
+    def _check(self, item: NamedTensor | CanonicalSlice) -> ReadyTensor | None:
+        """One item as it will be loaded (``None``: a tied alias, skipped); raises if vLLM
+        has no such tensor or it does not fit."""
+        if isinstance(item, CanonicalSlice):
+            if item.name in self.params.aliases:
+                return None
+            return self._check_slice(item)
+        name, tensor = item
+        if name in self.params.aliases:
+            return None
+        self._check_whole(name, tensor)
+        return ReadyTensor(name, tensor)
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        shape = self.params.shapes.get(name)
+        if shape is None:
+            raise KeyError(f"the rollout model has no parameter {name!r}")
+        return shape
+
+    def _check_whole(self, name: str, tensor: torch.Tensor) -> None:
+        shape = self._shape(name)
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name}: got shape {tuple(tensor.shape)}, rollout model has {shape}")
+
+    def _check_slice(self, item: CanonicalSlice) -> ReadyTensor:
+        """A whole slice as a whole tensor; a block only if it is this rank's vLLM block."""
+        shape = self._shape(item.name)
+        if tuple(item.full_shape) != shape:
+            raise ValueError(
+                f"{item.name}: slice of a tensor of shape {tuple(item.full_shape)}, rollout "
+                f"model has {shape}"
+            )
+        if item.is_full:
+            self._check_whole(item.name, item.tensor)
+            return ReadyTensor(item.name, item.tensor)
+        assert item.dim is not None
+        got = (item.dim, item.start, item.stop)
+        part = self.partition
+        if part is None:
+            raise ValueError(f"{item.name}: got a TP slice {_block(got)}; whole tensors only here")
+        want = part.tp_range(item.name, shape, self.tp_rank)
+        if want != got:
+            raise range_mismatch(item.name, got, want, part, self.tp_rank)
+        expected = list(shape)
+        expected[item.dim] = item.stop - item.start
+        if list(item.tensor.shape) != expected:
+            raise ValueError(
+                f"{item.name}: TP slice of shape {tuple(item.tensor.shape)}, this rank's block "
+                f"{_block(got)} has shape {tuple(expected)}"
+            )
+        return ReadyTensor(item.name, item.tensor, sharded=True)
+
+    def _one_way(self, group: list[ReadyTensor]) -> list[ReadyTensor]:
+        """Narrow whole tensors of a vLLM parameter that also receives blocks (q whole, k and
+        v as blocks -> all blocks): vLLM's loader takes one parameter one way."""
+        sharded_leaves = {item.name.rpartition(".")[2] for item in group if item.sharded}
+        if not sharded_leaves or self.partition is None:
+            return group
+        out = []
+        for item in group:
+            block = None
+            if not item.sharded and item.name.rpartition(".")[2] in sharded_leaves:
+                shape = self.params.shapes[item.name]
+                block = self.partition.tp_range(item.name, shape, self.tp_rank)
+            if block is None:
+                out.append(item)
+            else:
+                dim, start, stop = block
+                part = item.tensor.narrow(dim, start, stop - start)
+                out.append(ReadyTensor(item.name, part, sharded=True))
+        return out
 
     def stale_aliases(self) -> list[str]:
         """Tied aliases whose owner was reloaded this sync (their vLLM layer must re-pack)."""
@@ -126,7 +219,9 @@ class FusedGroupBuffer:
 
     @property
     def pending_bytes(self) -> int:
-        return sum(tensor_nbytes(t) for held in self.pending.values() for t in held.values())
+        return sum(
+            tensor_nbytes(item.tensor) for held in self.pending.values() for item in held.values()
+        )
 
     def missing(self) -> dict[str, list[str]]:
         """Layers that got some tensors but not all: layer -> the canonical names not sent."""
@@ -137,6 +232,10 @@ class FusedGroupBuffer:
     def clear(self) -> None:
         self.pending.clear()
         self.released.clear()
+
+
+def _block(block: TPRange) -> str:
+    return f"dim {block[0]} [{block[1]}, {block[2]})"
 
 
 @dataclass

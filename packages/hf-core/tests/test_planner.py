@@ -18,9 +18,11 @@ import hf_core.planner as mapping_pkg
 from hf_core.planner import (
     PRESETS,
     Planner,
+    RoleParallelism,
     aggregate,
     allocations,
     allowed_sizes,
+    auto_parallel,
     bell,
     calibrate,
     device_profile,
@@ -32,6 +34,7 @@ from hf_core.planner import (
     set_partitions,
     to_text,
 )
+from hf_core.planner.autoparallel import generation_sizes
 from hf_core.planner.memory import persistent_bytes
 from hf_core.planner.placement import assign_nodes
 from hf_core.planner.score import combine
@@ -306,3 +309,144 @@ def test_scaling_is_monotone_for_the_best_plan() -> None:
     ]
     assert all(b < a for a, b in pairwise(times))
     assert math.isfinite(times[-1])
+
+
+# ---------------------------------------------------------------- what the engines can run
+DP_ONLY = RoleParallelism(axes=frozenset(), generation_axes=frozenset())
+MEGATRON = RoleParallelism(axes=frozenset({"tp", "pp"}), generation_axes=frozenset())
+
+
+def _layouts_of(plans: list) -> list[dict[str, tuple[int, int, int, int | None]]]:
+    """Per plan, each role's ``(t, p, d, t_g)``."""
+    return [
+        {
+            r: (m.layout.tp, m.layout.pp, m.layout.dp, m.generation.tp if m.generation else None)
+            for r, m in p.models.items()
+        }
+        for p in plans
+    ]
+
+
+def test_default_parallelism_is_the_unconstrained_search() -> None:
+    free = dict.fromkeys(PPO_ROLES, RoleParallelism())
+    a = plan("ppo", _models("llama2-7b"), {}, _cluster(2), top_k=3)
+    b = plan("ppo", _models("llama2-7b"), {}, _cluster(2), top_k=3, parallelism=free)
+    assert [p.iteration_seconds for p in a] == [p.iteration_seconds for p in b]
+    assert _layouts_of(a) == _layouts_of(b)
+
+
+def test_data_parallel_roles_get_t_and_p_one() -> None:
+    limits = {"critic": DP_ONLY, "reference": DP_ONLY, "reward": DP_ONLY}
+    plans = plan("ppo", _models("llama2-7b"), {}, _cluster(2), top_k=5, parallelism=limits)
+    assert any(m.layout.tp > 1 for p in plans for m in p.models.values())  # the actor still may
+    for p in plans:
+        for pool in p.pools:
+            for m in pool.models:
+                if m.role in limits:
+                    assert (m.layout.tp, m.layout.pp, m.layout.dp) == (1, 1, pool.devices)
+
+
+def test_generation_tp_only_when_the_rollout_engine_has_tp() -> None:
+    default = plan("ppo", _models("llama2-7b"), {}, _cluster(2), top_k=3)
+    assert any(m.generation.tp > 1 for p in default for m in p.models.values() if m.generation)
+    limited = plan(
+        "ppo", _models("llama2-7b"), {}, _cluster(2), top_k=3, parallelism={"actor": MEGATRON}
+    )
+    actors = [p.models["actor"] for p in limited]
+    assert actors and all(a.generation is not None and a.generation.tp == 1 for a in actors)
+
+
+def test_generation_tp_divides_a_model_parallel_actors_tp() -> None:
+    spec = preset("llama2-7b")
+    wl, cluster = Workload(), _cluster(1)
+    planner = Planner("ppo", _models("llama2-7b"), wl, cluster)
+    rm = planner.roles["actor"]
+    for n in (2, 4, 8):
+        cands = auto_parallel(rm, n, wl, cluster)
+        assert any(c.gen_tp and c.gen_tp > 1 for c in cands)
+        assert all(c.layout.tp % c.gen_tp == 0 for c in cands if c.gen_tp)
+    assert generation_sizes(spec, ParallelLayout(pp=2, tp=4, dp=1), 8) == [1, 2, 4]
+
+
+def test_data_parallel_actor_with_tp_rollout_slices_whole_tensors() -> None:
+    """FSDP hands over whole tensors: t_g | n (not t = 1), with no reshard traffic."""
+    fsdp_tp_rollout = RoleParallelism(axes=frozenset(), generation_axes=frozenset({"tp"}))
+    spec, wl, cluster = preset("llama2-7b"), Workload(), _cluster(1)
+    planner = Planner(
+        "ppo", _models("llama2-7b"), wl, cluster, parallelism={"actor": fsdp_tp_rollout}
+    )
+    cands = auto_parallel(planner.roles["actor"], 8, wl, cluster)
+    assert {(c.layout.tp, c.layout.pp) for c in cands} == {(1, 1)}
+    assert sorted({c.gen_tp for c in cands if c.gen_tp}) == [1, 2, 4, 8]
+    assert all(c.transition == 0.0 and c.gen_weights == 0.0 for c in cands)
+    lay = ParallelLayout(pp=1, tp=1, dp=8)
+    assert generation_sizes(spec, lay, 8, fsdp_tp_rollout) == [1, 2, 4, 8]
+    assert generation_sizes(spec, lay, 8, DP_ONLY) == [1]
+    best = plan(
+        "ppo", _models("llama2-7b"), {}, cluster, top_k=1, parallelism={"actor": fsdp_tp_rollout}
+    )[0]
+    out = plan_to_placement(best)  # the hand-off still works without a reshard (micro_dp None)
+    actor = next(p["layouts"]["actor"] for p in out["pools"] if "actor" in p["roles"])
+    assert (actor["generation"]["micro_dp"] is None) == (actor["generation"]["tp"] > 1)
+
+
+def test_fixed_sizes_are_respected() -> None:
+    fixed = RoleParallelism(tp=2, pp=1)
+    plans = plan(
+        "ppo", _models("llama2-7b"), {}, _cluster(2), top_k=3, parallelism={"actor": fixed}
+    )
+    assert all((p.models["actor"].layout.tp, p.models["actor"].layout.pp) == (2, 1) for p in plans)
+    fixed_tg = RoleParallelism(generation_tp=1)
+    best = plan(
+        "ppo", _models("llama2-7b"), {}, _cluster(2), top_k=1, parallelism={"actor": fixed_tg}
+    )
+    assert best[0].models["actor"].generation.tp == 1
+
+
+def test_shared_layout_roles_get_one_layout_when_colocated() -> None:
+    tied = RoleParallelism(shared_layout="megatron")
+    limits = {"actor": tied, "reference": tied}
+    free = plan("ppo", _models("llama2-7b"), {}, _cluster(2), top_k=1, placements=[[PPO_ROLES]])[0]
+    assert (free.models["actor"].layout.tp, free.models["actor"].layout.pp) != (
+        free.models["reference"].layout.tp,
+        free.models["reference"].layout.pp,
+    ), "the unconstrained search should pick different layouts here, or this test proves nothing"
+    best = plan(
+        "ppo",
+        _models("llama2-7b"),
+        {},
+        _cluster(2),
+        top_k=1,
+        placements=[[PPO_ROLES]],
+        parallelism=limits,
+    )[0]
+    actor, ref = best.models["actor"].layout, best.models["reference"].layout
+    assert (actor.tp, actor.pp) == (ref.tp, ref.pp)
+    assert best.iteration_seconds >= free.iteration_seconds
+
+
+def test_bad_parallelism_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown parallel axes"):
+        RoleParallelism(axes=frozenset({"ep"}))
+    with pytest.raises(ValueError, match="tp=2 is fixed, but the engine supports only"):
+        RoleParallelism(axes=frozenset(), tp=2)
+    with pytest.raises(ValueError, match="generation tp=2 is fixed"):
+        RoleParallelism(generation_axes=frozenset(), generation_tp=2)
+    with pytest.raises(ValueError, match="parallelism given for"):
+        plan(
+            "grpo",
+            _models("llama2-7b", ("actor", "reference", "reward")),
+            {},
+            _cluster(1),
+            parallelism={"critic": DP_ONLY},
+        )
+    with pytest.raises(ValueError, match=r"no \(t, p, d\) layout .* fixed t=3"):
+        plan(
+            "ppo",
+            _models("llama2-7b"),
+            {},
+            _cluster(1),
+            parallelism={"actor": RoleParallelism(tp=3)},
+        )
+    with pytest.raises(ValueError, match="model-parallel axes: none"):
+        plan("ppo", _models("llama2-13b"), {}, _cluster(1), parallelism={"actor": DP_ONLY})

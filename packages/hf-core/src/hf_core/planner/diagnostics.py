@@ -61,7 +61,7 @@ def too_big(rm: RoleModel, cluster: DeviceCluster, workload: Workload) -> str:
     )
     return (
         f"{head} needs at least {need / GIB:.1f} GiB per device (best layout "
-        f"t={best.tp}, p={best.pp}, d={best.dp}) with its activations"
+        f"t={best.tp}, p={best.pp}, d={best.dp}{_limits(rm)}) with its activations"
         f"{' and KV cache' if rm.generates else ''}, but the cluster has {have}"
     )
 

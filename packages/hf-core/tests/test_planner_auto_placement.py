@@ -1,0 +1,202 @@
+"""``placement: auto`` turns the planner's layout into engine settings the run is spawned with.
+
+Toy engines are registered with the axes real backends declare (megatron: tp+pp training and
+tp rollout; FSDP / HF: data parallel only), so the constraints and the applied config are
+checked without installing any backend.  The model is the recipes' tiny policy shape (only its
+``config.json`` is read); a device profile with a few MiB of memory makes splitting it needed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hf_core import plugins
+from hf_core.config import TrainerConfig, validate
+from hf_core.planner import PROFILES
+from hf_core.trainer.auto_placement import (
+    apply_plan,
+    best_plan,
+    place_roles,
+    plan_pools,
+    role_parallelism,
+)
+from hf_core.trainer.spawning import PoolSpec
+
+TINY = {
+    "model_type": "qwen2",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
+AXES = {
+    ("training", "megatron-toy"): ("tp", "pp"),
+    ("training", "fsdp-toy"): (),
+    ("rollout", "tp-toy"): ("tp",),
+    ("rollout", "hf-toy"): (),
+}
+
+
+@pytest.fixture
+def engines() -> Iterator[None]:
+    """Toy engines registered like a plugin would, with the parallel axes real ones declare."""
+    plugins.reset()
+    reg = plugins.registry()
+    for (kind, name), axes in AXES.items():
+        table = reg.training_engines if kind == "training" else reg.rollout_engines
+        parallel = (
+            reg.training_engine_parallel if kind == "training" else reg.rollout_engine_parallel
+        )
+        table.add(name, dict, owner="test")
+        parallel[name] = frozenset(axes)
+    yield
+    plugins.reset()
+
+
+@pytest.fixture
+def scaled_cpu(make_config: Callable[..., TrainerConfig], monkeypatch: pytest.MonkeyPatch) -> str:
+    """A CPU profile whose memory lies halfway between what the best plan needs per device
+    with the actor unsplit and split in two: only a model-parallel actor fits."""
+
+    def peak(engine: dict[str, int]) -> float:
+        chosen = best_plan(make_config(actor={"engine": engine}))
+        return max(pool.peak_bytes for pool in chosen.pools)
+
+    unsplit = peak({"tensor_parallel_size": 1, "pipeline_parallel_size": 1})
+    split = min(peak({"tensor_parallel_size": 2}), peak({"pipeline_parallel_size": 2}))
+    assert split < unsplit
+    cpu = PROFILES["cpu"]
+    gib = (split + unsplit) / 2 / cpu.usable_memory_fraction / 2**30
+    monkeypatch.setitem(
+        PROFILES, "cpu-scaled", cpu.model_copy(update={"name": "CPU (scaled)", "memory_gib": gib})
+    )
+    return "cpu-scaled"
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, engines: None) -> Callable[..., TrainerConfig]:
+    """A PPO run (actor, reference, critic, rule reward) over 2 devices, with overrides."""
+    for name in ("policy", "critic"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(TINY))
+
+    def make(**sections: Any) -> TrainerConfig:
+        data: dict[str, Any] = {
+            "run": {"output_dir": str(tmp_path / "run")},
+            "model": {"path": str(tmp_path / "policy")},
+            "data": {"batch_size": 8},
+            "placement": {"mode": "auto", "devices": 2, "device": "cpu"},
+            "rollout": {"backend": "hf-toy", "max_new_tokens": 8},
+            "actor": {"backend": "megatron-toy"},
+            "reference": {"backend": "fsdp-toy"},
+            "critic": {"backend": "fsdp-toy", "model_path": str(tmp_path / "critic")},
+            "reward": {"function": "digits_reverse"},
+            "algorithm": {"advantage": "gae", "mini_batches": 2},
+        }
+        for key, value in sections.items():
+            data[key] = {**data.get(key, {}), **value}
+        return validate(TrainerConfig, data)
+
+    return make
+
+
+def _tp_pp(chosen: Any, role: str) -> tuple[int, int]:
+    layout = chosen.models[role].layout
+    return layout.tp, layout.pp
+
+
+def test_constraints_follow_the_backends(make_config: Callable[..., TrainerConfig]) -> None:
+    config = make_config(rollout={"backend": "tp-toy"})
+    limits = role_parallelism(config, ["actor", "critic", "reference"])
+    assert limits["actor"].axes == {"tp", "pp"} and limits["actor"].generation_axes == {"tp"}
+    assert limits["actor"].shared_layout == "megatron-toy"
+    assert limits["critic"].axes == frozenset() and limits["critic"].shared_layout is None
+    assert limits["actor"].tp is None and limits["actor"].generation_tp is None
+
+
+def test_planned_split_is_applied_to_the_engine_blocks(
+    make_config: Callable[..., TrainerConfig], scaled_cpu: str, tmp_path: Path
+) -> None:
+    config = make_config(placement={"device": scaled_cpu})
+    placed = plan_pools(config, tmp_path / "out")
+    record = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert record == placed.plan
+    actor = next(p for p in record["pools"] if "actor" in p["roles"])
+    train = actor["layouts"]["actor"]["train"]
+    assert train["tp"] * train["pp"] == 2  # the scaled device leaves no unsplit actor layout
+    engine = placed.config.actor.engine
+    assert (engine["tensor_parallel_size"], engine["pipeline_parallel_size"]) == (
+        train["tp"],
+        train["pp"],
+    )
+    assert record["engines"]["actor"]["tensor_parallel_size"] == train["tp"]
+    assert placed.config.critic is not None and placed.config.critic.engine == {}  # FSDP-like
+    assert placed.config.rollout.tensor_parallel_size == 1  # no tp in the rollout engine
+    assert placed.config.placement.processes == actor["devices"]
+    assert placed.pools == [PoolSpec(tuple(r for r in actor["roles"] if r != "reference"), 2)]
+    assert config.actor.engine == {}  # the input config is left alone
+
+
+def test_user_fixed_sizes_constrain_the_search(make_config: Callable[..., TrainerConfig]) -> None:
+    """On a roomy device the planner keeps the tiny actor whole; fixed sizes override that."""
+    assert _tp_pp(best_plan(make_config()), "actor") == (1, 1)
+    for engine, expected in (
+        ({"tensor_parallel_size": 2}, (2, 1)),
+        ({"pipeline_parallel_size": 2}, (1, 2)),
+        ({"tensor_parallel_size": 2, "pipeline_parallel_size": 1}, (2, 1)),
+    ):
+        config = make_config(actor={"engine": engine})
+        chosen = best_plan(config)
+        assert _tp_pp(chosen, "actor") == expected, engine
+        applied = apply_plan(config, chosen).actor.engine
+        assert (applied["tensor_parallel_size"], applied["pipeline_parallel_size"]) == expected
+
+
+def test_generation_tp_applies_only_where_the_rollout_engine_has_tp(
+    make_config: Callable[..., TrainerConfig],
+) -> None:
+    config = make_config(
+        actor={"engine": {"tensor_parallel_size": 2}},
+        rollout={"backend": "tp-toy", "tensor_parallel_size": 2},
+    )
+    applied = apply_plan(config, best_plan(config))
+    assert applied.rollout.tensor_parallel_size == 2
+    assert applied.actor.engine["tensor_parallel_size"] == 2
+    no_tp = make_config(rollout={"tensor_parallel_size": 2})
+    with pytest.raises(ValueError, match=r"actor\.engine .*generation tp=2 is fixed"):
+        best_plan(no_tp)
+
+
+def test_tied_backends_share_one_layout(
+    make_config: Callable[..., TrainerConfig], scaled_cpu: str
+) -> None:
+    """Two megatron-like roles in one process (actor and reference) get the same (t, p)."""
+    config = make_config(placement={"device": scaled_cpu}, reference={"backend": "megatron-toy"})
+    chosen = best_plan(config)
+    assert _tp_pp(chosen, "actor") == _tp_pp(chosen, "reference")
+    applied = apply_plan(config, chosen)
+    assert applied.reference is not None
+    assert applied.reference.engine == applied.actor.engine
+
+
+def test_impossible_requests_are_clear_errors(make_config: Callable[..., TrainerConfig]) -> None:
+    with pytest.raises(ValueError, match=r"critic\.engine .*'fsdp-toy'.*tp=2 is fixed"):
+        best_plan(make_config(critic={"engine": {"tensor_parallel_size": 2}}))
+    with pytest.raises(ValueError, match="p_g = 1"):
+        best_plan(make_config(rollout={"pipeline_parallel_size": 2}))
+
+
+def test_fixed_placements_pass_through(make_config: Callable[..., TrainerConfig]) -> None:
+    config = make_config(placement={"mode": "colocate", "processes": 2})
+    placed = place_roles(config, Path("unused"))
+    assert placed.config is config and placed.plan is None
+    assert placed.pools == [PoolSpec(("actor", "critic"), 2)]

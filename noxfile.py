@@ -188,13 +188,14 @@ def sglang(session: nox.Session) -> None:
     dependencies (packages/hf-sglang/cpu-test-requirements.txt) and the test-only stand-ins of
     packages/hf-sglang/tests/cpu_harness (activated by a .pth file in this venv only).  On a GPU
     machine (HF_TORCH_CONSTRAINTS= ) install the package's gpu extra instead.  hf-fsdp stays:
-    its FSDP actor is what the tests sync weights from.
+    its FSDP actor is what the tests sync weights from; hf-megatron too: a megatron TP actor
+    resharded into SGLang is one of the recipe pairs.
     """
     package = PACKAGES / "hf-sglang"
     tests = _tests_of("hf-sglang")
     _require_tests(session, tests)
     _install_base(session)
-    session.install(*_constraints(), *_editable("hf-fsdp"))
+    session.install(*_constraints(), *_editable("hf-fsdp", "hf-megatron"))
     if CONSTRAINTS:
         session.install("--no-deps", "sglang==0.5.23")
         session.install(*_constraints(), "-r", str(package / "cpu-test-requirements.txt"))

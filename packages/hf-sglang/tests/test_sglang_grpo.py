@@ -1,4 +1,5 @@
-"""GRPO end to end: FSDP actor (2 ranks on Ray) + one SGLang engine per rank, 3 steps.
+"""GRPO end to end: FSDP actor (2 ranks on Ray) + one SGLang engine per rank, 3 steps; and
+the same with a megatron actor (TP = 2 over the two ranks) resharded into SGLang.
 
 The recipe is the shipped ``recipes/grpo.yaml`` with ``rollout.backend=sglang``, the
 distributed weight-sync transport and a reward that a random model's samples already spread
@@ -71,3 +72,37 @@ def test_grpo_with_sglang_rollout_runs_three_steps(
             for row in rows
         ],
     )
+
+
+def test_megatron_tp2_actor_reshards_into_sglang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """megatron (t = 2) -> SGLang (whole tensors, t_g = 1): each rank gathers its TP peer's
+    shard, half the model (Table 2), and the trainer drives the memory hand-over."""
+    make_assets(tmp_path / "runs" / "assets")
+    monkeypatch.chdir(tmp_path)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    overrides = [
+        *OVERRIDES,
+        "run.val_every=0",
+        "run.output_dir=runs/grpo_megatron_sglang",
+        "actor.backend=megatron",
+        "actor.engine.tensor_parallel_size=2",
+        "actor.engine.micro_batch_size=4",
+    ]
+    config = load_config(TrainerConfig, RECIPES / "grpo.yaml", overrides)
+    trainer = RLTrainer(config)
+    trainer.fit()
+    rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["reshard/bytes_received"] == row["reshard/bytes_expected"]
+        assert row["reshard/bytes_received"] == row["reshard/model_bytes"] / 2
+        assert row["reshard/zero_redundancy"] == 1.0  # t_g = 1: the whole model is the shard
+        assert row["handover/rollout_release_bytes"] > 0
+        assert row["handover/actor_offload_bytes"] > 0
+    assert rows[1]["actor/kl"] > 1e-6  # the synced weights moved off the reference
+    for entry in trainer.handover_log:
+        actions = [(e["engine"], e["action"]) for e in entry["events"]]
+        assert ("rollout", "release") in actions and ("actor", "onload") in actions
+        assert actions.index(("rollout", "release")) < actions.index(("actor", "onload"))

@@ -59,6 +59,48 @@ def test_tp2_greedy_matches_hf_generate(group: WorkerGroup, prompts: Batch, mode
     assert len({tuple(row) for row in out["responses"].tolist()}) > 24
 
 
+def test_tp2_engine_loads_tp_slices_and_reports_memory_bytes(group: WorkerGroup) -> None:
+    assert group.slice_layout() == [(True, 1, 2)] * 2  # LoadsTPSlices, GenerationLayout(1, 2)
+    released, resumed = zip(*group.memory_bytes(), strict=True)
+    # On the CPU both are no-ops that report what they would move: this rank's shard of the
+    # weights plus its KV cache (VLLM_CPU_KVCACHE_SPACE=1 GiB).
+    assert all(n > 1 << 30 for n in released) and released == resumed
+
+
+def test_tp2_megatron_slices_restore_generation_after_a_perturbed_sync(
+    group: WorkerGroup, prompts: Batch, models: dict[str, Path], report: Any
+) -> None:
+    """Perturbed whole tensors first, then each rank only its own megatron TP slices of the
+    original weights (vocabulary padded to 64 like vLLM: divisible_by 32 x tp 2): greedy
+    generation is HF's again, so every slice landed in its own rank's shard."""
+    path = str(models[MODEL])
+    stats = group.sync_folder_slices(path, 32 * 1024, perturb=0.5, divisible_by=32)
+    assert all("error" not in s for s in stats), stats
+    report(
+        "t_g=2 slice sync buckets / s per rank",
+        [(s["weight_sync/buckets"], round(s["weight_sync/seconds"], 2)) for s in stats],
+    )
+    out = group.generate_micro_dp(prompts, params={"temperature": 0.0, "max_new_tokens": 12})
+    expected = hf_generate(models[MODEL], prompts, NEW_TOKENS)
+    width = expected.shape[1]
+    mask = out["response_mask"][:, :width].bool()
+    assert torch.equal(out["responses"][:, :width][mask], expected[mask])
+
+
+def test_tp2_slices_of_another_vocabulary_padding_are_refused(
+    group: WorkerGroup, models: dict[str, Path]
+) -> None:
+    """megatron's default padding (a multiple of 128 x tp = 256 rows for 128 tokens) puts all
+    128 rows on rank 0 -- the whole tensor, which rank 0 may load -- and none on rank 1, where
+    vLLM expects rows [64, 128): a clear error naming both ranges and the fix, no gather."""
+    path = str(models[MODEL])
+    stats = group.sync_folder_slices(path, 32 * 1024, perturb=0.5, divisible_by=128)
+    assert "error" not in stats[0], stats[0]
+    error = stats[1]["error"]
+    assert error.startswith("lm_head.weight: TP slice dim 0 [128, 128)"), error
+    assert "dim 0 [64, 128)" in error and "make_vocab_size_divisible_by" in error
+
+
 def test_tp2_log_probs_match_training_engine_after_update_and_sync(
     group: WorkerGroup, prompts: Batch, report: Any
 ) -> None:

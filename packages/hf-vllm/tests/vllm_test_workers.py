@@ -9,6 +9,7 @@ update.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import zlib
 from collections.abc import Iterator, Mapping
@@ -189,3 +190,107 @@ class HybridWorker(Worker):
         released = engine.memory_released
         engine.resume_memory()
         return released, engine.memory_released
+
+    @register("ONE_TO_ALL")
+    def memory_bytes(self) -> tuple[int, int]:
+        """What release_memory / resume_memory report (on the CPU: the bytes they would move)."""
+        engine = self.rollouts["vllm"]
+        return engine.release_memory(), engine.resume_memory()
+
+    @register("ONE_TO_ALL")
+    def slice_layout(self) -> tuple[bool, int, int]:
+        """Whether the engine loads TP slices, and its generation layout (pp, tp)."""
+        from hf_core.engines import LoadsTPSlices
+
+        engine = self.rollouts["vllm"]
+        if not isinstance(engine, LoadsTPSlices):
+            return False, 0, 0
+        layout = engine.generation_layout()
+        return True, layout.pp, layout.tp
+
+    @register("ONE_TO_ALL")
+    def sync_folder_slices(
+        self, model_path: str, bucket_bytes: int, perturb: float, divisible_by: int
+    ) -> dict[str, Any]:
+        """Load the folder's weights perturbed (whole tensors), then this rank's megatron TP
+        slices of the original ones; returns the sync metrics, or ``{"error": text}``."""
+        from hf_core.engines import iter_buckets
+        from hf_testing.conformance.reference import folder_tensors
+        from hf_testing.conformance.reference import perturbed as noisy
+
+        engine = self.rollouts["vllm"]
+        tensors = folder_tensors(model_path)
+        for bucket in iter_buckets(noisy(tensors, perturb).items(), bucket_bytes):
+            engine.load_weights(bucket)
+        engine.finish_weight_sync()
+        layout = engine.generation_rank()
+        slices = megatron_slices(tensors, layout.tp_rank, layout.tp_size, divisible_by)
+        try:
+            for bucket in slice_buckets(slices, bucket_bytes):
+                engine.load_weights(bucket)
+        except ValueError as exc:
+            with contextlib.suppress(ValueError):  # layers of earlier buckets left half-sent
+                engine.finish_weight_sync()
+            return {"error": str(exc)}
+        engine.finish_weight_sync()
+        return engine.sync_metrics()
+
+
+# ------------------------------------------------------------- megatron's TP partition
+# What hf-megatron's ``tp_slice_range`` documents (hf_megatron is not installed in this
+# session): q/k/v/gate/up along dim 0 (one contiguous block per rank, q/k/v by heads),
+# o/down along dim 1, vocabulary rows over the vocabulary padded to a multiple of
+# ``make_vocab_size_divisible_by * tp``, split evenly and clipped to the real vocabulary;
+# everything else whole.
+
+
+def megatron_range(
+    name: str, shape: tuple[int, ...], tp_rank: int, tp: int, vocab: int, divisible_by: int
+) -> tuple[int, int, int] | None:
+    """``(dim, start, stop)`` of TP rank ``tp_rank``'s block of a canonical tensor, or None."""
+    module = name.rsplit(".", 2)[-2] if name.count(".") else ""
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        multiple = divisible_by * tp
+        per = -(-vocab // multiple) * multiple // tp
+        return 0, min(tp_rank * per, vocab), min((tp_rank + 1) * per, vocab)
+    if module in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+        per = shape[0] // tp
+        return 0, tp_rank * per, (tp_rank + 1) * per
+    if module in ("o_proj", "down_proj"):
+        per = shape[1] // tp
+        return 1, tp_rank * per, (tp_rank + 1) * per
+    return None
+
+
+def megatron_slices(
+    tensors: Mapping[str, torch.Tensor], tp_rank: int, tp: int, divisible_by: int
+) -> list[Any]:
+    """This rank's generation-TP slices of full canonical tensors, as a reshard streams them."""
+    from hf_core.engines import CanonicalSlice
+
+    vocab = tensors["model.embed_tokens.weight"].shape[0]
+    out = []
+    for name, full in tensors.items():
+        shape = tuple(full.shape)
+        block = megatron_range(name, shape, tp_rank, tp, vocab, divisible_by)
+        if block is None:
+            out.append(CanonicalSlice(name, full, None, 0, shape))
+            continue
+        dim, start, stop = block
+        part = full.narrow(dim, start, stop - start).clone()  # a shard of its own, as received
+        out.append(CanonicalSlice(name, part, dim, start, shape))
+    return out
+
+
+def slice_buckets(slices: list[Any], bucket_bytes: int) -> Iterator[list[Any]]:
+    """Slices in buckets of at most ``bucket_bytes`` (a slice larger than that goes alone)."""
+    bucket: list[Any] = []
+    size = 0
+    for item in slices:
+        if bucket and size + item.nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(item)
+        size += item.nbytes
+    if bucket:
+        yield bucket

@@ -2,9 +2,10 @@
 
 One engine per rank (or one per ``tensor_parallel_size`` ranks), built inside the actor
 worker's process after its training engine, on the same devices.  Weights arrive from any
-training engine's canonical stream and are loaded in place with vLLM's ``reload_weights``
-(no restart, no second copy); generation returns exactly the batch keys of the HF rollout
-engine, with per-token log-probs of ``softmax(logits / temperature)``.
+training engine's canonical stream -- whole tensors, or this rank's generation-TP blocks
+(:class:`~hf_core.engines.LoadsTPSlices`) -- and are loaded in place with vLLM's
+``reload_weights`` (no restart, no second copy); generation returns exactly the batch keys of
+the HF rollout engine, with per-token log-probs of ``softmax(logits / temperature)``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.engines import (
+    CanonicalSlice,
     GenerationRank,
     NamedTensor,
     RecordsSyncs,
@@ -35,6 +37,7 @@ from hf_core.engines import (
     special_tokens,
     strip_left_padding,
 )
+from hf_core.resharding import GenerationLayout
 from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
 from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
 from hf_vllm.model_info import has_tokenizer
@@ -48,14 +51,22 @@ from hf_vllm.parallel import (
 )
 from hf_vllm.runtime import require_vllm, torch_threads
 from hf_vllm.sampling import build_sampling_params, request_seeds, truncates
+from hf_vllm.tp_slices import VLLMPartition, reload_presharded, vllm_param_name
 from hf_vllm.weights import (
     DEFAULT_PACKED_MODULES,
     FusedGroupBuffer,
+    ReadyTensor,
     VLLMSyncStats,
     canonical_params,
 )
 
 log = logging.getLogger(__name__)
+
+
+def _hf_config(folder: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder)
 
 
 def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool) -> dict[str, Any]:
@@ -113,8 +124,17 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             unlink_segments(shm_token)
         self.startup_seconds = time.perf_counter() - start
         self._sampling_cls = vllm.SamplingParams
-        self._generation_rank = read_generation_rank(self.executor)
-        self._buffer = FusedGroupBuffer(params, self._packed_modules())
+        self._generation_rank = rank = read_generation_rank(self.executor)
+        self.partition = VLLMPartition.from_hf_config(_hf_config(folder), rank.tp_size)
+        self._buffer = FusedGroupBuffer(
+            params, self._packed_modules(), self.partition, rank.tp_rank
+        )
+        self._tag_bytes = {
+            "weights": self.partition.shard_bytes(
+                params.shapes, rank.tp_rank, self._weight_element_size()
+            ),
+            "kv_cache": self._kv_cache_bytes(),
+        }
 
         self.weight_version = 0
         self.last_sync: VLLMSyncStats | None = None
@@ -126,6 +146,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             resume=lambda tag: self.llm.wake_up(tags=[tag]),
             cpu_note="vLLM's sleep mode needs CUDA; weights and the KV cache "
             "(VLLM_CPU_KVCACHE_SPACE / kv_cache_bytes) stay allocated during training",
+            tag_bytes=lambda tag: self._tag_bytes.get(tag, 0),
         )
         log.info(
             "vLLM engine ready in %.1f s (executor=%s, %s)",
@@ -148,6 +169,31 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         core's ``3D_ALL_MICRO_DP`` gives every rank of one engine the same prompts."""
         return self._generation_rank
 
+    def generation_layout(self) -> GenerationLayout:
+        """``(p_g, t_g)`` for core's reshard plan: no pipeline stages, this engine's TP size
+        (the blocks :meth:`load_weights` takes are those of :attr:`partition`)."""
+        return GenerationLayout(pp=1, tp=self._generation_rank.tp_size)
+
+    def _weight_element_size(self) -> int:
+        """Bytes per element of the model's weights as vLLM holds them."""
+
+        def size(model: torch.nn.Module) -> int:
+            return next(model.parameters()).element_size()
+
+        return int(self.llm.apply_model(size)[0])
+
+    def _kv_cache_bytes(self) -> int:
+        """Bytes of KV cache vLLM allocated on this rank (the configured size if unknown)."""
+
+        def allocated(worker: Any) -> int | None:
+            config = getattr(worker.model_runner, "kv_cache_config", None)
+            if config is None:
+                return None
+            return sum(int(t.size) for t in config.kv_cache_tensors)
+
+        found = self.llm.collective_rpc(allocated)[0]
+        return int(found if found is not None else self.config.kv_cache_bytes or 0)
+
     def _packed_modules(self) -> dict[str, tuple[str, ...]]:
         """vLLM's fusions for this model class (q/k/v -> qkv_proj, ...)."""
 
@@ -160,8 +206,13 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
-    def load_weights(self, bucket: Iterable[NamedTensor]) -> None:
-        """Load a bucket of canonical tensors in place; fused layers wait until complete."""
+    def load_weights(self, bucket: Iterable[NamedTensor | CanonicalSlice]) -> None:
+        """Load a bucket of canonical tensors in place; fused layers wait until complete.
+
+        Items are whole ``(name, tensor)`` pairs or :class:`CanonicalSlice` blocks; a block
+        must be this rank's block in vLLM's partition (:attr:`partition`) and is loaded into
+        this rank's shard as it is (``ValueError`` naming both ranges otherwise).
+        """
         now = time.perf_counter()
         sync = self._sync
         if sync is None:
@@ -169,12 +220,28 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         self._memory.resume("weights")
         bucket = list(bucket)
         ready = self._buffer.add(bucket)
-        sync.add(bucket)
+        sync.add([(i.name, i.tensor) if isinstance(i, CanonicalSlice) else i for i in bucket])
         sync.max_held_bytes = max(sync.max_held_bytes, self._buffer.pending_bytes)
         if ready:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ready})
+            self._reload(ready)
             sync.reload_calls += 1
         sync.engine_seconds += time.perf_counter() - now
+
+    def _reload(self, ready: list[ReadyTensor]) -> None:
+        """One in-place ``reload_weights`` of complete layers.  With blocks among them, vLLM's
+        loaders of their parameters are told the tensors are already this rank's shard."""
+        weights = [(item.name, item.tensor) for item in ready]
+        sharded = sorted(
+            {
+                vllm_param_name(self._buffer.group_of[item.name], item.name)
+                for item in ready
+                if item.sharded
+            }
+        )
+        if not sharded:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            return
+        self.llm.collective_rpc(reload_presharded, args=(weights, sharded))
 
     def finish_weight_sync(self) -> None:
         """End a sync: check no fused layer was left half-sent, drop stale prefix-cache KV."""

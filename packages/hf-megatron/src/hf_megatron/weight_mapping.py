@@ -491,6 +491,6 @@ def tp_slice_range(
         return (0, lo, hi)
     if module in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
         return (0, *_split_range(shape[0], tp_size, tp_rank))
-    if module in ("o_proj", "down_proj"):
+    if module in ("o_proj", "down_proj") and len(shape) == 2:  # a row-parallel bias is whole
         return (1, *_split_range(shape[1], tp_size, tp_rank))
     return (None, 0, 0)

@@ -36,7 +36,7 @@ from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import mismatch_parts, mismatch_summary
 from hf_core.roles.weight_sync import merge_rank_metrics
 from hf_core.runtime import Cluster
-from hf_core.trainer.auto_placement import plan_pools
+from hf_core.trainer.auto_placement import place_roles
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
 from hf_core.trainer.checkpoint import (
     latest_checkpoint,
@@ -44,7 +44,7 @@ from hf_core.trainer.checkpoint import (
     save_run_checkpoint,
 )
 from hf_core.trainer.preflight import preflight
-from hf_core.trainer.spawning import RoleGroups, configured_pools, spawn_roles
+from hf_core.trainer.spawning import RoleGroups, spawn_roles
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +148,10 @@ class RLTrainer:
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
-        pools = (
-            plan_pools(cfg, self.output_dir)
-            if cfg.placement.mode == "auto"
-            else configured_pools(cfg)
-        )
+        placed = place_roles(cfg, self.output_dir)  # auto: the planner's pools and layouts
+        self.config = cfg = placed.config
         with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):
-            self.roles = spawn_roles(cfg, pools)
+            self.roles = spawn_roles(cfg, placed.pools)
             try:
                 return self._fit()
             finally:

@@ -103,7 +103,7 @@ def test_paper_plan_moves_table2_volume_with_zero_redundancy(
     layout: str, in_workdir: Path, tmp_path: Path
 ) -> None:
     rows, trainer = _run(layout, "hybrid", "vllm", tmp_path)
-    ranks, t, p = LAYOUTS[layout]
+    _, t, p = LAYOUTS[layout]
     for row in rows:
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"]
         assert row["reshard/zero_redundancy"] == 1.0
@@ -118,7 +118,7 @@ def test_paper_plan_moves_table2_volume_with_zero_redundancy(
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_naive_plan_moves_the_naive_volume(layout: str, in_workdir: Path, tmp_path: Path) -> None:
     rows, trainer = _run(layout, "naive", "vllm", tmp_path)
-    ranks, t, p = LAYOUTS[layout]
+    _, t, p = LAYOUTS[layout]
     for row in rows:
         naive = Fraction(t * p - 1, t * p) * row["reshard/model_bytes"]  # (tp - 1) / tp * M
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] == naive

@@ -41,7 +41,7 @@ EXTRA = {
     "ppo": ["critic/vf_loss", "critic/grad_norm", "actor/kl", "actor/kl/coef"],
     "ppo_split": ["critic/vf_loss", "actor/kl"],
     "ppo_auto": ["critic/vf_loss", "actor/kl"],
-    "ppo_megatron": ["critic/vf_loss"],
+    "ppo_megatron": ["critic/vf_loss", "reshard/bytes_received", "reshard/zero_redundancy"],
     "grpo": ["actor/kl", "actor/kl_loss"],
     "grpo_vllm": ["actor/kl", "actor/kl_loss"],
     "remax": [],

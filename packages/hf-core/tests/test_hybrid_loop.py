@@ -75,6 +75,12 @@ class DataParallelActor(ToyActor):
     last_reshard = None  # type: ignore[assignment]
 
 
+def record(log: list[str], action: str, nbytes: int) -> int:
+    """A toy engine's memory move: remembered in order, ``nbytes`` reported."""
+    log.append(action)
+    return nbytes
+
+
 class ToyRollout:
     def __init__(self) -> None:
         self.loaded: list[Any] = []
@@ -91,12 +97,10 @@ class ToyRollout:
         return {"weight_sync/buckets": 1.0}
 
     def release_memory(self) -> int:
-        self.memory.append("release")
-        return 100
+        return record(self.memory, "release", 100)
 
     def resume_memory(self) -> int:
-        self.memory.append("resume")
-        return 100
+        return record(self.memory, "resume", 100)
 
 
 class SlicingRollout(ToyRollout):
@@ -214,12 +218,10 @@ class OffloadingActor(ToyActor):
         self.moves: list[str] = []
 
     def offload(self) -> int:
-        self.moves.append("offload")
-        return 300
+        return record(self.moves, "offload", 300)
 
     def onload(self) -> int:
-        self.moves.append("onload")
-        return 300
+        return record(self.moves, "onload", 300)
 
 
 def test_handover_moves_once_per_phase_change_in_order() -> None:
@@ -257,13 +259,15 @@ def test_handover_moves_once_per_phase_change_in_order() -> None:
 
 
 class TPSettings(BaseModel):
+    """A model-parallel engine's settings: what the trainer passes, and the two sizes."""
+
     model_config = ConfigDict(extra="forbid")
     model_path: str
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     head: str = "lm"
     trainable: bool = True
     seed: int = 0
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
 
 
 class RolloutSettings(BaseModel):

@@ -13,6 +13,8 @@ from hf_core.plugins import hookimpl
 from hf_core.plugins.lazy import engine_factory
 
 create_training_engine = engine_factory("hf_megatron.engine:MegatronEngine")
+ENGINE_CONFIG = "hf_megatron.config:MegatronEngineConfig"
+ROLLOUT_CONFIG = "hf_megatron.config:MegatronRolloutConfig"
 
 
 def create_rollout_engine(**config: Any) -> Any:
@@ -29,19 +31,9 @@ def create_rollout_engine(**config: Any) -> Any:
 
 @hookimpl
 def register_training_engines(register: Callable[..., None]) -> None:
-    register(
-        "megatron",
-        create_training_engine,
-        config="hf_megatron.config:MegatronEngineConfig",
-        parallel=("tp", "pp"),
-    )
+    register("megatron", create_training_engine, config=ENGINE_CONFIG, parallel=("tp", "pp"))
 
 
 @hookimpl
 def register_rollout_engines(register: Callable[..., None]) -> None:
-    register(
-        "megatron",
-        create_rollout_engine,
-        config="hf_megatron.config:MegatronRolloutConfig",
-        parallel=("tp",),
-    )
+    register("megatron", create_rollout_engine, config=ROLLOUT_CONFIG, parallel=("tp",))

@@ -22,6 +22,7 @@ from hf_core.config import TrainerConfig, load_config
 from hf_core.engines import SamplingParams
 from hf_core.trainer import RLTrainer
 from hf_core.trainer.batches import PROMPT_TENSORS
+from hf_testing.handover import check_handover_log
 from hf_testing.prompts import prompt_batch
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -75,6 +76,7 @@ def _run(layout: str, reshard: str, rollout: str, tmp: Path) -> tuple[list[dict]
     trainer.fit()
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
+    check_handover_log(trainer.handover_log, ["actor"])  # megatron -> vLLM t_g = 2
     return rows, trainer
 
 

@@ -11,6 +11,7 @@ from conftest import RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
+from hf_testing.handover import check_handover_log
 
 COMMON = [
     "reward/mean",
@@ -51,34 +52,6 @@ EXTRA = {
 }
 
 
-def check_handover(log: list[dict], config: TrainerConfig) -> None:
-    """Every step hands the device over in order: training engines offloaded before the
-    rollout engine generates and back before they compute; the rollout engine released
-    while they train and resumed before the weight sync; each move reports its bytes (on
-    the CPU: what it would move); the step ends ready to generate."""
-    trainers = ["actor"] + (["reference"] if config.reference is not None else [])
-    offloaded = dict.fromkeys(trainers, False)
-    resident = True
-    assert [entry["step"] for entry in log] == [1, 2, 3]
-    for entry in log:
-        actions = [(e["engine"], e["action"]) for e in entry["events"]]
-        for engine in trainers:  # a full cycle every step
-            assert (engine, "offload") in actions and (engine, "onload") in actions, actions
-        assert ("rollout", "release") in actions and ("rollout", "resume") in actions, actions
-        for event in entry["events"]:
-            engine, action, nbytes = event["engine"], event["action"], event["bytes"]
-            assert nbytes > 0, f"step {entry['step']}: {engine} {action} reported no bytes"
-            if engine == "rollout":
-                assert resident == (action == "release"), (entry["step"], actions)
-                resident = action == "resume"
-            else:
-                assert offloaded[engine] == (action == "onload"), (entry["step"], actions)
-                offloaded[engine] = action == "offload"
-                if action == "onload":  # training runs only once the rollout engine let go
-                    assert not resident, (entry["step"], actions)
-        assert resident and all(offloaded.values()), f"step {entry['step']} ends mid-hand-over"
-
-
 def recipe_names() -> list[str]:
     return sorted(p.stem for p in RECIPES.glob("*.yaml") if p.stem != "demo")
 
@@ -97,7 +70,9 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     )
     trainer = RLTrainer(config)
     trainer.fit()
-    check_handover(trainer.handover_log, config)
+    assert [entry["step"] for entry in trainer.handover_log] == [1, 2, 3]
+    offloaded = ["actor"] + (["reference"] if config.reference is not None else [])
+    check_handover_log(trainer.handover_log, offloaded)
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     for key in COMMON + EXTRA[name]:

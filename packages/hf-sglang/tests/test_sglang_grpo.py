@@ -19,6 +19,7 @@ from conftest import needs_sglang
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
+from hf_testing.handover import check_handover_log
 
 pytestmark = [needs_sglang, pytest.mark.usefixtures("ray_cluster")]
 
@@ -50,7 +51,9 @@ def test_grpo_with_sglang_rollout_runs_three_steps(
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     config = load_config(TrainerConfig, RECIPES / "grpo.yaml", OVERRIDES)
     assert config.rollout.backend == "sglang"
-    RLTrainer(config).fit()
+    trainer = RLTrainer(config)
+    trainer.fit()
+    check_handover_log(trainer.handover_log, ["actor", "reference"])  # FSDP -> SGLang
 
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
@@ -102,7 +105,4 @@ def test_megatron_tp2_actor_reshards_into_sglang(
         assert row["handover/rollout_release_bytes"] > 0
         assert row["handover/actor_offload_bytes"] > 0
     assert rows[1]["actor/kl"] > 1e-6  # the synced weights moved off the reference
-    for entry in trainer.handover_log:
-        actions = [(e["engine"], e["action"]) for e in entry["events"]]
-        assert ("rollout", "release") in actions and ("actor", "onload") in actions
-        assert actions.index(("rollout", "release")) < actions.index(("actor", "onload"))
+    check_handover_log(trainer.handover_log, ["actor", "reference"])  # megatron -> SGLang

@@ -28,6 +28,21 @@ class RunConfig(_Strict):
     val_every: int = Field(0, ge=0, description="validate every N steps (0: never)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     save_final: bool = Field(True, description="checkpoint after the last step")
+    save_every_minutes: float | None = Field(
+        30.0,
+        gt=0,
+        description="also checkpoint when this many minutes passed since the last one "
+        "(None: off), so a fault loses at most that much work",
+    )
+    keep_checkpoints: int = Field(
+        3, ge=1, description="checkpoints kept on disk (the newest; 'latest' is never deleted)"
+    )
+    max_restarts: int = Field(
+        2,
+        ge=0,
+        description="when a worker dies or hangs: tear down, restart the groups and resume from "
+        "the latest checkpoint this many times before giving up",
+    )
     export_final: bool = Field(False, description="export the actor as an HF folder at the end")
     tensorboard: bool = False
     wandb: bool = False

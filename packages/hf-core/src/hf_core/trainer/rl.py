@@ -41,7 +41,9 @@ from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, 
 from hf_core.trainer.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
+    rng_state,
     save_run_checkpoint,
+    set_rng_state,
 )
 from hf_core.trainer.preflight import preflight
 from hf_core.trainer.spawning import RoleGroups, spawn_roles
@@ -390,11 +392,7 @@ class RLTrainer:
             "loader": self.loader.state_dict(),
             "kl_ctl": self.kl_ctl.state_dict(),
             "lagrange": self.lagrange.state_dict() if self.lagrange else None,
-            "rng": {
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-            },
+            "rng": rng_state(),  # JSON values and tensors: nothing pickled
         }
 
     def save(self) -> Path:
@@ -403,7 +401,10 @@ class RLTrainer:
             if self._groups.critic is not None:
                 self._groups.critic.save_checkpoint(str(folder))
 
-        return save_run_checkpoint(self.output_dir, self.step, self._state(), save_engines)
+        keep = self.config.run.keep_checkpoints
+        return save_run_checkpoint(
+            self.output_dir, self.step, self._state(), save_engines, keep=keep
+        )
 
     def _restore(self) -> int:
         folder = latest_checkpoint(self.output_dir)
@@ -417,8 +418,6 @@ class RLTrainer:
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         if self.lagrange is not None and state["lagrange"] is not None:
             self.lagrange.load_state_dict(state["lagrange"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        set_rng_state(state["rng"])
         log.info("resumed from %s at step %d", folder, self.step)
         return self.step

@@ -3,8 +3,9 @@
 Layout of a checkpoint folder::
 
     dcp/                    sharded model (+ optimiser) state, each rank writes its shards
-    rng-rank00000.pt ...    each rank's RNG states (torch, CUDA, python, numpy)
-    engine.pt               scheduler state and step counter (rank 0)
+    rng-rank00000.pt ...    each rank's RNG states (torch, CUDA, python, numpy) as tensors
+                            and plain values
+    engine.pt               scheduler state and step counter (rank 0), plain values
     hybridflow_fsdp.json    manifest, written last: format, head, world size, parameter
                             shapes, file sizes
 
@@ -14,12 +15,18 @@ a previous checkpoint is replaced it is first renamed to ``.<name>.old-ckpt``; i
 dies between the two renames, :func:`load` finds and uses that one.  The manifest's presence is
 what marks a folder complete; loading checks it against the model before reading tensors, so a
 wrong or damaged checkpoint is a :class:`CheckpointError` naming the path and the problem.
+
+Nothing is unpickled beyond plain data: ``engine.pt`` and the RNG files are read with
+``weights_only=True``, and DCP's ``.metadata`` pickle (which DCP reads with plain
+``pickle.load``) is first read with an unpickler that only builds DCP's own metadata types,
+so a checkpoint whose pickles would run code is refused before DCP touches it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import pickle
 import random
 import shutil
 import time
@@ -39,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from hf_core.atomic import load_tensor_file
 from hf_core.errors import CheckpointError
 from hf_fsdp.distributed import broadcast_object
 
@@ -46,7 +54,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "hybridflow_fsdp.json"
 FORMAT = "hybridflow-fsdp-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: RNG and engine files hold only weights_only-loadable values
 
 
 def _rank() -> int:
@@ -59,10 +67,19 @@ def _barrier() -> None:
 
 
 def rng_state() -> dict[str, Any]:
+    """This process's RNG states as tensors, tuples and plain values, which
+    ``torch.load(weights_only=True)`` reads back (numpy's key array becomes a tensor)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -71,10 +88,69 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    npy = state["numpy"]
+    keys = np.asarray(npy["keys"].numpy(), dtype=np.uint32)
+    np.random.set_state(
+        (npy["kind"], keys, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
+    )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+_DCP_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _ForbiddenGlobal(pickle.UnpicklingError):
+    """The pickle names a class or function outside the allow-list."""
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    """Builds only DCP's metadata dataclasses, sizes, dtypes and paths: constructing those
+    runs no code of the file's choosing, unlike what plain ``pickle.load`` would allow."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _DCP_METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise _ForbiddenGlobal(f"{module}.{name} is not allowed in DCP metadata")
+
+
+def check_dcp_metadata(folder: Path) -> None:
+    """Read ``folder/dcp/.metadata`` with :class:`_DCPMetadataUnpickler` before DCP reads it
+    with plain pickle; a file asking for anything else is a :class:`CheckpointError`."""
+    file = folder / "dcp" / ".metadata"
+    try:
+        with file.open("rb") as stream:
+            _DCPMetadataUnpickler(stream).load()
+    except _ForbiddenGlobal as exc:
+        raise CheckpointError(
+            f"refusing to load {file}: its pickle asks for objects DCP metadata never "
+            f"holds (it could run code): {exc}"
+        ) from None
+    except Exception as exc:  # missing, truncated, garbled
+        raise CheckpointError(
+            f"checkpoint {folder} could not be read (damaged?): cannot read {file}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _file_sizes(folder: Path) -> dict[str, int]:
@@ -221,6 +297,7 @@ def load(
         try:
             folder, manifest = read_manifest(path)
             check_compatible(folder, manifest, param_shapes, info)
+            check_dcp_metadata(folder)
             verdict = ("ok", (str(folder), manifest))
         except (CheckpointError, FileNotFoundError) as exc:
             verdict = (type(exc).__name__, str(exc))
@@ -247,7 +324,9 @@ def load(
             )
         else:
             set_model_state_dict(model, state["model"])
-        extra = torch.load(folder / "engine.pt", weights_only=False)
+        extra = load_tensor_file(folder / "engine.pt")
+    except CheckpointError:
+        raise
     except (Exception, CheckpointException) as exc:  # DCP's exception is a BaseException
         raise CheckpointError(
             f"checkpoint {folder} could not be read (damaged?): {type(exc).__name__}: {exc}"
@@ -257,7 +336,7 @@ def load(
     world = dist.get_world_size() if dist.is_initialized() else 1
     rng_file = folder / f"rng-rank{_rank():05d}.pt"
     if manifest.get("world_size") == world and rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(load_tensor_file(rng_file))
     else:
         log.warning(
             "checkpoint %s was saved by %s ranks, this run has %d: RNG state not restored",

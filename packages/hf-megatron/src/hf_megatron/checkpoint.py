@@ -4,6 +4,10 @@ The folder holds ``rank{r}.pt`` for every rank and ``meta.json``, written last (
 barrier), so a folder without ``meta.json`` is an incomplete checkpoint.  A checkpoint resumes
 only the layout that wrote it (same TP, PP and DP sizes and head); to change the layout,
 export a HuggingFace folder (``export_hf``) and build the new engine from it.
+
+A rank file holds only tensors, dicts, lists, tuples and plain values, and is read with
+``weights_only=True``: a file whose pickle would build other objects (and could run code) is
+refused as a :class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from hf_core.atomic import load_tensor_file
 from hf_core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -137,7 +142,7 @@ def load(path: str | Path, engine: MegatronEngine) -> int:
             f"{path} was written by layout {got} head={meta.get('head')!r}; this engine is "
             f"{want} head={engine.config.head!r} (export_hf to change layouts)"
         )
-    state = torch.load(_rank_file(path, engine.rank), map_location="cpu", weights_only=False)
+    state = load_tensor_file(_rank_file(path, engine.rank), map_location="cpu")
     if tuple(state["coords"]) != tuple(engine.layout.coords):
         raise CheckpointError(f"{path}: rank {engine.rank} file is for coords {state['coords']}")
     params = dict(engine.module.named_parameters())

@@ -59,3 +59,23 @@ def test_missing_recipe_file(tmp_path: Path) -> None:
 def test_field_listing_covers_nested_sections() -> None:
     keys = {key for key, _, _ in describe_fields(TrainerConfig)}
     assert {"run.total_steps", "algorithm.kl.coef", "rollout.n", "model.path"} <= keys
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("run:\n  name: x\n\tbad: 1\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml, line 3, column 1: YAML syntax error"):
+        load_config(TrainerConfig, path)
+
+
+def test_cross_field_errors_read_as_the_validators_text(recipe: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(TrainerConfig, recipe, ["rollout.n=3", "placement.processes=8"])
+    text = str(info.value)
+    assert "\n  data.batch_size * rollout.n = 12 samples must split evenly" in text
+    assert "<root>" not in text and "Value error" not in text
+
+
+def test_override_with_empty_key_is_rejected(recipe: Path) -> None:
+    with pytest.raises(ConfigError, match="overrides must look like key=value"):
+        load_config(TrainerConfig, recipe, ["=3"])

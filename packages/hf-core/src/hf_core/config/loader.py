@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
@@ -28,13 +29,22 @@ def _describe(errors: Sequence[Mapping[str, Any]], source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for error in errors:
         key = ".".join(str(part) for part in error["loc"]) or "<root>"
-        if error["type"] == "extra_forbidden":
+        if not error["loc"] and error["type"] == "value_error":
+            # a cross-field check (the schema's model validator): its text names the keys
+            lines.append(f"  {_validator_text(error['msg'])}")
+        elif error["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key (got {_shown(error['input'])})")
         elif error["type"] == "missing":
             lines.append(f"  {key}: required key is missing")
         else:
             lines.append(f"  {key}: got {_shown(error['input'])}: {error['msg']}")
     return "\n".join(lines)
+
+
+def _validator_text(msg: str) -> str:
+    """A model validator's own message, without pydantic's "Value error, " prefix."""
+    prefix = "Value error, "
+    return msg[len(prefix) :] if msg.startswith(prefix) else msg
 
 
 def validate(
@@ -67,19 +77,55 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: Seque
     try:
         base = OmegaConf.create({})
         if path is not None:
-            if not Path(path).is_file():
-                raise ConfigError(f"recipe file not found: {path}")
-            base = OmegaConf.load(path)
-        bad = [o for o in overrides if "=" not in o]
+            base = _load_yaml(Path(path))
+        bad = [o for o in overrides if "=" not in o or o.startswith("=")]
         if bad:
-            raise ConfigError(f"overrides must look like key=value, got {bad}")
+            raise ConfigError(f"overrides must look like key=value, got {bad}; e.g. rollout.n=8")
         merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
         data = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot read configuration {source}: {exc}") from None
+        raise ConfigError(f"cannot read configuration {source}: {_one_line(str(exc))}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
     return validate(model, data, source)
+
+
+def _load_yaml(path: Path) -> Any:
+    """The recipe's YAML; a :class:`ConfigError` naming the file, line and column if it is
+    missing or not YAML (PyYAML's own error is several lines and a traceback)."""
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "not found"
+        raise ConfigError(f"recipe file {what}: {path} (absolute: {path.absolute()})")
+    try:
+        return OmegaConf.load(path)
+    except yaml.MarkedYAMLError as exc:
+        raise ConfigError(f"recipe {path}{_yaml_problem(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"recipe {path}: YAML syntax error: {_one_line(str(exc))}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"recipe {path}: not a text file ({exc.reason})") from None
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """``, line L, column C: YAML syntax error: what (while ... started at line L', column C')``
+    with 1-based positions, as an editor shows them."""
+
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark = exc.problem_mark or exc.context_mark
+    text = f", {at(mark)}" if mark else ""
+    text += f": YAML syntax error: {exc.problem or exc.context or 'not valid YAML'}"
+    if exc.context and exc.problem:
+        started = f" started at {at(exc.context_mark)}" if exc.context_mark else ""
+        text += f" ({exc.context}{started})"
+    return text
+
+
+def _one_line(text: str) -> str:
+    """OmegaConf and PyYAML messages carry ``full_key``/``object_type`` lines; keep them on
+    one line so the CLI prints one paragraph."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def describe_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str]]:

@@ -147,6 +147,25 @@ def test_import_path(tmp_path, monkeypatch):
         get_reward_function("my_rewards:missing")
 
 
+def test_import_path_errors_name_the_path(tmp_path, monkeypatch):
+    """A module that raises while imported, a missing module, a non-callable: each one
+    :class:`UnknownRewardFunctionError` naming the path (the run's preflight reports it)."""
+    (tmp_path / "raising_rewards.py").write_text("raise RuntimeError('needs an API key')\n")
+    (tmp_path / "syntax_rewards.py").write_text("def score(:\n")
+    (tmp_path / "value_rewards.py").write_text("SCALE = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UnknownRewardFunctionError, match="raised RuntimeError: needs an API key"):
+        get_reward_function("raising_rewards:score")
+    with pytest.raises(
+        UnknownRewardFunctionError, match=r"SyntaxError.*syntax_rewards\.py, line 1"
+    ):
+        get_reward_function("syntax_rewards:score")
+    with pytest.raises(UnknownRewardFunctionError, match="is a float, not a callable"):
+        get_reward_function("value_rewards:SCALE")
+    with pytest.raises(UnknownRewardFunctionError, match="is its folder on PYTHONPATH"):
+        get_reward_function("no_such_mod:fn")
+
+
 # ------------------------------------------------------------------------ batch scoring
 
 

@@ -115,18 +115,36 @@ def reward_function_names() -> list[str]:
     return _REGISTRY.names()
 
 
+def _import_module(spec: str, module_name: str) -> Any:
+    """Import the module of a ``module:function`` path; any failure becomes one
+    :class:`UnknownRewardFunctionError` naming the path -- a module that raises while it is
+    imported (a syntax error, a missing dependency) is as much a bad setting as a typo."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        hint = ""
+        if e.name and module_name.split(".")[0] == e.name.split(".")[0]:
+            hint = " (the driver imports it: is its folder on PYTHONPATH?)"
+        raise UnknownRewardFunctionError(
+            f"reward function {spec!r}: cannot import module {module_name!r}: {e}{hint}"
+        ) from e
+    except Exception as e:  # the module itself raised while being imported
+        where = ""
+        if isinstance(e, SyntaxError) and e.filename:
+            where = f" ({e.filename}, line {e.lineno})"
+        raise UnknownRewardFunctionError(
+            f"reward function {spec!r}: cannot import module {module_name!r}: importing it "
+            f"raised {type(e).__name__}: {e}{where}"
+        ) from e
+
+
 def _import_path(spec: str) -> RewardFunction:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise UnknownRewardFunctionError(
             f"reward function import path {spec!r} must look like 'package.module:function'"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UnknownRewardFunctionError(
-            f"reward function {spec!r}: cannot import module {module_name!r}: {e}"
-        ) from e
+    module = _import_module(spec, module_name)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

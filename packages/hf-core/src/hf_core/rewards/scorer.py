@@ -19,13 +19,17 @@ import numpy as np
 import torch
 
 from hf_core.batch import Batch
+from hf_core.errors import HybridFlowError
 from hf_core.rewards.registry import RewardFunction, get_reward_function
 
 _REPR_LIMIT = 80
 
 
-class RewardFunctionError(RuntimeError):
-    """A reward function raised or returned something other than one finite float a sample."""
+class RewardFunctionError(HybridFlowError, RuntimeError):
+    """A reward function raised or returned something other than one finite float a sample.
+
+    A :class:`~hf_core.errors.HybridFlowError`: the user's function is at fault, so the CLI
+    reports it as a bad input (exit code 2) rather than a crash."""
 
 
 def _short(value: Any, limit: int = _REPR_LIMIT) -> str:

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_core.data import DataError, PromptDataset, PromptLoader, read_records, write_jsonl
+from hf_core.data import (
+    DataError,
+    PromptDataset,
+    PromptLoader,
+    check_dataset_file,
+    read_records,
+    write_jsonl,
+)
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -332,3 +339,23 @@ def test_validation_loader_is_a_single_ordered_pass(tmp_path, raw_tokenizer):
     first = [_indices(b) for b in val]
     assert first == [[0, 1], [2, 3], [4]]
     assert [_indices(b) for b in val] == first  # every evaluation sees the whole set again
+
+
+def test_check_dataset_file_names_the_key(tmp_path: Path) -> None:
+    """The cheap checks a run makes before it starts (no records are read)."""
+    key = "data.train_files[0]"
+    with pytest.raises(DataError, match=r"data\.train_files\[0\]: prompt dataset .* does not"):
+        check_dataset_file(tmp_path / "nowhere.jsonl", key=key)
+    with pytest.raises(DataError, match="is not a file"):
+        check_dataset_file(tmp_path, key=key)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match=r"empty\.jsonl is empty"):
+        check_dataset_file(empty, key=key)
+    csv = tmp_path / "rows.csv"
+    csv.write_text("a,b\n")
+    with pytest.raises(DataError, match=r"unsupported file type '\.csv'"):
+        check_dataset_file(csv, key=key)
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "x"}\n')
+    check_dataset_file(good, key=key)

@@ -12,7 +12,13 @@ Imports torch, numpy and :mod:`hf_core.batch` only (pyarrow lazily, for Parquet)
 """
 
 from hf_core.data.dataset import RESERVED_KEYS, PromptDataset, PromptItem
-from hf_core.data.io import DataError, RecordLocation, read_records, write_jsonl
+from hf_core.data.io import (
+    DataError,
+    RecordLocation,
+    check_dataset_file,
+    read_records,
+    write_jsonl,
+)
 from hf_core.data.loader import PromptLoader
 
 __all__ = [
@@ -22,6 +28,7 @@ __all__ = [
     "PromptItem",
     "PromptLoader",
     "RecordLocation",
+    "check_dataset_file",
     "read_records",
     "write_jsonl",
 ]

@@ -157,7 +157,8 @@ class PromptDataset:
             if prompt is _MISSING:
                 raise DataError(
                     f"{where(i)}: missing prompt key {prompt_key!r}; "
-                    f"the record has keys {sorted(record)}"
+                    f"the record has keys {sorted(record)}: set prompt_key "
+                    "(data.prompt_key in a recipe) to the field holding the prompt"
                 )
             if isinstance(prompt, str):
                 pass

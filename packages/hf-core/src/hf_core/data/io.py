@@ -48,6 +48,27 @@ def _check_exists(path: Path) -> None:
         raise DataError(f"prompt dataset {path} is not a file")
 
 
+def check_dataset_file(path: str | os.PathLike[str], *, key: str = "dataset") -> None:
+    """Raise :class:`DataError` naming ``key`` (e.g. ``data.train_files[0]``) unless ``path`` is
+    a non-empty file of a supported type -- the cheap checks a run makes before it starts,
+    without reading the records."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(
+            f"{key}: prompt dataset {path} does not exist (absolute: {path.absolute()})"
+        )
+    if not path.is_file():
+        raise DataError(f"{key}: prompt dataset {path} is not a file")
+    suffix = path.suffix.lower()
+    if suffix not in JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES:
+        supported = ", ".join(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES)
+        raise DataError(
+            f"{key}: {path}: unsupported file type {suffix!r}; expected one of {supported}"
+        )
+    if path.stat().st_size == 0:
+        raise DataError(f"{key}: prompt dataset {path} is empty (no prompts)")
+
+
 def _read_jsonl(path: Path) -> list[tuple[dict[str, Any], RecordLocation]]:
     out: list[tuple[dict[str, Any], RecordLocation]] = []
     with path.open("r", encoding="utf-8") as f:

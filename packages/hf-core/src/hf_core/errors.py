@@ -33,8 +33,9 @@ class CheckpointError(HybridFlowError, RuntimeError, ValueError):
 
 
 class ModelFolderError(HybridFlowError, FileNotFoundError):
-    """A model path is not a HuggingFace folder: it is missing, a file, or lacks
-    ``config.json`` or safetensors weights."""
+    """A model or tokenizer path is not a usable HuggingFace folder: it is missing, a file, its
+    ``config.json`` is absent or unreadable, it has no safetensors weights, or its tokenizer
+    does not load.  The message names the recipe key, the folder and the file."""
 
 
 class ModelLoadError(HybridFlowError, ValueError):

@@ -25,19 +25,215 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-def check_model_folder(path: str | Path) -> Path:
+CONFIG_FILE = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Files one of which a tokenizer saved with ``save_pretrained`` has."""
+_JSON_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _prefix(key: str | None) -> str:
+    """``"model.path: "`` -- so a message names the recipe key before the folder."""
+    return f"{key}: " if key else ""
+
+
+def check_model_folder(path: str | Path, *, key: str | None = None, weights: bool = False) -> Path:
     """The folder as a Path, or a :class:`ModelFolderError` (a ``FileNotFoundError``) saying
-    what is missing."""
+    what is missing.
+
+    ``config.json`` must hold a JSON object; ``weights=True`` also checks the safetensors
+    files (:func:`check_weight_files`).  ``key`` (the recipe key the path came from) leads the
+    message, so a run's preflight says which setting to fix.
+    """
     folder = Path(path).expanduser()
+    where = _prefix(key)
     if not folder.exists():
-        raise ModelFolderError(f"model folder {folder} does not exist")
+        raise ModelFolderError(f"{where}model folder {folder} does not exist")
     if not folder.is_dir():
-        raise ModelFolderError(f"model path {folder} is not a folder (expected a HF model dir)")
-    if not (folder / "config.json").is_file():
         raise ModelFolderError(
-            f"model folder {folder} has no config.json (is it a HuggingFace model folder?)"
+            f"{where}model path {folder} is not a folder (expected a HF model dir)"
         )
+    read_model_config(folder, key=key)
+    if weights:
+        check_weight_files(folder, key=key)
     return folder
+
+
+def _read_json(path: Path, where: str, what: str) -> Any:
+    """``path``'s JSON, or a :class:`ModelFolderError` naming the file, line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelFolderError(f"{where}cannot read {path}: {exc}") from None
+    if not text.strip():
+        raise ModelFolderError(f"{where}{path} is empty; it should hold {what}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelFolderError(
+            f"{where}{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"{exc.msg}); it should hold {what}"
+        ) from None
+
+
+def read_model_config(folder: Path, *, key: str | None = None) -> dict[str, Any]:
+    """``config.json`` of a model folder as a dict; a :class:`ModelFolderError` naming the file
+    when it is absent, empty or not a JSON object (checked before any engine parses it)."""
+    where = _prefix(key)
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise ModelFolderError(
+            f"{where}model folder {folder} has no {CONFIG_FILE} (is it a HuggingFace model folder?)"
+        )
+    what = "the model's HuggingFace config (written by model.save_pretrained)"
+    config = _read_json(path, where, what)
+    if not isinstance(config, dict):
+        raise ModelFolderError(
+            f"{where}{path} holds a JSON {type(config).__name__}, not an object; it should hold "
+            f"{what}"
+        )
+    return config
+
+
+def check_weight_files(folder: Path, *, key: str | None = None) -> None:
+    """Raise :class:`ModelFolderError` unless ``folder`` has readable safetensors weights.
+
+    Reads only the index or the file header, not the tensors: cheap enough to run before any
+    process starts, and it catches what would otherwise fail on every rank after Ray started.
+    """
+    where = _prefix(key)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        _check_index(index, where)
+        return
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        _check_safetensors_header(single, where)
+        return
+    found = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+        p.name for p in folder.glob("*.pt")
+    )
+    other = f" (found {', '.join(found[:3])}: not safetensors)" if found else ""
+    raise ModelFolderError(
+        f"{where}model folder {folder} has no {SINGLE_FILE} or {INDEX_FILE}{other}; save the "
+        f"model with save_pretrained(..., safe_serialization=True)"
+    )
+
+
+def _check_index(index: Path, where: str) -> None:
+    data = _read_json(index, where, "a safetensors index with a 'weight_map'")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelFolderError(f"{where}{index} has no 'weight_map' naming the weight shards")
+    missing = sorted({str(f) for f in weight_map.values()} - _present(index.parent))
+    if missing:
+        raise ModelFolderError(
+            f"{where}{index} names shard(s) missing from {index.parent}: {', '.join(missing[:3])}"
+            + (f" (+{len(missing) - 3} more)" if len(missing) > 3 else "")
+        )
+
+
+def _present(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir() if p.is_file()}
+
+
+def _check_safetensors_header(path: Path, where: str) -> None:
+    """A safetensors file starts with an 8-byte little-endian length and that much JSON."""
+    size = path.stat().st_size
+    bad = f"{where}{path} is not a safetensors file (empty, truncated or damaged)"
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise ModelFolderError(bad)
+        length = int.from_bytes(head, "little")
+        if length <= 0 or 8 + length > size:
+            raise ModelFolderError(bad)
+        try:
+            header = json.loads(handle.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ModelFolderError(bad) from None
+    if not isinstance(header, dict):
+        raise ModelFolderError(bad)
+
+
+def check_tokenizer(path: str | Path, *, key: str | None = None) -> Any:
+    """Load the tokenizer saved in ``path``; a :class:`ModelFolderError` naming the folder and
+    the file at fault otherwise.
+
+    The files are checked first (present, JSON where they should be), so the common mistakes
+    get a message about the file, not transformers' guesses about converters it might need.
+    The loaded tokenizer must have a pad or EOS token: prompts are padded with one.
+    """
+    folder = Path(path).expanduser()
+    where = _prefix(key)
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is not a folder"
+        raise ModelFolderError(f"{where}tokenizer folder {folder} {what}")
+    present = _present(folder)
+    if not present & set(TOKENIZER_FILES):
+        raise ModelFolderError(
+            f"{where}tokenizer folder {folder} has no tokenizer files (none of "
+            f"{', '.join(TOKENIZER_FILES)}); save one there with tokenizer.save_pretrained(...) "
+            "or point model.tokenizer_path at a folder that has one"
+        )
+    for name in _JSON_TOKENIZER_FILES:
+        if name in present:
+            _read_json(folder / name, where, "the tokenizer (written by save_pretrained)")
+    if "tokenizer.json" in present:
+        _check_tokenizer_json(folder / "tokenizer.json", where)
+    tokenizer = _load_tokenizer(folder, where)
+    if getattr(tokenizer, "pad_token_id", None) is None:
+        if getattr(tokenizer, "eos_token_id", None) is None:
+            raise ModelFolderError(
+                f"{where}the tokenizer in {folder} has neither a pad token nor an EOS token; "
+                "prompts are padded with one: set pad_token in its tokenizer_config.json"
+            )
+    return tokenizer
+
+
+def _check_tokenizer_json(path: Path, where: str) -> None:
+    """The ``tokenizers`` library's own reading of ``tokenizer.json``: its error names the
+    missing or wrong field and the line, which transformers' loader does not pass on."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # transformers falls back to the slow files
+        return
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception
+        raise ModelFolderError(
+            f"{where}{path} is not a tokenizer file the tokenizers library can read "
+            f"({_first_line(str(exc))}); re-save it with tokenizer.save_pretrained(...)"
+        ) from None
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _load_tokenizer(folder: Path, where: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a broken folder
+        reason = _tokenizer_failure(exc)
+        raise ModelFolderError(
+            f"{where}cannot load the tokenizer in {folder}: {reason}; re-save it with "
+            "tokenizer.save_pretrained(...)"
+        ) from None
+
+
+def _tokenizer_failure(exc: Exception) -> str:
+    """The first line of transformers' error, unless it is its generic advice about slow
+    tokenizer converters (which is not what is wrong with a local folder)."""
+    first = _first_line(str(exc))
+    generic = ("sentencepiece", "tiktoken", "slow tokenizer", "instantiate the backend")
+    if not first or any(word in first.lower() for word in generic):
+        return (
+            "its files (tokenizer.json / tokenizer_config.json) do not describe a tokenizer "
+            "this transformers version can build"
+        )
+    return f"{type(exc).__name__}: {first}"
 
 
 def weight_files(folder: Path) -> dict[str, Path]:

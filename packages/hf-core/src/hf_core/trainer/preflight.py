@@ -1,10 +1,15 @@
 """Checks a run's configuration against what is installed, before any process starts.
 
 The recipe schema (:mod:`hf_core.config`) types every field; what it cannot know -- which
-algorithms, engines and engine settings exist -- lives in registries that the algorithms and
-the installed backend plugins fill.  This module checks those names and ``engine:`` blocks so
-a typo exits with a :class:`~hf_core.config.ConfigError` naming the key, not a traceback from
-a worker after Ray has started.
+algorithms, engines, engine settings and reward functions exist -- lives in registries that
+the algorithms and the installed backend plugins fill.  :func:`preflight` checks those names
+and ``engine:`` blocks so a typo exits with a :class:`~hf_core.config.ConfigError` naming the
+key, not a traceback from a worker after Ray has started.
+
+:func:`check_inputs` checks what the run reads from disk: every role's model folder
+(``config.json``, safetensors weights), the tokenizer, the prompt files and, for ``--resume``,
+the checkpoint.  Each failure is a :class:`~hf_core.errors.HybridFlowError` naming the recipe
+key and the file.  Neither writes anything, so a bad run leaves its output folder untouched.
 """
 
 from __future__ import annotations
@@ -19,27 +24,120 @@ from hf_core.algorithms import (
     get_policy_loss,
 )
 from hf_core.config import ConfigError, ModelRoleConfig, TrainerConfig, load_config, validate
-from hf_core.errors import EngineConfigError
+from hf_core.data.io import check_dataset_file
+from hf_core.engines.hf_folder import check_model_folder, check_tokenizer, read_model_config
+from hf_core.errors import CheckpointError, EngineConfigError, ModelFolderError
 from hf_core.plugins import UnknownNameError, get_engine_config, get_engine_parallelism
+from hf_core.rewards import UnknownRewardFunctionError, get_reward_function
 from hf_core.roles.common import rollout_engine_args, training_engine_args
+from hf_core.trainer.checkpoint import latest_checkpoint
 
 EngineKind = Literal["training", "rollout"]
 
 
-def load_run_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> TrainerConfig:
-    """Read a recipe with overrides, validate its schema, then :func:`preflight` it."""
+def load_run_config(
+    recipe: str | Path | None, overrides: Sequence[str] = (), *, resume: bool = False
+) -> TrainerConfig:
+    """Read a recipe with overrides, validate its schema, :func:`preflight` it and
+    :func:`check_inputs` (``resume``: the run continues from its latest checkpoint)."""
     config = load_config(TrainerConfig, recipe, overrides)
     preflight(config)
+    check_inputs(config, resume=resume)
     return config
 
 
 def preflight(config: TrainerConfig) -> None:
     """Raise :class:`ConfigError` naming the key if a name or an ``engine:`` block is wrong."""
     _check_algorithm(config)
+    _check_reward_functions(config)
     checked: dict[str, Any] = {}
     for key, kind, backend, block, supplied in _engine_blocks(config):
         checked[key] = _check_engine_block(key, kind, backend, block, supplied)
     _check_generation_layout(config, checked.get("actor"))
+
+
+def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
+    """Check every file the run reads before it starts: a :class:`HybridFlowError` naming the
+    recipe key and the file otherwise.
+
+    Cheap checks first (existence, sizes, JSON), the tokenizer load last.  Reads only: a
+    run that fails here has not created its output folder.
+    """
+    for key, folder in _model_folders(config):
+        _check_model(key, folder)
+    _check_data_files(config)
+    if resume:
+        _check_resume(config)
+    tokenizer_key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
+    check_tokenizer(config.tokenizer_path, key=tokenizer_key)
+
+
+def _model_folders(config: TrainerConfig) -> Iterator[tuple[str, Path]]:
+    """(recipe key the path comes from, folder) for every model role, each folder once."""
+    roles: list[tuple[str, ModelRoleConfig | None]] = [
+        ("actor", config.actor),
+        ("reference", config.reference),
+        ("critic", config.critic),
+        ("reward.model", config.reward.model),
+        ("cost.model", config.cost.model if config.cost is not None else None),
+    ]
+    seen: set[Path] = set()
+    for key, role in roles:
+        if role is None:
+            continue
+        folder = config.role_model(role)
+        if folder not in seen:
+            seen.add(folder)
+            yield (f"{key}.model_path" if role.model_path else "model.path"), folder
+
+
+def _check_model(key: str, folder: Path) -> None:
+    """The folder exists, its ``config.json`` is a HF config and its weights are present."""
+    check_model_folder(folder, key=key, weights=True)
+    if "model_type" not in read_model_config(folder, key=key):
+        raise ModelFolderError(
+            f"{key}: {folder / 'config.json'} has no 'model_type', so transformers cannot tell "
+            "which model it describes; save the folder with model.save_pretrained(...)"
+        )
+
+
+def _check_data_files(config: TrainerConfig) -> None:
+    data = config.data
+    if not data.train_files:
+        raise ConfigError(
+            "invalid configuration:\n  data.train_files: empty; give at least one JSONL, "
+            "JSON or Parquet file of prompts"
+        )
+    for key, files in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        for i, path in enumerate(files):
+            check_dataset_file(path, key=f"{key}[{i}]")
+
+
+def _check_resume(config: TrainerConfig) -> None:
+    """``--resume`` needs a complete checkpoint in ``run.output_dir``."""
+    out = config.run.output_dir
+    fresh = "run without --resume to start a new run"
+    if not out.is_dir():
+        raise CheckpointError(
+            f"--resume: the output folder {out} (run.output_dir) does not exist, so there is "
+            f"no checkpoint to resume from; {fresh}, or set run.output_dir to the earlier run's"
+        )
+    try:
+        latest_checkpoint(out)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--resume: {exc}; {fresh}") from None
+
+
+def _check_reward_functions(config: TrainerConfig) -> None:
+    """Resolve ``reward.function`` / ``cost.function`` now (a registered name, or a
+    ``module:function`` imported here), not at the first scoring after Ray started."""
+    for key, section in (("reward.function", config.reward), ("cost.function", config.cost)):
+        if section is None or not section.function:
+            continue
+        try:
+            get_reward_function(section.function)
+        except UnknownRewardFunctionError as exc:
+            raise ConfigError(f"invalid configuration:\n  {key}: {exc}") from None
 
 
 def _check_generation_layout(config: TrainerConfig, actor_settings: Any) -> None:

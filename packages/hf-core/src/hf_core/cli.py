@@ -1,20 +1,44 @@
-"""The ``hybridflow`` command line."""
+"""The ``hybridflow`` command line.
+
+Exit codes of ``hybridflow run``, so a launcher or a shell script can tell what happened:
+
+* 0: the run finished.
+* 1: the run failed inside: a worker raised or was lost.  One paragraph names the role, rank,
+  method and cause, the latest checkpoint and the command that resumes from it; the full
+  remote tracebacks go to ``<run.output_dir>/error.log``.
+* 2: a bad input (recipe, override, model folder, tokenizer, data, reward function,
+  checkpoint), reported in one message naming the key and the file -- before any process
+  starts and before anything is written to the run's output folder.
+* 130: interrupted (Ctrl-C): one line naming the last checkpoint.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+import traceback
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hf_core.config import ConfigError
-from hf_core.data import DataError
+from hf_core.errors import CheckpointError, HybridFlowError
 from hf_core.planner.cli import add_plan_command
 from hf_core.plugins import PluginLoadError, list_backends
-from hf_core.rewards import RewardFunctionError
+
+if TYPE_CHECKING:
+    from hf_core.config import TrainerConfig
+    from hf_core.runtime import WorkerError, WorkerLostError
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+ERROR_LOG = "error.log"
 
 
 def _backends(_: argparse.Namespace) -> int:
@@ -53,15 +77,139 @@ def _fields_epilog() -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Load and check everything, then train; worker failures and Ctrl-C become one message
+    and an exit code (bad inputs propagate to :func:`main`, which reports them)."""
     import logging
 
-    from hf_core.trainer import RLTrainer
     from hf_core.trainer.preflight import load_run_config
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = load_run_config(args.recipe, args.overrides)
-    RLTrainer(config, resume=args.resume).fit()  # prints its own summary table
+    config: TrainerConfig | None = None
+    try:
+        config = load_run_config(args.recipe, args.overrides, resume=args.resume)
+        return _train(config, args)
+    except KeyboardInterrupt:
+        _say("interrupted", _interrupted_line(config, args), "bold yellow")
+        return EXIT_INTERRUPTED
+
+
+def _train(config: TrainerConfig, args: argparse.Namespace) -> int:
+    from hf_core.trainer import RLTrainer
+
+    try:
+        RLTrainer(config, resume=args.resume).fit()  # prints its own summary table
+    except Exception as exc:
+        failure = _worker_failure(exc)
+        if failure is None:
+            raise
+        _say("error", _failure_paragraph(failure, exc, config, args))
+        return EXIT_FAILED
     return 0
+
+
+def _worker_failure(exc: BaseException) -> WorkerError | WorkerLostError | None:
+    """The :class:`WorkerError` / :class:`WorkerLostError` behind ``exc`` (itself or one it
+    was raised from), if any: the trainer may wrap them, e.g. after giving up restarting."""
+    from hf_core.runtime import WorkerError, WorkerLostError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, WorkerError | WorkerLostError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _failure_paragraph(
+    failure: WorkerError | WorkerLostError,
+    exc: BaseException,
+    config: TrainerConfig,
+    args: argparse.Namespace,
+) -> str:
+    """Role, rank, method, cause; the latest checkpoint and how to resume; where the
+    tracebacks are."""
+    from hf_core.runtime import WorkerError
+
+    if isinstance(failure, WorkerError):
+        cause = f"{failure.exc_type}: {_first_line(failure.message)}"
+        what = f"role {failure.role!r} rank {failure.rank} raised in {failure.method!r}"
+    else:
+        cause = _first_line(failure.reason)
+        what = f"role {failure.role!r} rank {failure.rank} was lost during {failure.method!r}"
+    out = Path(config.run.output_dir)
+    text = f"the run failed: {what}: {cause}. " + _resume_hint(out, args)
+    log = _write_error_log(out, failure, exc, args)
+    return text + (f" Full tracebacks: {log}." if isinstance(log, Path) else f" {log}")
+
+
+def _resume_hint(out: Path, args: argparse.Namespace) -> str:
+    checkpoint = _latest_checkpoint(out)
+    if checkpoint is None:
+        return (
+            f"No checkpoint was saved in {out}, so it starts over: {_command(args, resume=False)}"
+        )
+    return f"Latest checkpoint: {checkpoint}. Resume with: {_command(args, resume=True)}"
+
+
+def _interrupted_line(config: TrainerConfig | None, args: argparse.Namespace) -> str:
+    if config is None:
+        return "before the run started; nothing was written"
+    checkpoint = _latest_checkpoint(Path(config.run.output_dir))
+    if checkpoint is None:
+        return f"no checkpoint was saved in {config.run.output_dir}"
+    return f"latest checkpoint: {checkpoint}; resume with: {_command(args, resume=True)}"
+
+
+def _latest_checkpoint(out: Path) -> Path | None:
+    from hf_core.trainer.checkpoint import latest_checkpoint
+
+    try:
+        return latest_checkpoint(out)
+    except CheckpointError:
+        return None
+
+
+def _command(args: argparse.Namespace, *, resume: bool) -> str:
+    """The command line as given (``--resume`` added or removed): what to run next."""
+    words = [w for w in getattr(args, "argv", ["run"]) if w != "--resume"]
+    return shlex.join(["hybridflow", *words, *(["--resume"] if resume else [])])
+
+
+def _write_error_log(
+    out: Path, failure: BaseException, exc: BaseException, args: argparse.Namespace
+) -> Path | str:
+    """Append the remote and driver tracebacks to ``out/error.log``; its path, or why not."""
+    stacks = getattr(failure, "stacks_dir", None)
+    lines = [
+        f"=== hybridflow run failed at {datetime.now(UTC).isoformat()} ===",
+        f"command: {_command(args, resume=args.resume)}",
+        str(failure),  # a WorkerError's text carries the remote traceback
+        *([f"every rank's Python stacks: {stacks}"] if stacks else []),
+        "--- driver traceback ---",
+        "".join(traceback.format_exception(exc)),
+    ]
+    path = out / ERROR_LOG
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+    except OSError as err:
+        return f"(could not write {path}: {err}; the remote traceback was: {failure})"
+    return path
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+
+
+def _say(label: str, message: object, style: str = "bold red") -> None:
+    """One message on stderr: styled label, plain text (no markup parsing, no wrapping, so a
+    long path stays on one line and a bracket in a message prints as itself)."""
+    text = "\n".join(line for line in str(message).splitlines() if line.strip())
+    console = Console(stderr=True, soft_wrap=True, highlight=False)
+    console.print(Text.assemble((f"{label}: ", style), text))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,16 +236,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; options and overrides of ``run`` may come in any order
+    (``run recipe.yaml --resume k=v`` as well as ``run --resume recipe.yaml k=v``).
+
+    argparse fills ``run``'s positionals in one go, so words after an option come back
+    unrecognised; those that are not options are the rest of the overrides, in order.
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(list(argv))
+    if extra:
+        options = [word for word in extra if word.startswith("-")]
+        if args.command != "run" or options:
+            parser.error(f"unrecognized arguments: {' '.join(options or extra)}")
+        args.overrides = [*args.overrides, *extra]
+    args.argv = list(argv)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        return args.handler(args)
+        return int(args.handler(args))
     except PluginLoadError as exc:
-        Console(stderr=True).print(Text.assemble(("plugin error: ", "bold red"), str(exc)))
-        return 2
-    except (ConfigError, DataError, FileNotFoundError, RewardFunctionError) as exc:
-        Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
-        return 2
+        _say("plugin error", exc)
+        return EXIT_BAD_INPUT
+    except (HybridFlowError, FileNotFoundError) as exc:
+        _say("error", exc)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _say("interrupted", "stopped before the run started", "bold yellow")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -216,8 +216,8 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, raw_tokenizer):
         tmp_path / "bad.jsonl",
         [json.dumps({"prompt": "a"}), json.dumps({"prompt": "b"}), '{"prompt": "c",', "{}"],
     )
-    with pytest.raises(DataError, match=r"bad\.jsonl: line 3: malformed JSON"):
-        PromptDataset.from_files(path, raw_tokenizer)
+    with pytest.raises(DataError, match=r"bad\.jsonl: line 3: malformed JSON \(.* column 16\)"):
+        PromptDataset.from_files(path, raw_tokenizer)  # the column within that line
     path = _write_lines(tmp_path / "list.jsonl", [json.dumps({"prompt": "a"}), "[1, 2]"])
     with pytest.raises(DataError, match=r"list\.jsonl: line 2: expected a JSON object, got list"):
         read_records(path)

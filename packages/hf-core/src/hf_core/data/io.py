@@ -41,9 +41,14 @@ class RecordLocation:
         return where + (f" (line {self.line})" if self.line is not None else "")
 
 
+def _absolute(path: Path) -> str:
+    """`` (absolute: ...)`` for a relative path: relative to which folder is the usual doubt."""
+    return "" if path.is_absolute() else f" (absolute: {path.absolute()})"
+
+
 def _check_exists(path: Path) -> None:
     if not path.exists():
-        raise FileNotFoundError(f"prompt dataset not found: {path} (absolute: {path.absolute()})")
+        raise FileNotFoundError(f"prompt dataset not found: {path}{_absolute(path)}")
     if not path.is_file():
         raise DataError(f"prompt dataset {path} is not a file")
 
@@ -54,9 +59,7 @@ def check_dataset_file(path: str | os.PathLike[str], *, key: str = "dataset") ->
     without reading the records."""
     path = Path(path)
     if not path.exists():
-        raise DataError(
-            f"{key}: prompt dataset {path} does not exist (absolute: {path.absolute()})"
-        )
+        raise DataError(f"{key}: prompt dataset {path} does not exist{_absolute(path)}")
     if not path.is_file():
         raise DataError(f"{key}: prompt dataset {path} is not a file")
     suffix = path.suffix.lower()
@@ -76,7 +79,7 @@ def _read_jsonl(path: Path) -> list[tuple[dict[str, Any], RecordLocation]]:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line.rstrip("\r\n"))  # columns within the line
             except json.JSONDecodeError as e:
                 raise DataError(
                     f"{path}: line {line_no}: malformed JSON ({e.msg} at column {e.colno})"

@@ -95,7 +95,8 @@ def _load_yaml(path: Path) -> Any:
     missing or not YAML (PyYAML's own error is several lines and a traceback)."""
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "not found"
-        raise ConfigError(f"recipe file {what}: {path} (absolute: {path.absolute()})")
+        where = "" if path.is_absolute() else f" (absolute: {path.absolute()})"
+        raise ConfigError(f"recipe file {what}: {path}{where}")
     try:
         return OmegaConf.load(path)
     except yaml.MarkedYAMLError as exc:

@@ -366,8 +366,9 @@ def test_an_unknown_option_is_still_an_error(capsys: pytest.CaptureFixture[str])
 # ------------------------------------------------------- failures inside a run
 
 
-def _raise(exc: BaseException) -> Callable[..., None]:
+def _raise(exc: BaseException, restarts: int = 0) -> Callable[..., None]:
     def fit(self: object) -> None:
+        self.restarts = [f"lost {i}" for i in range(restarts)]  # type: ignore[attr-defined]
         raise exc
 
     return fit
@@ -427,11 +428,12 @@ def test_lost_worker_names_role_rank_method(
     lost = WorkerLostError("rollout", 0, "generate", "no heartbeat for 30 s")
     wrapped = RuntimeError("gave up after 2 restarts")
     wrapped.__cause__ = lost  # the trainer may wrap it; the CLI finds it
-    monkeypatch.setattr(RLTrainer, "fit", _raise(wrapped))
+    monkeypatch.setattr(RLTrainer, "fit", _raise(wrapped, restarts=2))
     code = main(["run", GRPO, f"run.output_dir={out}"])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 1
-    assert "role 'rollout' rank 0 was lost during 'generate': no heartbeat for 30 s" in err
+    assert "the run failed (after 2 restarts): role 'rollout' rank 0 was lost" in err
+    assert "during 'generate': no heartbeat for 30 s" in err
     assert "worker lost" in (out / "error.log").read_text()
 
 

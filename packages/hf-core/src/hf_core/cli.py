@@ -96,13 +96,15 @@ def _run(args: argparse.Namespace) -> int:
 def _train(config: TrainerConfig, args: argparse.Namespace) -> int:
     from hf_core.trainer import RLTrainer
 
+    trainer = RLTrainer(config, resume=args.resume)
     try:
-        RLTrainer(config, resume=args.resume).fit()  # prints its own summary table
+        trainer.fit()  # prints its own summary table
     except Exception as exc:
         failure = _worker_failure(exc)
         if failure is None:
             raise
-        _say("error", _failure_paragraph(failure, exc, config, args))
+        restarts = len(getattr(trainer, "restarts", ()))  # self-healing restarts before this
+        _say("error", _failure_paragraph(failure, exc, config, args, restarts))
         return EXIT_FAILED
     return 0
 
@@ -127,6 +129,7 @@ def _failure_paragraph(
     exc: BaseException,
     config: TrainerConfig,
     args: argparse.Namespace,
+    restarts: int = 0,
 ) -> str:
     """Role, rank, method, cause; the latest checkpoint and how to resume; where the
     tracebacks are."""
@@ -139,7 +142,8 @@ def _failure_paragraph(
         cause = _first_line(failure.reason)
         what = f"role {failure.role!r} rank {failure.rank} was lost during {failure.method!r}"
     out = Path(config.run.output_dir)
-    text = f"the run failed: {what}: {cause}. " + _resume_hint(out, args)
+    after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts else ""
+    text = f"the run failed{after}: {what}: {cause}. " + _resume_hint(out, args)
     log = _write_error_log(out, failure, exc, args)
     return text + (f" Full tracebacks: {log}." if isinstance(log, Path) else f" {log}")
 

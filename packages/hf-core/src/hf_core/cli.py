@@ -143,9 +143,9 @@ def _failure_paragraph(
         what = f"role {failure.role!r} rank {failure.rank} was lost during {failure.method!r}"
     out = Path(config.run.output_dir)
     after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts else ""
-    text = f"the run failed{after}: {what}: {cause}. " + _resume_hint(out, args)
     log = _write_error_log(out, failure, exc, args)
-    return text + (f" Full tracebacks: {log}." if isinstance(log, Path) else f" {log}")
+    logged = f"Full tracebacks: {log}." if isinstance(log, Path) else log
+    return f"the run failed{after}: {what}: {cause}. {logged} {_resume_hint(out, args)}"
 
 
 def _resume_hint(out: Path, args: argparse.Namespace) -> str:
@@ -192,7 +192,12 @@ def _write_error_log(
         str(failure),  # a WorkerError's text carries the remote traceback
         *([f"every rank's Python stacks: {stacks}"] if stacks else []),
         "--- driver traceback ---",
-        "".join(traceback.format_exception(exc)),
+        # the failure's own text is above; a wrapping exception shows the whole chain
+        "".join(
+            traceback.format_tb(exc.__traceback__)
+            if exc is failure
+            else traceback.format_exception(exc)
+        ),
     ]
     path = out / ERROR_LOG
     try:

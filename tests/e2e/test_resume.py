@@ -1,4 +1,9 @@
-"""Resume: 6 steps straight == 3 steps, stop, --resume, 3 more (metrics and weights)."""
+"""Resume: 6 steps straight == 3 steps, stop, --resume, 3 more (metrics and weights).
+
+Two cases: inside an epoch (the full 1000-prompt task) and exactly at an epoch's end (a
+24-prompt file, 3 batches of 8 per epoch), where the resumed run must go on into the next
+epoch with the order an uninterrupted run uses.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +24,14 @@ VOLATILE = (
     "perf/weight_sync_s",
     "memory/",
     "timestamp",
+    # The hand-overs of a save (to_training) are counted into the next step's bytes; a
+    # resumed process has no such save before its first step, so step k+1 differs there.
+    "handover/",
 )
+EPOCH_PROMPTS = 24  # with data.batch_size 8: 3 steps per epoch, so step 3 ends epoch 0
 
 
-def _run(out: Path, steps: int, resume: bool = False) -> list[dict]:
+def _run(out: Path, steps: int, extra: list[str], resume: bool = False) -> list[dict]:
     config = load_config(
         TrainerConfig,
         RECIPES / "grpo.yaml",
@@ -33,6 +42,7 @@ def _run(out: Path, steps: int, resume: bool = False) -> list[dict]:
             "run.export_final=true",
             "run.val_every=0",
             "run.progress=false",
+            *extra,
         ],
     )
     RLTrainer(config, resume=resume).fit()
@@ -50,14 +60,35 @@ def _weights(out: Path) -> dict:
     return tensors
 
 
+def _small_train_file(workdir: Path) -> Path:
+    """The first EPOCH_PROMPTS prompts of the task, as a training file of their own."""
+    lines = (workdir / "runs" / "assets" / "train.jsonl").read_text().splitlines()
+    path = workdir / "runs" / "assets" / f"train{EPOCH_PROMPTS}.jsonl"
+    path.write_text("\n".join(lines[:EPOCH_PROMPTS]) + "\n")
+    return path
+
+
+def _loader_position(out: Path, step: int) -> tuple[int, int]:
+    doc = json.loads((out / "checkpoints" / f"step_{step}" / "trainer_state.json").read_text())
+    return doc["state"]["loader"]["epoch"], doc["state"]["loader"]["offset"]
+
+
 @pytest.mark.usefixtures("ray_cluster")
-def test_resume_matches_an_uninterrupted_run(in_workdir: Path) -> None:
-    straight = _run(in_workdir / "runs" / "straight", 6)
-    _run(in_workdir / "runs" / "stopped", 3)
-    resumed = _run(in_workdir / "runs" / "stopped", 6, resume=True)
+@pytest.mark.parametrize("case", ["mid_epoch", "epoch_boundary"])
+def test_resume_matches_an_uninterrupted_run(in_workdir: Path, case: str) -> None:
+    extra = []
+    if case == "epoch_boundary":
+        extra = [f"data.train_files=[{_small_train_file(in_workdir)}]", "data.batch_size=8"]
+    straight_dir = in_workdir / "runs" / case / "straight"
+    stopped_dir = in_workdir / "runs" / case / "stopped"
+    straight = _run(straight_dir, 6, extra)
+    _run(stopped_dir, 3, extra)
+    if case == "epoch_boundary":  # stopped right after epoch 0's last batch
+        assert _loader_position(stopped_dir, 3) == (1, 0)
+    resumed = _run(stopped_dir, 6, extra, resume=True)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     assert [_stable(r) for r in resumed] == [_stable(r) for r in straight]
-    a, b = _weights(in_workdir / "runs" / "straight"), _weights(in_workdir / "runs" / "stopped")
+    a, b = _weights(straight_dir), _weights(stopped_dir)
     assert a.keys() == b.keys() and a
     for name in a:
         assert a[name].equal(b[name]), name

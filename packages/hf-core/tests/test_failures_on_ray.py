@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import time
+from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
+from hf_core.protocols import register
 from hf_core.runtime import (
     GroupBrokenError,
     ResourcePool,
@@ -14,6 +19,7 @@ from hf_core.runtime import (
     WorkerLostError,
     spawn,
 )
+from hf_core.worker import Worker
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -87,6 +93,57 @@ def test_lost_worker_is_reported_within_the_bound(how: str) -> None:
         assert elapsed < bound + 10.0, f"took {elapsed:.1f} s"  # vs 120 s of sleeping peers
         with pytest.raises(GroupBrokenError):
             group.one_to_all("still there?")
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+def _sleep_holding_the_gil(seconds: int) -> None:
+    """A C call that never releases the GIL: the control thread cannot answer heartbeats,
+    as with a deadlock inside a C extension."""
+    ctypes.PyDLL(None).sleep(seconds)
+
+
+class FrozenWorker(Worker):
+    """Imported by the worker processes from this module (the tests folder is on their path)."""
+
+    @register("ONE_TO_ALL")
+    def freeze_in_c(self, rank: int) -> int:
+        """``rank`` freezes holding the GIL; the others block in an all-reduce it never joins."""
+        if self.rank == rank:
+            _sleep_holding_the_gil(600)
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return int(value.item())
+
+
+def test_frozen_worker_is_reported_with_every_ranks_stacks(tmp_path: Path) -> None:
+    bound = 5.0
+    stacks = tmp_path / "stacks"
+    pool = ResourcePool([2], name="frozen")
+    group = spawn(pool, {"frozen": FrozenWorker}, failure_timeout_s=bound, stacks_dir=str(stacks))[
+        "frozen"
+    ]
+    try:
+        assert group.freeze_in_c(rank=-1) == [2, 2]  # a healthy call disarms the watchdog:
+        time.sleep(bound)  # nothing is dumped after it returned
+        assert not [p for p in stacks.glob("*") if p.stat().st_size], "a healthy call dumped"
+        start = time.monotonic()
+        with pytest.raises(WorkerLostError, match="no heartbeat") as info:
+            group.freeze_in_c(rank=1)
+        elapsed = time.monotonic() - start
+        assert info.value.rank == 1
+        assert elapsed < bound + 8.0, f"took {elapsed:.1f} s"  # heartbeat period + dump requests
+        assert info.value.stacks_dir == str(stacks)
+        assert str(stacks) in str(info.value)
+        frozen, waiting = sorted(stacks.glob("*_rank1.txt")), sorted(stacks.glob("*_rank0.txt"))
+        assert len(frozen) == 1 and len(waiting) == 1, sorted(stacks.iterdir())
+        frozen_text, waiting_text = frozen[0].read_text(), waiting[0].read_text()
+        # The frozen rank's own watchdog (a C thread) wrote its stacks: it could not answer.
+        assert "Timeout" in frozen_text and "_sleep_holding_the_gil" in frozen_text
+        # The survivor dumped on the controller's request: it waits in the collective.
+        assert "rank 1 (frozen) lost" in waiting_text
+        assert "freeze_in_c" in waiting_text and "all_reduce" in waiting_text
     finally:
         group.shutdown()
         pool.release()

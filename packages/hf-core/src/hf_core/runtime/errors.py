@@ -22,14 +22,26 @@ class WorkerError(RuntimeError):
 
 
 class WorkerLostError(RuntimeError):
-    """A worker process died or stopped answering heartbeats."""
+    """A worker process died or stopped answering heartbeats.
 
-    def __init__(self, role: str, rank: int, method: str, reason: str) -> None:
+    Unlike :class:`WorkerError` (a Python exception raised by worker code, which would be
+    raised again by the same code), this is an infrastructure fault: the trainer's
+    self-healing restarts the groups on it.  ``stacks_dir`` is the folder holding every
+    rank's Python stacks dumped when the loss was detected (``None``: not dumped).
+    """
+
+    def __init__(
+        self, role: str, rank: int, method: str, reason: str, stacks_dir: str | None = None
+    ) -> None:
         self.role, self.rank, self.method, self.reason = role, rank, method, reason
-        super().__init__(f"worker lost: role {role!r} rank {rank} during {method!r}: {reason}")
+        self.stacks_dir = stacks_dir
+        where = f"; every rank's Python stacks are in {stacks_dir}" if stacks_dir else ""
+        super().__init__(
+            f"worker lost: role {role!r} rank {rank} during {method!r}: {reason}{where}"
+        )
 
-    def __reduce__(self) -> tuple[type, tuple[str, int, str, str]]:
-        return (type(self), (self.role, self.rank, self.method, self.reason))
+    def __reduce__(self) -> tuple[type, tuple[str, int, str, str, str | None]]:
+        return (type(self), (self.role, self.rank, self.method, self.reason, self.stacks_dir))
 
 
 class GroupBrokenError(RuntimeError):

@@ -14,11 +14,15 @@ the producing ranks to the consuming ones when the protocols agree on the chunki
 Failures never hang the controller: an exception on any rank becomes a
 :class:`~hf_core.runtime.errors.WorkerError` with role, rank, method and remote traceback; a
 dead or unresponsive process becomes a :class:`~hf_core.runtime.errors.WorkerLostError` within
-``failure_timeout_s``.
+``failure_timeout_s``.  Before raising it the controller has every rank append its Python
+stacks to a file in ``stacks_dir`` (a rank frozen with the GIL held dumps its own, from a
+watchdog: see :class:`~hf_core.runtime.host.StackWatchdog`); the error names the folder.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -38,6 +42,9 @@ from hf_core.runtime.pool import ResourcePool
 from hf_core.worker import StaleMeshError, Worker
 
 _POLL_S = 0.2
+_WATCHDOG_SHARE = 0.8
+"""A rank's own stack watchdog fires after this share of ``failure_timeout_s`` without a
+heartbeat, so its dump is written before the controller (bound: the whole timeout) reports it."""
 
 
 class HostSet:
@@ -53,14 +60,20 @@ class HostSet:
         env: Mapping[str, str] | None,
         failure_timeout_s: float,
         startup_timeout_s: float,
+        stacks_dir: str | None = None,
     ) -> None:
         self.pool, self.name = pool, name
         self.failure_timeout_s = failure_timeout_s
         self.heartbeat_s = min(5.0, failure_timeout_s / 3)
         self.broken: str | None = None
+        self.stacks_dir = stacks_dir or os.path.join(tempfile.gettempdir(), "hybridflow-stacks")
         remote_host = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(WorkerHost)
         slots = pool.slots()
         uid = uuid.uuid4().hex[:6]
+        self.stack_files = [
+            os.path.join(self.stacks_dir, f"{name}_{uid}_rank{rank}.txt")
+            for rank in range(len(slots))
+        ]
         self.actors = [
             remote_host.options(
                 **pool.actor_resources(),
@@ -69,7 +82,15 @@ class HostSet:
                     placement_group_bundle_index=slot.bundle_index,
                 ),
                 name=f"{name}_{uid}_rank{rank}",
-            ).remote(roles, rank, len(slots), slot.local_rank, dict(env or {}))
+            ).remote(
+                roles,
+                rank,
+                len(slots),
+                slot.local_rank,
+                dict(env or {}),
+                stacks_file=self.stack_files[rank],
+                watchdog_s=failure_timeout_s * _WATCHDOG_SHARE,
+            )
             for rank, slot in enumerate(slots)
         ]
         self.world_size = len(self.actors)
@@ -113,11 +134,30 @@ class HostSet:
 
         Polls so that a failed rank is reported at once rather than after the others, and
         pings ranks that are still running so that a hung or vanished process is reported
-        after ``silence_s`` (default ``failure_timeout_s``) without a heartbeat.
+        after ``silence_s`` (default ``failure_timeout_s``) without a heartbeat.  A lost rank
+        is reported with every rank's stacks dumped first (the error names the folder).
         """
-        silence_s = self.failure_timeout_s if silence_s is None else silence_s
         if self.broken:
             raise GroupBrokenError(f"worker group {self.name!r} is broken: {self.broken}")
+        try:
+            return self._wait(refs, ranks, role, method, silence_s)
+        except WorkerLostError as exc:
+            if exc.stacks_dir is not None:
+                raise
+            self.dump_stacks(f"rank {exc.rank} ({exc.role}) lost during {exc.method!r}")
+            raise WorkerLostError(
+                exc.role, exc.rank, exc.method, exc.reason, self.stacks_dir
+            ) from None
+
+    def _wait(
+        self,
+        refs: list[ray.ObjectRef],
+        ranks: list[int],
+        role: str,
+        method: str,
+        silence_s: float | None,
+    ) -> list:
+        silence_s = self.failure_timeout_s if silence_s is None else silence_s
         pending = {ref: i for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pings: dict[int, tuple[ray.ObjectRef, float]] = {}
@@ -129,7 +169,10 @@ class HostSet:
                 try:
                     results[i] = self._get(ref, ranks[i], role, method)
                 except (WorkerError, StaleMeshError):
-                    self._settle_peers(list(pending), ranks[i], role, method)
+                    peers = list(pending)
+                    self._settle_peers(peers, ranks[i], role, method)
+                    peer_ranks = [ranks[pending[r]] for r in peers]
+                    self._raise_if_peer_died(peers, peer_ranks, role, method)
                     raise
             now = time.monotonic()
             if pending and now - last_heartbeat >= self.heartbeat_s:
@@ -156,6 +199,26 @@ class HostSet:
                 f"rank(s) did not finish within {self.failure_timeout_s} s (blocked in a "
                 f"collective?)"
             )
+
+    def _raise_if_peer_died(
+        self, peers: list[ray.ObjectRef], ranks: list[int], role: str, method: str
+    ) -> None:
+        """Report a peer's death rather than the error it caused on a survivor.
+
+        A rank killed mid-collective makes the others' collective raise at once (gloo:
+        "connection closed by peer"), often before Ray reports the death; the death is the
+        cause, and it is what a restart can heal, so it wins.
+        """
+        done, _ = ray.wait(peers, num_returns=len(peers), timeout=0)
+        for ref in done:
+            rank = ranks[peers.index(ref)]
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError as exc:
+                self.broken = f"rank {rank} ({role}) died during {method!r}"
+                raise WorkerLostError(role, rank, method, f"process died: {exc}") from None
+            except Exception:  # a peer's own error: the first one is reported
+                continue
 
     def _get(self, ref: ray.ObjectRef, rank: int, role: str, method: str) -> Any:
         try:
@@ -202,11 +265,46 @@ class HostSet:
                     f"no heartbeat for {now - sent:.1f} s (bound {silence_s} s)",
                 )
 
+    def dump_stacks(self, reason: str) -> str:
+        """Have every live rank append its Python stacks to its file in ``stacks_dir``.
+
+        Bounded: a dead rank answers with an error at once, a frozen one not at all (its own
+        watchdog dumped it already); neither delays the report by more than a few seconds.
+        """
+        refs = []
+        for actor in self.actors:
+            try:
+                refs.append(actor.dump_stacks.remote(reason))
+            except Exception:  # an actor handle already gone
+                continue
+        timeout = min(3.0, self.failure_timeout_s / 2)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for ref in done:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:  # a dead rank has no stacks to give
+                continue
+        return self.stacks_dir
+
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
         self.broken = "shut down"
+        self._remove_empty_stack_files()
+
+    def _remove_empty_stack_files(self) -> None:
+        """A healthy run leaves no stacks files behind (the watchdog opens its file early)."""
+        for path in self.stack_files:
+            try:
+                if os.path.getsize(path) == 0:
+                    os.remove(path)
+            except OSError:
+                continue  # never written, or on another node's disk
+        try:
+            os.rmdir(self.stacks_dir)  # only if empty
+        except OSError:
+            pass
 
 
 class GroupFuture:
@@ -434,12 +532,15 @@ def spawn(
     env: Mapping[str, str] | None = None,
     failure_timeout_s: float = 30.0,
     startup_timeout_s: float = 300.0,
+    stacks_dir: str | None = None,
 ) -> dict[str, WorkerGroup]:
     """Start one process per bundle hosting every role given; one group per role.
 
     ``dist_backend``: ``"auto"`` (gloo on CPU pools, nccl on GPU pools), an explicit backend,
     or ``None`` to skip torch.distributed.  ``failure_timeout_s`` bounds how long a running
     call may go without a heartbeat; ``startup_timeout_s`` does so while processes start.
+    ``stacks_dir``: where every rank's Python stacks go when a rank is lost (default:
+    ``<tmp>/hybridflow-stacks``).
     """
     if not roles:
         raise ValueError("spawn needs at least one role")
@@ -455,5 +556,6 @@ def spawn(
         env=env,
         failure_timeout_s=failure_timeout_s,
         startup_timeout_s=startup_timeout_s,
+        stacks_dir=stacks_dir,
     )
     return {role: WorkerGroup(hosts, role, spec.cls) for role, spec in specs.items()}

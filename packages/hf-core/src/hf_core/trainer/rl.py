@@ -4,6 +4,14 @@ Each step: generate (hybrid engine) -> reference log-probs, values, reward/cost 
 parallel (futures) -> advantages on the driver -> critic update -> actor update -> weight sync.
 The algorithm is chosen by configuration (advantage estimator, policy loss, KL mode), so PPO,
 GRPO, ReMax, RLOO, REINFORCE++ and Safe-RLHF are this one loop with different settings.
+
+Self-healing: a worker that dies or hangs (:class:`~hf_core.runtime.WorkerLostError`) makes
+the controller tear the groups down, spawn them again and resume from the run's latest
+checkpoint (step 0 if it has none yet), up to ``run.max_restarts`` times.  A Python exception
+raised by worker code (:class:`~hf_core.runtime.WorkerError`) is not retried: the same code
+would raise it again.  Neither is anything raised on the driver (config, data, reward code).
+Checkpoints come every ``run.save_every`` steps and also once ``run.save_every_minutes``
+passed since the last one, so a fault loses at most that much work.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from hf_core.rewards import RuleReward
 from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import mismatch_parts, mismatch_summary
 from hf_core.roles.weight_sync import merge_rank_metrics
-from hf_core.runtime import Cluster
+from hf_core.runtime import Cluster, WorkerLostError
 from hf_core.trainer.auto_placement import place_roles
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
 from hf_core.trainer.checkpoint import (
@@ -46,7 +54,7 @@ from hf_core.trainer.checkpoint import (
     set_rng_state,
 )
 from hf_core.trainer.preflight import preflight
-from hf_core.trainer.spawning import RoleGroups, spawn_roles
+from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +103,6 @@ class RLTrainer:
         self.train_set = PromptDataset.from_files(
             [str(p) for p in data.train_files], self.tokenizer, **dataset_kwargs
         )
-        self.loader = PromptLoader(
-            self.train_set,
-            data.batch_size,
-            shuffle=data.shuffle,
-            seed=config.run.seed,
-            num_epochs=data.num_epochs,
-        )
         self.val_loader = (
             PromptLoader.for_validation(
                 PromptDataset.from_files(
@@ -120,6 +121,27 @@ class RLTrainer:
             if config.cost is not None and config.cost.function
             else None
         )
+        self.roles: RoleGroups | None = None
+        self.restarts: list[str] = []
+        """The cause of each self-healing restart of this run, in order."""
+        self._checkpoint_step: int | None = None
+        """Step of the newest checkpoint this run wrote or resumed from (None: none yet); a
+        restart resumes only from such a one, never from a stale run's in the same folder."""
+        self._last_save = time.monotonic()
+        self._resume_now = resume
+        """Whether the next attempt of :meth:`_fit` starts from the latest checkpoint."""
+        self._new_run_state()
+
+    def _new_run_state(self) -> None:
+        """The driver's training state at step 0 (a restart with no checkpoint goes back here)."""
+        config = self.config
+        self.loader = PromptLoader(
+            self.train_set,
+            config.data.batch_size,
+            shuffle=config.data.shuffle,
+            seed=config.run.seed,
+            num_epochs=config.data.num_epochs,
+        )
         kl = config.algorithm.kl
         self.kl_ctl = make_kl_controller(
             kl.controller, kl_coef=kl.coef, target_kl=kl.target, horizon=kl.horizon
@@ -134,7 +156,6 @@ class RLTrainer:
             else None
         )
         self.step = 0
-        self.roles: RoleGroups | None = None
         self.handover_log: list[dict[str, Any]] = []
         """Per step, rank 0's memory hand-over events in order (engine, action, bytes)."""
 
@@ -146,23 +167,81 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ run
     def fit(self) -> RunSummary:
-        cfg = self.config
-        random.seed(cfg.run.seed)
-        np.random.seed(cfg.run.seed)
-        torch.manual_seed(cfg.run.seed)
-        placed = place_roles(cfg, self.output_dir)  # auto: the planner's pools and layouts
+        self._seed()
+        placed = place_roles(self.config, self.output_dir)  # auto: the planner's pools, layouts
         self.config = cfg = placed.config
         with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):
-            self.roles = spawn_roles(cfg, placed.pools)
+            return self._fit_with_restarts(placed.pools)
+
+    def _seed(self) -> None:
+        seed = self.config.run.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+    def _fit_with_restarts(self, pools: list[PoolSpec]) -> RunSummary:
+        """Spawn the groups and train; on a lost or hung worker, start over from the latest
+        checkpoint with fresh groups, at most ``run.max_restarts`` times.
+
+        Only :class:`WorkerLostError` restarts (a process died, or stopped answering within
+        ``cluster.failure_timeout_s``): that is a fault of the machine, not of the program.
+        Everything else propagates at once, with the groups torn down.
+        """
+        self._resume_now = self.resume
+        while True:
             try:
+                self.roles = spawn_roles(
+                    self.config, pools, stacks_dir=str(self.output_dir / "stacks")
+                )
                 return self._fit()
+            except WorkerLostError as exc:
+                if len(self.restarts) >= self.config.run.max_restarts:
+                    raise
+                self._resume_now = self._prepare_restart(exc)
             finally:
-                self.roles.shutdown()
-                self.roles = None
+                if self.roles is not None:
+                    self.roles.shutdown()
+                    self.roles = None
+
+    def _prepare_restart(self, cause: WorkerLostError) -> bool:
+        """Log the restart and its cause; True to resume from a checkpoint, False to go back
+        to step 0 (no checkpoint of this run exists yet)."""
+        self.restarts.append(str(cause))
+        resume = self._checkpoint_step is not None
+        log.warning(
+            "restart %d/%d after a worker failure at step %d, from %s: %s",
+            len(self.restarts),
+            self.config.run.max_restarts,
+            self.step,
+            f"the checkpoint of step {self._checkpoint_step}" if resume else "step 0",
+            cause,
+        )
+        if not resume:
+            self._seed()
+            self._new_run_state()
+        return resume
+
+    def _save_due(self) -> bool:
+        """Every ``save_every`` steps, and whenever ``save_every_minutes`` passed since the
+        last save (bounding the work a fault can lose)."""
+        run = self.config.run
+        if run.save_every and self.step % run.save_every == 0:
+            return True
+        minutes = run.save_every_minutes
+        return minutes is not None and time.monotonic() - self._last_save >= minutes * 60
+
+    def _checkpoint(self) -> None:
+        self.save()
+        self._checkpoint_step = self.step
+        self._last_save = time.monotonic()
 
     def _fit(self) -> RunSummary:
+        """One attempt: restore (``--resume`` or a restart), train, save, export."""
         cfg = self.config
-        resumed_step = self._restore() if self.resume else None
+        resumed_step = self._restore() if self._resume_now else None
+        self._last_save = time.monotonic()
+        if resumed_step is not None:
+            self._checkpoint_step = resumed_step
         if resumed_step is None and cfg.sft.steps:
             self._warm_start()
         logger = MetricsLogger(
@@ -187,12 +266,10 @@ class RLTrainer:
                 ):
                     metrics.update(self.validate())
                 logger.log(metrics, self.step)
-                if cfg.run.save_every and self.step % cfg.run.save_every == 0:
-                    self.save()
-            if cfg.run.save_final and not (
-                cfg.run.save_every and self.step % cfg.run.save_every == 0
-            ):
-                self.save()
+                if self._save_due():
+                    self._checkpoint()
+            if cfg.run.save_final and self._checkpoint_step != self.step:
+                self._checkpoint()
             if cfg.run.export_final:
                 self._groups.actor.export_hf(str(self.output_dir / "actor_hf"))
         except BaseException:

@@ -71,8 +71,14 @@ def configured_pools(config: TrainerConfig) -> list[PoolSpec]:
     raise ValueError(f"placement.mode={placement.mode!r} has no fixed pools")
 
 
-def spawn_roles(config: TrainerConfig, pools: Sequence[PoolSpec]) -> RoleGroups:
-    """One process per rank; every role of a pool shares its processes."""
+def spawn_roles(
+    config: TrainerConfig, pools: Sequence[PoolSpec], *, stacks_dir: str | None = None
+) -> RoleGroups:
+    """One process per rank; every role of a pool shares its processes.
+
+    ``stacks_dir``: where every rank's Python stacks are dumped when one is lost or hangs
+    (the trainer passes ``<output_dir>/stacks``).
+    """
     specs = role_specs(config)
     placed = sorted(r for pool in pools for r in pool.roles)
     if placed != sorted(specs):
@@ -90,6 +96,7 @@ def spawn_roles(config: TrainerConfig, pools: Sequence[PoolSpec]) -> RoleGroups:
                     {r: specs[r] for r in pool.roles},
                     name=name,
                     failure_timeout_s=config.cluster.failure_timeout_s,
+                    stacks_dir=stacks_dir,
                 )
             )
     except BaseException:

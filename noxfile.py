@@ -238,6 +238,19 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def faults(session: nox.Session) -> None:
+    """Fault-injection trials on short GRPO runs (not in the default matrix: minutes per trial).
+
+    Kills a worker, freezes one, Ctrl-Cs the driver and kills the run mid-save, each
+    ``--trials N`` times (default 10), and prints hangs, leftover processes and lost steps:
+    ``nox -s faults -- --trials 2 --kinds kill,freeze``.
+    """
+    _install_base(session)
+    session.install(*_constraints(), *_editable("hf-fsdp"))
+    session.run("python", str(ROOT / "faults" / "trials.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff lint and format check over the whole tree, then mypy over every package.
 

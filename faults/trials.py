@@ -1,0 +1,338 @@
+"""Fault-injection trials on real GRPO runs (``nox -s faults``; not in the default matrix).
+
+Each kind of fault is injected into a short ``hybridflow run recipes/grpo.yaml`` (tiny assets,
+a private Ray instance per trial), ``--trials N`` times:
+
+* ``kill``     SIGKILL one worker process mid-run: the run must heal by itself (one restart
+               from its latest checkpoint) and finish;
+* ``freeze``   SIGSTOP one worker process: reported within ``cluster.failure_timeout_s`` with
+               stacks dumped, then healed as above;
+* ``sigint``   Ctrl-C (SIGINT to the driver's whole process group, as a terminal sends it):
+               the driver must exit promptly; ``--resume`` then finishes the run;
+* ``save-kill`` SIGKILL the whole run while a checkpoint is being written: ``--resume`` must
+               continue from the last complete checkpoint and finish.
+
+Counted per trial: a hang (a deadline passed), leftover processes (any process still carrying
+the trial's environment marker some seconds after the end: killed, then counted), lost steps
+(steps of 1..total missing from the final metrics.jsonl, or out of order) and redone steps
+(work a fault cost: rows dropped on resume).  Prints one table row per kind.
+
+    python faults/trials.py --trials 2 --kinds kill,freeze
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "grpo.yaml"
+MARKER = "HF_FAULT_TRIAL"
+KINDS = ("kill", "freeze", "sigint", "save-kill")
+FAILURE_TIMEOUT_S = 10
+
+
+@dataclasses.dataclass
+class Outcome:
+    kind: str
+    ok: bool = False
+    hang: bool = False
+    leftovers: int = 0
+    lost_steps: int = 0
+    redone_steps: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Trial:
+    """One run folder, one Ray temp folder and one marker: everything a trial starts."""
+
+    workdir: Path
+    steps: int
+    deadline_s: float
+    token: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def out(self) -> Path:
+        return self.workdir / "runs" / f"trial_{self.token[:8]}"
+
+    def env(self) -> dict[str, str]:
+        ray_tmp = tempfile.mkdtemp(prefix="hff-", dir="/tmp")  # short unix socket paths
+        env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_TMPDIR=ray_tmp, **{MARKER: self.token})
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+    def command(self, resume: bool = False) -> list[str]:
+        overrides = [
+            f"run.output_dir={self.out}",
+            f"run.total_steps={self.steps}",
+            "run.save_every=2",
+            "run.max_restarts=1",
+            "run.val_every=0",
+            "run.progress=false",
+            "rollout.max_new_tokens=4",
+            "cluster.num_cpus=4",
+            f"cluster.failure_timeout_s={FAILURE_TIMEOUT_S}",
+        ]
+        cmd = [sys.executable, "-m", "hf_core.cli", "run", str(RECIPE), *overrides]
+        return [*cmd, "--resume"] if resume else cmd
+
+    def start(self, resume: bool = False) -> subprocess.Popen:
+        log = (self.out.parent / f"{self.out.name}{'_resume' if resume else ''}.log").open("w")
+        return subprocess.Popen(
+            self.command(resume),
+            cwd=self.workdir,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: Ctrl-C and kill -9 of "the run"
+        )
+
+    def log_text(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.out.parent.glob(f"{self.out.name}*.log")))
+
+    def metrics_steps(self) -> list[int]:
+        path = self.out / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_for(self, what: Callable[[], bool], proc: subprocess.Popen, poll_s: float) -> bool:
+        deadline = time.monotonic() + self.deadline_s
+        while time.monotonic() < deadline:
+            if what():
+                return True
+            if proc.poll() is not None:
+                return False
+            time.sleep(poll_s)
+        return False
+
+    def finish(self, proc: subprocess.Popen) -> bool:
+        """Wait for the driver; False (a hang) if it outlives the deadline (then killed)."""
+        try:
+            proc.wait(timeout=self.deadline_s)
+            return True
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return False
+
+    def workers(self) -> list[int]:
+        """Pids of the run's worker processes (Ray titles them ``ray::WorkerHost...``)."""
+        return sorted(pid for pid, cmd in _marked(self.token).items() if "WorkerHost" in cmd)
+
+    def leftovers(self, grace_s: float = 20.0) -> int:
+        """Processes of this trial still alive ``grace_s`` after its end (then killed)."""
+        deadline = time.monotonic() + grace_s
+        while (left := _marked(self.token)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        if left:
+            print(f"  leftover: {left}", flush=True)
+        return len(left)
+
+    def lost_and_redone(self) -> tuple[int, int]:
+        steps = self.metrics_steps()
+        lost = 0 if steps == list(range(1, self.steps + 1)) else self.steps - len(set(steps))
+        lost = max(lost, 1) if steps != sorted(set(steps)) else lost
+        dropped = sum(int(n) for n in re.findall(r"dropped (\d+) rows after step", self.log_text()))
+        return lost, dropped
+
+
+def _marked(token: str) -> dict[int, str]:
+    """pid -> command line of every live process whose environment carries the trial's
+    marker (the driver, Ray's daemons, the workers: they all inherit it), from /proc."""
+    entry = f"{MARKER}={token}".encode()
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or entry not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # a zombie holds nothing; its parent reaps it
+            found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def _reached(trial: Trial, step: int) -> Callable[[], bool]:
+    return lambda: any(s >= step for s in trial.metrics_steps())
+
+
+# ---------------------------------------------------------------------- kinds
+
+
+def _heal(trial: Trial, outcome: Outcome, sig: signal.Signals) -> None:
+    """Hit one worker with ``sig`` after step 3; the run must finish by itself."""
+    proc = trial.start()
+    if not trial.wait_for(_reached(trial, 3), proc, 0.2) or not trial.workers():
+        outcome.note = "run ended before the fault"
+    else:
+        _signal(trial.workers()[-1], sig)
+    outcome.hang = not trial.finish(proc)
+    restarted = "restart 1/1" in trial.log_text()
+    outcome.ok = not outcome.hang and proc.returncode == 0 and restarted
+    if sig == signal.SIGSTOP and not any((trial.out / "stacks").glob("*.txt")):
+        outcome.ok, outcome.note = False, "no stacks dumped"
+
+
+def run_kill(trial: Trial, outcome: Outcome) -> None:
+    _heal(trial, outcome, signal.SIGKILL)
+
+
+def run_freeze(trial: Trial, outcome: Outcome) -> None:
+    _heal(trial, outcome, signal.SIGSTOP)
+
+
+def run_sigint(trial: Trial, outcome: Outcome) -> None:
+    """Ctrl-C after step 3: the driver must exit within 60 s; --resume finishes the run."""
+    proc = trial.start()
+    if not trial.wait_for(_reached(trial, 3), proc, 0.2):
+        outcome.note = "run ended before the fault"
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        outcome.hang = True
+        _kill_group(proc)
+    outcome.leftovers += trial.leftovers()
+    resumed = trial.start(resume=True)
+    outcome.hang |= not trial.finish(resumed)
+    outcome.ok = not outcome.hang and proc.returncode != 0 and resumed.returncode == 0
+
+
+def run_save_kill(trial: Trial, outcome: Outcome) -> None:
+    """SIGKILL the run's whole process group while a checkpoint is half written (not the
+    first one: a run killed before any checkpoint exists has nothing to resume from)."""
+    proc = trial.start()
+    root = trial.out / "checkpoints"
+
+    def saving() -> bool:
+        if not (root / "latest").is_file():
+            return False
+        return any(p.name.endswith(".partial") for p in root.iterdir())
+
+    caught = trial.wait_for(saving, proc, 0.005)
+    _kill_group(proc)
+    outcome.leftovers += trial.leftovers()
+    if not caught:
+        outcome.note = "no save caught in progress"
+    resumed = trial.start(resume=True)
+    outcome.hang = not trial.finish(resumed)
+    outcome.ok = caught and not outcome.hang and resumed.returncode == 0
+
+
+RUNNERS: dict[str, Callable[[Trial, Outcome], None]] = {
+    "kill": run_kill,
+    "freeze": run_freeze,
+    "sigint": run_sigint,
+    "save-kill": run_save_kill,
+}
+
+
+# ---------------------------------------------------------------------- driver
+
+
+def _make_assets(workdir: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "make_assets", ROOT / "recipes" / "make_assets.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.make_assets(workdir / "runs" / "assets")
+
+
+def run_trial(kind: str, workdir: Path, steps: int, deadline_s: float) -> Outcome:
+    trial = Trial(workdir, steps, deadline_s)
+    trial.out.parent.mkdir(parents=True, exist_ok=True)
+    outcome = Outcome(kind)
+    start = time.monotonic()
+    try:
+        RUNNERS[kind](trial, outcome)
+    finally:
+        outcome.leftovers += trial.leftovers()
+        outcome.seconds = time.monotonic() - start
+    outcome.lost_steps, outcome.redone_steps = trial.lost_and_redone()
+    outcome.ok &= outcome.lost_steps == 0 and outcome.leftovers == 0
+    return outcome
+
+
+def table(outcomes: list[Outcome]) -> str:
+    head = f"{'fault':<10} {'trials':>6} {'ok':>4} {'hangs':>6} {'leftover procs':>14} "
+    head += f"{'lost steps':>10} {'redone steps':>12} {'mean s':>7}"
+    rows = [head, "-" * len(head)]
+    for kind in KINDS:
+        mine = [o for o in outcomes if o.kind == kind]
+        if not mine:
+            continue
+        rows.append(
+            f"{kind:<10} {len(mine):>6} {sum(o.ok for o in mine):>4} "
+            f"{sum(o.hang for o in mine):>6} {sum(o.leftovers for o in mine):>14} "
+            f"{sum(o.lost_steps for o in mine):>10} {sum(o.redone_steps for o in mine):>12} "
+            f"{sum(o.seconds for o in mine) / len(mine):>7.0f}"
+        )
+    notes = [f"  {o.kind}: {o.note}" for o in outcomes if o.note]
+    return "\n".join(rows + (["notes:", *notes] if notes else []))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=10, help="trials of each kind")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"subset of {','.join(KINDS)}")
+    parser.add_argument("--steps", type=int, default=6, help="steps of each run")
+    parser.add_argument("--deadline", type=float, default=600.0, help="seconds before a hang")
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
+    args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hf-faults-"))
+    _make_assets(workdir)
+    outcomes = []
+    for i in range(args.trials):
+        for kind in kinds:
+            outcome = run_trial(kind, workdir, args.steps, args.deadline)
+            outcomes.append(outcome)
+            print(
+                f"trial {i + 1}/{args.trials} {kind}: ok={outcome.ok} hang={outcome.hang} "
+                f"leftovers={outcome.leftovers} lost={outcome.lost_steps} "
+                f"redone={outcome.redone_steps} {outcome.seconds:.0f} s {outcome.note}",
+                flush=True,
+            )
+    print(table(outcomes))
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,6 +42,10 @@ class StackWatchdog:
     fires even when the method holds the GIL forever (a deadlock in C code), which is exactly
     when the control thread cannot answer pings or dump requests.  The file is opened on first
     use, in append mode, so dumps of successive failures accumulate.
+
+    Heartbeats come only while the controller waits on the call: a driver that starts a call
+    (``.remote``) and then computes for longer than ``bound_s`` before waiting gets a dump of
+    a healthy rank (the header says "Timeout"); harmless, and the run goes on.
     """
 
     def __init__(self, path: str | None, bound_s: float | None) -> None:

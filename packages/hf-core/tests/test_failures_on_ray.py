@@ -24,11 +24,17 @@ from hf_core.worker import Worker
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
-def _probe_group(name: str, failure_timeout_s: float = 30.0):
+def _probe_group(name: str, failure_timeout_s: float = 30.0, stacks_dir: Path | None = None):
     from workers_for_tests import ProbeWorker
 
     pool = ResourcePool([2], name=name)
-    return pool, spawn(pool, {"prober": ProbeWorker}, failure_timeout_s=failure_timeout_s)["prober"]
+    groups = spawn(
+        pool,
+        {"prober": ProbeWorker},
+        failure_timeout_s=failure_timeout_s,
+        stacks_dir=str(stacks_dir) if stacks_dir else None,
+    )
+    return pool, groups["prober"]
 
 
 def test_exception_names_role_rank_method_and_carries_remote_traceback() -> None:
@@ -80,9 +86,9 @@ def test_error_while_peers_wait_in_a_collective_breaks_the_group() -> None:
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
-def test_lost_worker_is_reported_within_the_bound(how: str) -> None:
+def test_lost_worker_is_reported_within_the_bound(how: str, tmp_path: Path) -> None:
     bound = 4.0
-    pool, group = _probe_group(f"lost-{how}", failure_timeout_s=bound)
+    pool, group = _probe_group(f"lost-{how}", failure_timeout_s=bound, stacks_dir=tmp_path)
     try:
         start = time.monotonic()
         with pytest.raises(WorkerLostError) as info:
@@ -91,6 +97,9 @@ def test_lost_worker_is_reported_within_the_bound(how: str) -> None:
         assert (info.value.role, info.value.rank, info.value.method) == ("prober", 1, "die_on")
         # SIGKILL is seen when the process exits; SIGSTOP only by missed heartbeats.
         assert elapsed < bound + 10.0, f"took {elapsed:.1f} s"  # vs 120 s of sleeping peers
+        assert info.value.stacks_dir == str(tmp_path)
+        (survivor,) = tmp_path.glob("*_rank0.txt")  # the survivor shows where it waits
+        assert "in die_on" in survivor.read_text()
         with pytest.raises(GroupBrokenError):
             group.one_to_all("still there?")
     finally:

@@ -28,6 +28,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,7 @@ class Trial:
     steps: int
     deadline_s: float
     token: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    ray_dirs: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def out(self) -> Path:
@@ -71,6 +73,7 @@ class Trial:
 
     def env(self) -> dict[str, str]:
         ray_tmp = tempfile.mkdtemp(prefix="hff-", dir="/tmp")  # short unix socket paths
+        self.ray_dirs.append(ray_tmp)
         env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_TMPDIR=ray_tmp, **{MARKER: self.token})
         env.pop("RAY_ADDRESS", None)
         return env
@@ -282,6 +285,8 @@ def run_trial(kind: str, workdir: Path, steps: int, deadline_s: float) -> Outcom
     finally:
         outcome.leftovers += trial.leftovers()
         outcome.seconds = time.monotonic() - start
+        for folder in trial.ray_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
     outcome.lost_steps, outcome.redone_steps = trial.lost_and_redone()
     outcome.ok &= outcome.lost_steps == 0 and outcome.leftovers == 0
     return outcome

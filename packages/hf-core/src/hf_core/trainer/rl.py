@@ -37,7 +37,7 @@ from hf_core.algorithms import (
 )
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.data import PromptDataset, PromptLoader
+from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
 from hf_core.roles.handover import handover_metrics
@@ -90,10 +90,12 @@ class RLTrainer:
         and a KL penalty in the reward (needed before the update), keep the recompute."""
         self.resume = resume
         self.output_dir = Path(config.run.output_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            str(config.tokenizer_path), local_files_only=True
+        )
         data = config.data
         if not data.train_files:
-            raise ValueError("data.train_files is empty: give at least one JSONL/Parquet file")
+            raise DataError("data.train_files is empty: give at least one JSONL/Parquet file")
         dataset_kwargs: dict[str, Any] = dict(
             prompt_key=data.prompt_key,
             ground_truth_key=data.ground_truth_key,

@@ -44,6 +44,7 @@ def test_yaml_and_overrides(recipe: Path) -> None:
         (["algorithm.advantage=gea"], "algorithm.advantage: unknown advantage estimator 'gea'"),
         (["algorithm.policy_loss=ppo"], "algorithm.policy_loss: unknown policy loss 'ppo'"),
         (["just-a-word"], "overrides must look like key=value"),
+        (["placement.processes=3", "placement.nodes=2"], "placement.nodes=2 must divide"),
     ],
 )
 def test_errors_name_the_key(recipe: Path, overrides: list[str], message: str) -> None:

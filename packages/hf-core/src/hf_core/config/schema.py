@@ -77,6 +77,12 @@ class PlacementConfig(_Strict):
     mode: Literal["colocate", "split", "auto"] = "colocate"
     processes: int = Field(1, ge=1)
     other_processes: int = Field(1, ge=1)
+    nodes: int = Field(
+        1,
+        ge=1,
+        description="colocate / split: spread each pool's ranks evenly over this many Ray "
+        "nodes (one placement group per node; ranks are numbered node by node)",
+    )
     devices: int | None = Field(None, ge=1, description="auto: devices to plan over")
     device: str = Field("cpu", description="auto: device profile (cpu, a100-80g, h100, h200)")
 
@@ -201,6 +207,14 @@ class TrainerConfig(_Strict):
             raise ValueError("reward: give a rule-based 'function' or a reward 'model'")
         if self.algorithm.kl.mode != "none" and self.reference is None:
             raise ValueError(f"algorithm.kl.mode={self.algorithm.kl.mode} needs a 'reference'")
+        pools = [self.placement.processes]
+        if self.placement.mode == "split":
+            pools.append(self.placement.other_processes)
+        if self.placement.mode != "auto" and any(n % self.placement.nodes for n in pools):
+            raise ValueError(
+                f"placement.nodes={self.placement.nodes} must divide every pool's processes "
+                f"({pools}): each node gets the same number of ranks"
+            )
         ranks = {self.placement.processes}
         if self.placement.mode == "split":
             ranks.add(self.placement.other_processes)

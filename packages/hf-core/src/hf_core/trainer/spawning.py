@@ -71,6 +71,17 @@ def configured_pools(config: TrainerConfig) -> list[PoolSpec]:
     raise ValueError(f"placement.mode={placement.mode!r} has no fixed pools")
 
 
+def _per_node(processes: int, nodes: int) -> list[int]:
+    """A pool's ranks spread evenly over ``nodes`` Ray nodes (the config checks they divide
+    for fixed pools; a planner's pool may not)."""
+    if processes % nodes:
+        raise ValueError(
+            f"placement.nodes={nodes} does not divide a pool of {processes} ranks: each node "
+            "gets the same number of ranks"
+        )
+    return [processes // nodes] * nodes
+
+
 def spawn_roles(
     config: TrainerConfig, pools: Sequence[PoolSpec], *, stacks_dir: str | None = None
 ) -> RoleGroups:
@@ -88,7 +99,11 @@ def spawn_roles(
     try:
         for i, pool in enumerate(pools):
             name = "_".join(pool.roles) if i else "main"
-            resource = ResourcePool([pool.processes], use_gpu=config.cluster.use_gpu, name=name)
+            resource = ResourcePool(
+                _per_node(pool.processes, config.placement.nodes),
+                use_gpu=config.cluster.use_gpu,
+                name=name,
+            )
             resource_pools.append(resource)
             groups.update(
                 spawn(

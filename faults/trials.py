@@ -38,6 +38,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from hf_testing.ray_nodes import marked_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "grpo.yaml"
 MARKER = "HF_FAULT_TRIAL"
@@ -134,12 +136,14 @@ class Trial:
 
     def workers(self) -> list[int]:
         """Pids of the run's worker processes (Ray titles them ``ray::WorkerHost...``)."""
-        return sorted(pid for pid, cmd in _marked(self.token).items() if "WorkerHost" in cmd)
+        return sorted(
+            pid for pid, cmd in marked_processes(self.token, MARKER).items() if "WorkerHost" in cmd
+        )
 
     def leftovers(self, grace_s: float = 20.0) -> int:
         """Processes of this trial still alive ``grace_s`` after its end (then killed)."""
         deadline = time.monotonic() + grace_s
-        while (left := _marked(self.token)) and time.monotonic() < deadline:
+        while (left := marked_processes(self.token, MARKER)) and time.monotonic() < deadline:
             time.sleep(0.5)
         for pid in left:
             _signal(pid, signal.SIGKILL)
@@ -153,23 +157,6 @@ class Trial:
         lost = max(lost, 1) if steps != sorted(set(steps)) else lost
         dropped = sum(int(n) for n in re.findall(r"dropped (\d+) rows after step", self.log_text()))
         return lost, dropped
-
-
-def _marked(token: str) -> dict[int, str]:
-    """pid -> command line of every live process whose environment carries the trial's
-    marker (the driver, Ray's daemons, the workers: they all inherit it), from /proc."""
-    entry = f"{MARKER}={token}".encode()
-    found = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or entry not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue  # a zombie holds nothing; its parent reaps it
-            found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-    return found
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

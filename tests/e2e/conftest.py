@@ -41,3 +41,19 @@ def in_workdir(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(workdir)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     return workdir
+
+
+def stable_metrics(row: dict, volatile: tuple[str, ...]) -> dict:
+    """A metrics row without the keys that legitimately differ between equal runs (times,
+    memory, ...): what exactness tests compare."""
+    return {k: v for k, v in row.items() if not k.startswith(volatile)}
+
+
+def exported_weights(out: Path) -> dict:
+    """Every tensor of the actor's HF export (``run.export_final``) of the run in ``out``."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in sorted((out / "actor_hf").glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors

@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES
-from safetensors.torch import load_file
+from conftest import RECIPES, exported_weights, stable_metrics
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -49,17 +48,6 @@ def _run(out: Path, steps: int, extra: list[str], resume: bool = False) -> list[
     return [json.loads(line) for line in (out / "metrics.jsonl").open()]
 
 
-def _stable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
-
-
-def _weights(out: Path) -> dict:
-    tensors = {}
-    for file in sorted((out / "actor_hf").glob("*.safetensors")):
-        tensors.update(load_file(file))
-    return tensors
-
-
 def _small_train_file(workdir: Path) -> Path:
     """The first EPOCH_PROMPTS prompts of the task, as a training file of their own."""
     lines = (workdir / "runs" / "assets" / "train.jsonl").read_text().splitlines()
@@ -87,8 +75,10 @@ def test_resume_matches_an_uninterrupted_run(in_workdir: Path, case: str) -> Non
         assert _loader_position(stopped_dir, 3) == (1, 0)
     resumed = _run(stopped_dir, 6, extra, resume=True)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
-    assert [_stable(r) for r in resumed] == [_stable(r) for r in straight]
-    a, b = _weights(straight_dir), _weights(stopped_dir)
+    assert [stable_metrics(r, VOLATILE) for r in resumed] == [
+        stable_metrics(r, VOLATILE) for r in straight
+    ]
+    a, b = exported_weights(straight_dir), exported_weights(stopped_dir)
     assert a.keys() == b.keys() and a
     for name in a:
         assert a[name].equal(b[name]), name

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RECIPES
-from safetensors.torch import load_file
+from conftest import RECIPES, exported_weights, stable_metrics
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.runtime import WorkerError, WorkerLostError
@@ -54,17 +53,6 @@ def _config(out: Path, *overrides: str) -> TrainerConfig:
 
 def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").open()]
-
-
-def _stable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
-
-
-def _weights(out: Path) -> dict:
-    tensors = {}
-    for file in sorted((out / "actor_hf").glob("*.safetensors")):
-        tensors.update(load_file(file))
-    return tensors
 
 
 class KillAfterStep(threading.Thread):
@@ -115,8 +103,10 @@ def test_killed_worker_restarts_and_matches_an_uninterrupted_run(in_workdir: Pat
 
     healed, straight = _rows(healed_out), _rows(straight_out)
     assert [r["step"] for r in healed] == list(range(1, STEPS + 1))  # truncated, then redone
-    assert [_stable(r) for r in healed] == [_stable(r) for r in straight]
-    a, b = _weights(straight_out), _weights(healed_out)
+    assert [stable_metrics(r, VOLATILE) for r in healed] == [
+        stable_metrics(r, VOLATILE) for r in straight
+    ]
+    a, b = exported_weights(straight_out), exported_weights(healed_out)
     assert a.keys() == b.keys() and a
     for name in a:
         assert a[name].equal(b[name]), name

@@ -15,6 +15,7 @@ from hf_core.algorithms import LagrangeMultiplier, make_kl_controller
 from hf_core.atomic import MANIFEST, load_tensor_file, read_manifest, write_manifest
 from hf_core.data import PromptDataset, PromptLoader, write_jsonl
 from hf_core.errors import CheckpointError
+from hf_core.rng import rng_state, set_rng_state
 from hf_core.trainer.checkpoint import (
     KIND,
     STATE_JSON,
@@ -22,9 +23,7 @@ from hf_core.trainer.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     prune_checkpoints,
-    rng_state,
     save_run_checkpoint,
-    set_rng_state,
     write_trainer_state,
 )
 

@@ -27,13 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import random
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -48,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from hf_core.atomic import load_tensor_file
 from hf_core.errors import CheckpointError
+from hf_core.rng import rng_state, set_rng_state
 from hf_fsdp.distributed import broadcast_object
 
 log = logging.getLogger(__name__)
@@ -64,39 +63,6 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states as tensors, tuples and plain values, which
-    ``torch.load(weights_only=True)`` reads back (numpy's key array becomes a tensor)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": {
-            "kind": str(kind),
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    npy = state["numpy"]
-    keys = np.asarray(npy["keys"].numpy(), dtype=np.uint32)
-    np.random.set_state(
-        (npy["kind"], keys, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
-    )
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 _DCP_METADATA_CLASSES = {
@@ -188,7 +154,7 @@ def save(
     else:
         state = {"model": get_model_state_dict(model)}
     dcp.save(state, checkpoint_id=tmp / "dcp")
-    torch.save(rng_state(), tmp / f"rng-rank{rank:05d}.pt")
+    torch.save(rng_state(cuda=True), tmp / f"rng-rank{rank:05d}.pt")
     if rank == 0:
         extra = {"step": step, "scheduler": scheduler.state_dict() if scheduler else None}
         torch.save(extra, tmp / "engine.pt")

@@ -86,10 +86,10 @@ def _wait_started(node: subprocess.Popen, log: Path, timeout_s: float = 180.0) -
         time.sleep(0.5)
 
 
-def marked_processes(token: str) -> dict[int, str]:
-    """pid -> command of every live process carrying ``token`` in its environment (from
-    /proc; zombies hold nothing and are skipped)."""
-    entry = f"{MARKER}={token}".encode()
+def marked_processes(token: str, marker: str = MARKER) -> dict[int, str]:
+    """pid -> command of every live process whose environment holds ``marker=token`` (from
+    /proc; zombies hold nothing and are skipped): everything a test or trial started."""
+    entry = f"{marker}={token}".encode()
     found = {}
     for proc in Path("/proc").iterdir():
         try:

@@ -195,17 +195,27 @@ def build_naive_plan(train: ParallelLayout, gen: GenerationLayout) -> ReshardPla
     return _build(train, gen, "naive")
 
 
-def hybrid_engine_volume_fraction(train: ParallelLayout, gen: GenerationLayout) -> float:
-    """Table 2, HybridFlow row: per-rank received volume ``(tp - t_g p_g) / (t_g p_g tp)`` of M."""
+def hybrid_engine_volume(train: ParallelLayout, gen: GenerationLayout) -> Fraction:
+    """Table 2, HybridFlow row (exact): per-rank received ``(tp - t_g p_g) / (t_g p_g tp)`` of M."""
     gen.fit(train)
     tp, gg = train.model_parallel_size, gen.tp * gen.pp
-    return float(Fraction(tp - gg, gg * tp))
+    return Fraction(tp - gg, gg * tp)
+
+
+def naive_volume(train: ParallelLayout) -> Fraction:
+    """Table 2, HybridFlow-V row, exactly: per-rank received ``(tp - 1) / tp`` of M."""
+    tp = train.model_parallel_size
+    return Fraction(tp - 1, tp)
+
+
+def hybrid_engine_volume_fraction(train: ParallelLayout, gen: GenerationLayout) -> float:
+    """:func:`hybrid_engine_volume` as a float."""
+    return float(hybrid_engine_volume(train, gen))
 
 
 def naive_volume_fraction(train: ParallelLayout) -> float:
-    """Table 2, HybridFlow-V row: per-rank received volume ``(tp - 1) / tp`` of M."""
-    tp = train.model_parallel_size
-    return float(Fraction(tp - 1, tp))
+    """:func:`naive_volume` as a float."""
+    return float(naive_volume(train))
 
 
 def ds_chat_volume_fraction(train: ParallelLayout) -> float:

@@ -7,9 +7,8 @@ with :func:`expected_received_bytes` (HybridFlow Table 2 for the plan in use) an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
-from hf_core.resharding.plan import ReshardPlan
+from hf_core.resharding.plan import ReshardPlan, hybrid_engine_volume, naive_volume
 
 
 @dataclass(frozen=True)
@@ -32,10 +31,13 @@ class ReshardReport:
 def expected_received_bytes(plan: ReshardPlan, model_bytes: int) -> int:
     """Per-rank received volume of ``plan`` for a model of ``model_bytes`` (Table 2):
     ``(pt - t_g p_g) / (t_g p_g pt) M`` for the paper's plan, ``(pt - 1) / pt M`` naive."""
-    pt = plan.train.model_parallel_size
-    gg = plan.gen.tp * plan.gen.pp
-    fraction = Fraction(pt - gg, gg * pt) if plan.kind == "hybrid" else Fraction(pt - 1, pt)
+    fraction = (
+        hybrid_engine_volume(plan.train, plan.gen)
+        if plan.kind == "hybrid"
+        else naive_volume(plan.train)
+    )
     expected = fraction * model_bytes
     if expected.denominator != 1:
-        raise ValueError(f"{model_bytes} bytes do not split into {pt} equal training units")
+        units = plan.train.model_parallel_size
+        raise ValueError(f"{model_bytes} bytes do not split into {units} equal training units")
     return int(expected)

@@ -25,14 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hf_core.atomic import load_tensor_file, read_manifest, write_manifest
@@ -51,40 +49,6 @@ _TENSOR = "__tensor__"  # marks where a tensor from STATE_TENSORS goes back in t
 
 def checkpoints_dir(output_dir: Path) -> Path:
     return output_dir / "checkpoints"
-
-
-# ------------------------------------------------------------------------ RNG
-
-
-def rng_state() -> dict[str, Any]:
-    """The driver's python, numpy and torch RNG states as JSON values and tensors (no
-    pickled objects): python's is ``(version, 625 ints, gauss)``, numpy's a key array and
-    four plain values, torch's a byte tensor."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    return {
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss},
-        "numpy": {
-            "kind": str(kind),
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch": torch.get_rng_state(),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    py = state["python"]
-    random.setstate((int(py["version"]), tuple(int(v) for v in py["internal"]), py["gauss_next"]))
-    npy = state["numpy"]
-    keys = np.asarray(npy["keys"].numpy(), dtype=np.uint32)
-    np.random.set_state(
-        (npy["kind"], keys, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
-    )
-    torch.set_rng_state(state["torch"])
 
 
 # ------------------------------------------------------------ trainer state

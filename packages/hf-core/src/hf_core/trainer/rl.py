@@ -40,6 +40,7 @@ from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
+from hf_core.rng import rng_state, set_rng_state
 from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import mismatch_parts, mismatch_summary
 from hf_core.roles.weight_sync import merge_rank_metrics
@@ -49,9 +50,7 @@ from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, 
 from hf_core.trainer.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
-    rng_state,
     save_run_checkpoint,
-    set_rng_state,
 )
 from hf_core.trainer.preflight import preflight
 from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles

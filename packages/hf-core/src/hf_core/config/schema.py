@@ -71,12 +71,18 @@ class PlacementConfig(_Strict):
     ``split``: the actor (with rollout and reference) on ``processes`` ranks, and critic and
     reward/cost models on a second pool of ``other_processes`` ranks;
     ``auto``: the auto-mapping planner (paper §6) chooses the pools over ``devices`` devices of
-    kind ``device`` (``processes`` is then the actor pool's size it picked).
+    kind ``device`` (``processes`` is then the actor pool's size it picked);
+    ``standalone``: every model role on ``processes`` ranks and the rollout engines on a pool
+    of their own of ``rollout_processes`` ranks, weights broadcast to it after each update
+    (what lets generation overlap training: ``rollout.max_staleness``).
     """
 
-    mode: Literal["colocate", "split", "auto"] = "colocate"
+    mode: Literal["colocate", "split", "auto", "standalone"] = "colocate"
     processes: int = Field(1, ge=1)
     other_processes: int = Field(1, ge=1)
+    rollout_processes: int = Field(
+        1, ge=1, description="standalone: ranks of the rollout pool (one whole-model engine each)"
+    )
     nodes: int = Field(
         1,
         ge=1,
@@ -128,6 +134,12 @@ class AlgorithmConfig(_Strict):
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
     kl: KLConfig = Field(default_factory=KLConfig)
+    rollout_is: Literal["auto", "truncated", "none"] = Field(
+        "auto",
+        description="importance weights pi_old / pi_rollout on the policy loss, truncated at "
+        "rollout_is_cap; auto: on when rollout.max_staleness > 0",
+    )
+    rollout_is_cap: float = Field(2.0, gt=0.0, description="truncation of the rollout IS weights")
     # Safe-RLHF
     cost_limit: float = 0.0
     lagrange_init: float = Field(1.0, ge=0.0)
@@ -157,6 +169,12 @@ class RolloutConfig(_Strict):
         "hybrid",
         description="training -> generation transition of a model-parallel actor: the paper's "
         "micro-DP all-gathers (hybrid, zero redundancy) or whole-replica gathers (naive)",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="asynchronous RL (placement.mode: standalone): generation runs ahead of "
+        "training on samples at most this many policy versions old; 0: the synchronous loop",
     )
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 
@@ -207,7 +225,10 @@ class TrainerConfig(_Strict):
             raise ValueError("reward: give a rule-based 'function' or a reward 'model'")
         if self.algorithm.kl.mode != "none" and self.reference is None:
             raise ValueError(f"algorithm.kl.mode={self.algorithm.kl.mode} needs a 'reference'")
+        self._check_standalone()
         pools = [self.placement.processes]
+        if self.placement.mode == "standalone":
+            pools.append(self.placement.rollout_processes)
         if self.placement.mode == "split":
             pools.append(self.placement.other_processes)
         if self.placement.mode != "auto" and any(n % self.placement.nodes for n in pools):
@@ -229,6 +250,21 @@ class TrainerConfig(_Strict):
                     f"{count} ranks * algorithm.mini_batches = {per_update} parts"
                 )
         return self
+
+    def _check_standalone(self) -> None:
+        standalone = self.placement.mode == "standalone"
+        if self.rollout.max_staleness and not standalone:
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} needs placement.mode: "
+                "standalone (generation can only overlap training on a rollout pool of its own)"
+            )
+        if standalone and (
+            self.rollout.tensor_parallel_size > 1 or self.rollout.pipeline_parallel_size > 1
+        ):
+            raise ValueError(
+                "placement.mode: standalone runs one whole-model rollout engine per rank: "
+                "rollout.tensor_parallel_size and pipeline_parallel_size must be 1"
+            )
 
     def role_model(self, role: ModelRoleConfig) -> Path:
         return role.model_path or self.model.path

@@ -49,7 +49,17 @@ EXTRA = {
     "rloo": ["actor/kl"],
     "reinforce_pp": ["actor/kl"],
     "safe_rlhf": ["critic/vf_loss", "cost/mean", "cost/lagrange"],
+    "grpo_async": ["actor/kl", "async/staleness", "actor/is_weight_mean", "actor/is_weight_max"],
+    "grpo_async_twin": ["actor/kl", "async/staleness", "perf/weight_sync_s"],
 }
+HYBRID_ONLY = {
+    "memory/generate_peak_gib",
+    "memory/weight_sync_peak_gib",
+    "perf/weight_sync_s",
+    *(key for key in COMMON if key.startswith("handover/")),
+}
+"""A standalone actor neither generates nor hands its devices over; with generation running
+ahead, a step may send no weights."""
 
 
 def recipe_names() -> list[str]:
@@ -71,18 +81,24 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     trainer = RLTrainer(config)
     trainer.fit()
     assert [entry["step"] for entry in trainer.handover_log] == [1, 2, 3]
+    standalone = config.placement.mode == "standalone"
     offloaded = ["actor"] + (["reference"] if config.reference is not None else [])
-    check_handover_log(trainer.handover_log, offloaded)
+    if standalone:  # the rollout engine is in another process: nothing to hand over
+        assert not [e for entry in trainer.handover_log for e in entry["events"]]
+    else:
+        check_handover_log(trainer.handover_log, offloaded)
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
-    for key in COMMON + EXTRA[name]:
+    common = [k for k in COMMON if not (standalone and k in HYBRID_ONLY)]
+    for key in common + EXTRA[name]:
         for row in rows:
             assert key in row, f"{name}: step {row['step']} has no {key}"
     for row in rows:
         for key, value in row.items():
             if isinstance(value, (int, float)):
                 assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
-    if config.rollout.backend == "hf":  # float32 on both sides: only summation order differs
+    on_policy = config.rollout.max_staleness == 0
+    if config.rollout.backend == "hf" and on_policy:  # float32: only summation order differs
         assert max(row["rollout/logprob_abs_diff_max"] for row in rows) <= 1e-4
     assert "val/reward_mean" in rows[-1]
     assert (config.run.output_dir / "metrics.png").stat().st_size > 0

@@ -17,12 +17,11 @@ synchronous loop, only across pools.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-
-import ray
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
@@ -179,11 +178,7 @@ class StandaloneRollouts(RolloutSource):
 
     def _others_pending(self) -> bool:
         """Generations queued for later steps that have not finished."""
-        refs = [ref for e in self.in_flight for ref in e.future.refs.values()]
-        if not refs:
-            return False
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        return len(done) < len(refs)
+        return not all(entry.future.done() for entry in self.in_flight)
 
     def _launch(self, step: int) -> None:
         """Draw step ``step``'s prompts and queue their generation (syncing first if needed)."""
@@ -219,10 +214,10 @@ class StandaloneRollouts(RolloutSource):
 
     def _raise_if_pool_lost(self, receive: GroupFuture) -> None:
         """The actor's broadcast failed: if a rollout rank died meanwhile, report that."""
-        refs = list(receive.refs.values())
-        timeout = self.config.cluster.failure_timeout_s
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        if not done:
+        deadline = time.monotonic() + self.config.cluster.failure_timeout_s
+        while not receive.done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not receive.done():
             return
         try:
             receive.result()

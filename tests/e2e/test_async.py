@@ -5,8 +5,12 @@
 - ``max_staleness: 1`` generates each next batch while the actor trains: every batch is at
   most one policy version old, the importance weights are logged, and every weight sync
   delivers the whole model to the rollout rank (M / (t_g p_g) with t_g = p_g = 1).
+- The same with a vLLM rollout pool.
+- A checkpoint taken while a batch is in flight resumes by drawing that batch's prompts again
+  and regenerating them with the restored weights.
 - A rollout process killed mid-run ends the run with an error naming the rollout role within
-  the failure timeout, and no process of the run is left.
+  the failure timeout, and no process of the run is left; with ``run.max_restarts`` the run
+  heals itself instead.
 """
 
 from __future__ import annotations
@@ -100,6 +104,46 @@ def test_one_step_off_policy_is_bounded_and_corrected(in_workdir: Path) -> None:
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] > 0
 
 
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_vllm_rollout_pool_runs_ahead(in_workdir: Path) -> None:
+    out = in_workdir / "runs" / "async_vllm"
+    overrides = (
+        "rollout.backend=vllm",
+        "rollout.engine.kv_cache_bytes=268435456",
+        "rollout.max_staleness=1",
+    )
+    RLTrainer(_config(out, *STANDALONE, *overrides)).fit()
+    rows = _rows(out)
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_mean"] < 0.5  # the pool got the actor's weights
+    syncs = [r for r in rows if "reshard/bytes_received" in r]
+    assert syncs and all(
+        r["reshard/bytes_received"] == r["reshard/bytes_expected"] > 0 for r in syncs
+    )
+
+
+def _loader_offset(out: Path, step: int) -> int:
+    doc = json.loads((out / "checkpoints" / f"step_{step}" / "trainer_state.json").read_text())
+    return int(doc["state"]["loader"]["offset"])
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_checkpoint_with_a_batch_in_flight_regenerates_it(in_workdir: Path) -> None:
+    out = in_workdir / "runs" / "async_resume"
+    common = (*STANDALONE, "rollout.max_staleness=1", "run.save_every=2")
+    # Stops after step 3 with the checkpoint of step 2, taken while batch 3 was generating.
+    RLTrainer(_config(out, *common, "run.total_steps=3", "run.save_final=false")).fit()
+    batch = 8  # grpo.yaml's data.batch_size
+    assert _loader_offset(out, 2) == 2 * batch  # batch 3 was drawn, but is not counted
+    RLTrainer(_config(out, *common, "run.total_steps=4"), resume=True).fit()
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    # Step 3 regenerates its batch with the restored weights (version 2): not stale.
+    assert [r["async/staleness"] for r in rows] == [0, 1, 0, 1]
+    assert rows[2]["async/policy_version"] == 2
+
+
 class KillRolloutAfterStep(threading.Thread):
     """SIGKILLs the rollout process once metrics.jsonl reaches a step (as the OOM killer
     would), and records every process of the run."""
@@ -164,3 +208,26 @@ def test_a_killed_rollout_process_ends_the_run_naming_it(in_workdir: Path) -> No
     while any(_alive(p) for p in killer.pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in killer.pids if _alive(p)], "processes of the run still running"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_killed_rollout_process_heals_with_restarts(in_workdir: Path) -> None:
+    out = in_workdir / "runs" / "async_healed"
+    trainer = RLTrainer(
+        _config(
+            out,
+            *STANDALONE,
+            "rollout.max_staleness=1",
+            "run.total_steps=5",
+            "run.save_every=2",
+            "cluster.failure_timeout_s=10",
+            "run.max_restarts=1",
+        )
+    )
+    killer = KillRolloutAfterStep(trainer, step=3)
+    killer.start()
+    trainer.fit()
+    killer.stop.set()
+    assert killer.killed_at is not None, "the rollout process was never killed"
+    assert len(trainer.restarts) == 1 and "rollout" in trainer.restarts[0]
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4, 5]

@@ -107,6 +107,13 @@ class FakeGroups:
     rollout: FakeCluster
 
 
+def _events(spec: str) -> list[tuple[str, int]]:
+    """``"g1 s1"`` -> ``[("generate", 1), ("sync", 1)]``: generations by step, syncs by the
+    version sent."""
+    kinds = {"g": "generate", "s": "sync"}
+    return [(kinds[item[0]], int(item[1:])) for item in spec.split()]
+
+
 def _run(tmp_path: Path, k: int, steps: int, generation_done: bool = True):
     cluster = FakeCluster(generation_done=generation_done)
     loader = FakeLoader()
@@ -128,30 +135,16 @@ def _run(tmp_path: Path, k: int, steps: int, generation_done: bool = True):
 
 def test_staleness_zero_is_generate_train_sync(tmp_path: Path) -> None:
     log, staleness, versions, _ = _run(tmp_path, k=0, steps=3)
-    assert log == [
-        ("generate", 1),
-        ("sync", 1),
-        ("generate", 2),
-        ("sync", 2),
-        ("generate", 3),
-        ("sync", 3),
-    ]
+    assert log == _events("g1 s1 g2 s2 g3 s3")
     assert staleness == [0, 0, 0] and versions == [0, 1, 2]
 
 
 def test_one_step_ahead_generates_the_next_batch_before_training(tmp_path: Path) -> None:
     log, staleness, versions, _ = _run(tmp_path, k=1, steps=4)
     # step 1 queues batch 2 on the initial weights; every later step syncs, then queues the
-    # next batch, then trains: the pool works while the actor trains.
-    assert log == [
-        ("generate", 1),
-        ("generate", 2),
-        ("sync", 1),
-        ("generate", 3),
-        ("sync", 2),
-        ("generate", 4),
-        ("sync", 4),  # nothing left in flight: the last weights go out at once
-    ]
+    # next batch, then trains: the pool works while the actor trains.  After the last update
+    # nothing is in flight: those weights go out at once.
+    assert log == _events("g1 g2 s1 g3 s2 g4 s4")
     assert staleness == [0, 1, 1, 1] and versions == [0, 0, 1, 2]
 
 
@@ -170,14 +163,8 @@ def test_a_pending_generation_defers_the_sync(tmp_path: Path) -> None:
     """With another batch still generating, a sync would make the actor wait for it: the
     sync waits until that batch is the one needed (within the bound)."""
     log, staleness, _, _ = _run(tmp_path, k=2, steps=4, generation_done=False)
-    assert log == [
-        ("generate", 1),
-        ("generate", 2),
-        ("generate", 3),  # at step 2, batch 4 needs weights 1: deferred behind batch 3
-        ("sync", 2),
-        ("generate", 4),
-        ("sync", 4),
-    ]
+    # At step 2, batch 4 needs weights 1: deferred behind batch 3, sent at step 3 instead.
+    assert log == _events("g1 g2 g3 s2 g4 s4")
     assert staleness == [0, 1, 2, 1]
     finished, finished_staleness, _, _ = _run(tmp_path, k=2, steps=4, generation_done=True)
     assert finished[3] == ("sync", 1)  # batch 3 already done: the sync costs no wait

@@ -123,7 +123,10 @@ def _run(tmp_path: Path, k: int, steps: int, generation_done: bool = True):
     for step in range(1, steps + 1):
         samples = source.take(step)
         assert int(samples.prompts["input_ids"][0, 0]) == step  # prompts in order
-        staleness.append(source.take_metrics()["async/staleness"])
+        metrics = source.take_metrics()
+        staleness.append(metrics["async/staleness"])
+        histogram = [metrics[f"async/samples_at_staleness_{age}"] for age in range(k + 1)]
+        assert histogram == [staleness.count(age) for age in range(k + 1)]  # 1 sample a batch
         versions.append(samples.version)
         cluster.actor_version = step  # the update
         source.after_update(step)

@@ -125,6 +125,8 @@ class StandaloneRollouts(RolloutSource):
         self.actor_version = 0
         """Updates the actor has completed (set as steps are taken)."""
         self.dropped_samples = 0
+        self.staleness_counts: dict[int, int] = {}
+        """Samples trained on so far, by staleness: the run's staleness histogram."""
         self._connect()
 
     def _connect(self) -> None:
@@ -161,8 +163,13 @@ class StandaloneRollouts(RolloutSource):
             entry = self.in_flight.popleft()
             generated = entry.future.result()
             staleness = (step - 1) - entry.version
+        self.staleness_counts[staleness] = self.staleness_counts.get(staleness, 0) + len(generated)
         self._metrics.update(
             {
+                **{
+                    f"async/samples_at_staleness_{age}": float(self.staleness_counts.get(age, 0))
+                    for age in range(self.max_staleness + 1)
+                },
                 "async/staleness": float(staleness),
                 "async/policy_version": float(entry.version),
                 "async/in_flight": float(len(self.in_flight)),

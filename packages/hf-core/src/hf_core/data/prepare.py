@@ -54,8 +54,7 @@ EXTRACTS: tuple[str, ...] = ("none", "gsm8k", "boxed")
 #: in a template stays as written).
 DEFAULT_TEMPLATES: dict[str, str] = {
     "gsm8k": (
-        "{question}\nLet's think step by step and write the final answer as a number "
-        'after "####".'
+        '{question}\nLet\'s think step by step and write the final answer as a number after "####".'
     ),
     "math": "{question}\nLet's think step by step and put the final answer in \\boxed{}.",
     "hf": "{question}",

@@ -33,8 +33,7 @@ def _library() -> Any:
         import math_verify
     except ImportError:
         raise ConfigError(
-            "the math rewards need math-verify, which is not installed: "
-            "pip install 'hf-core[math]'"
+            "the math rewards need math-verify, which is not installed: pip install 'hf-core[math]'"
         ) from None
     return math_verify
 

@@ -25,6 +25,17 @@ CHAT_TEMPLATE = (
 )
 
 
+# The judge's outputs are generated and parsed for real; a pattern no output holds makes each
+# sample's judge score exactly JUDGE_SCORE, so the test can see it reach the reward (parsing
+# real scores is tested against the same engine in hf-fsdp's test_judge.py).
+JUDGE_SCORE = 0.5
+JUDGE_OVERRIDES = [
+    "reward.judge.max_new_tokens=4",
+    "reward.judge.score_pattern=NO-SCORE-HERE",
+    f"reward.judge.unparsed_score={JUDGE_SCORE}",
+]
+
+
 def _gsm8k_rows(n: int, seed: int) -> list[dict]:
     rows = []
     for i in range(n):
@@ -77,8 +88,14 @@ def instruct_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("name", ["gsm8k", "math"])
-def test_dataset_recipe_runs_three_steps(name: str, instruct_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "judge"), [("gsm8k", False), ("math", False), ("gsm8k", True)], ids=str
+)
+def test_dataset_recipe_runs_three_steps(
+    name: str, judge: bool, instruct_model: Path, tmp_path: Path
+) -> None:
+    """``judge``: a generative judge (the tiny model on the HF rollout engine, in its own role
+    worker) adds its score to the verified-answer reward."""
     raw = tmp_path / "raw"
     raw.mkdir()
     if name == "gsm8k":
@@ -124,15 +141,19 @@ def test_dataset_recipe_runs_three_steps(name: str, instruct_model: Path, tmp_pa
             "rollout.max_new_tokens=8",
             "algorithm.mini_batches=1",
             "actor.engine.lr=1e-4",
+            *([*JUDGE_OVERRIDES, f"reward.judge.model_path={instruct_model}"] if judge else []),
         ],
     )
     RLTrainer(config).fit()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
+    base = JUDGE_SCORE if judge else 0.0  # the judge adds exactly JUDGE_SCORE to each sample
+    samples = 4 * 2
     for row in rows:
-        assert 0.0 <= row["reward/mean"] <= 1.0  # verified answers score 0 or 1
+        verified = (row["reward/mean"] - base) * samples  # how many answers were right
+        assert 0 <= verified <= samples and verified == pytest.approx(round(verified))
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/kl"])
-    assert 0.0 <= rows[-1]["val/reward_mean"] <= 1.0
+    assert base <= rows[-1]["val/reward_mean"] <= base + 1.0
     assert (out / "checkpoints" / "latest").read_text() == "step_3"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,9 +67,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def _hybridflow(*args: str) -> subprocess.CompletedProcess[str]:
     """The installed command line, as a user runs it."""
-    command = [sys.executable, "-c", "import sys; from hf_core.cli import main; sys.exit(main())"]
     return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=300, env=dict(os.environ)
+        [sys.executable, "-m", "hf_core.cli", *args], capture_output=True, text=True, timeout=300
     )
 
 

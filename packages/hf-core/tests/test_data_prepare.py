@@ -126,6 +126,11 @@ def test_math_folder_and_jsonl_are_exact(tmp_path: Path) -> None:
     folder_rows = _read(out / "test.jsonl")  # sorted paths: algebra/1, prealgebra/0, x/2
     assert [r["ground_truth"] for r in folder_rows] == ["2\\sqrt{2}", "\\frac{1}{2}"]
     assert reports[0].dropped == {"no \\boxed{...} answer in solution": 1}
+    # one problem file given alone (MATH's files are single, multi-line JSON objects)
+    single = tmp_path / "one.json"
+    single.write_text(json.dumps(MATH_ROWS[1], indent=2))
+    prepare(PrepareOptions("math", [single], out))
+    assert [r["ground_truth"] for r in _read(out / "one.jsonl")] == ["2\\sqrt{2}"]
 
 
 def test_jsonl_and_parquet_named_columns(tmp_path: Path) -> None:

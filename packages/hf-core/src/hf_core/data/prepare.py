@@ -129,18 +129,33 @@ def extract_answer(text: str, rule: Extract) -> str | None:
 
 
 # ------------------------------------------------------------------ reading
+def _read_problem(path: Path, index: int) -> _Row:
+    """One MATH problem file: a single JSON object (usually spread over several lines)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}: row 0 (line {e.lineno}): malformed JSON ({e.msg} at column {e.colno})"
+        ) from None
+    return _Row(value, f"{path}: row 0", index)
+
+
 def _read_math_folder(folder: Path) -> Iterator[_Row]:
     files = sorted(p for p in folder.rglob("*.json") if p.is_file())
     if not files:
         raise DataError(f"{folder}: a MATH folder needs *.json problem files; found none")
     for index, path in enumerate(files):
-        try:
-            value = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"{path}: row 0 (line {e.lineno}): malformed JSON ({e.msg} at column {e.colno})"
-            ) from None
-        yield _Row(value, f"{path}: row 0", index)
+        yield _read_problem(path, index)
+
+
+def _is_single_object(path: Path) -> bool:
+    """A ``.json`` file holding one object (a MATH problem file), not an array or JSON Lines."""
+    if path.suffix.lower() != ".json":
+        return False
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def _read_files(path: Path) -> Iterator[_Row]:
@@ -184,6 +199,8 @@ def _sources(options: PrepareOptions) -> Iterator[tuple[str, str, Iterator[_Row]
                 yield split, f"{path}[{split}]", _hf_rows(path, split, dataset)
         elif options.fmt == "math" and path.is_dir():
             yield path.name, str(path), _read_math_folder(path)
+        elif options.fmt == "math" and _is_single_object(path):
+            yield path.stem, str(path), iter([_read_problem(path, 0)])
         elif path.is_dir():
             raise DataError(f"input {path} is a folder; the {options.fmt} format reads files")
         else:

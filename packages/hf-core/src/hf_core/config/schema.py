@@ -192,9 +192,31 @@ class ModelConfig(_Strict):
     tokenizer_path: AbsPath | None = Field(None, description="default: model.path")
 
 
+class JudgeConfig(_Strict):
+    """A generative judge: a model on a rollout engine scoring responses through a prompt."""
+
+    model_path: AbsPath = Field(description="the judge model (a local HF folder)")
+    backend: str = Field("hf", description="a registered rollout engine serving the judge")
+    template: str | None = Field(
+        None,
+        description="judge prompt with {prompt}, {response}, {ground_truth} "
+        "(None: hf_core.rewards.judge.DEFAULT_TEMPLATE)",
+    )
+    max_new_tokens: int = Field(8, ge=1, description="tokens the judge may write")
+    score_pattern: str = Field(
+        r"(-?\d+(?:\.\d+)?)", description="regex; its first group in the output is the score"
+    )
+    max_score: float = Field(10.0, gt=0, description="the score meaning fully right (-> 1.0)")
+    unparsed_score: float = Field(0.0, description="reward of an output with no score")
+    engine: dict[str, Any] = Field(default_factory=dict, description="rollout backend settings")
+
+
 class RewardConfig(_Strict):
     function: str | None = Field(None, description="rule-based reward: name or module:function")
     model: ModelRoleConfig | None = Field(None, description="a reward model instead")
+    judge: JudgeConfig | None = Field(
+        None, description="a generative judge instead of a reward model (added to function)"
+    )
 
 
 class SFTConfig(_Strict):
@@ -221,8 +243,17 @@ class TrainerConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
-        if self.reward.function is None and self.reward.model is None:
-            raise ValueError("reward: give a rule-based 'function' or a reward 'model'")
+        reward = self.reward
+        if reward.function is None and reward.model is None and reward.judge is None:
+            raise ValueError("reward: give a rule-based 'function', a reward 'model' or a 'judge'")
+        if reward.model is not None and reward.judge is not None:
+            raise ValueError("reward: a reward 'model' or a 'judge', not both")
+        if reward.judge is not None and self.placement.mode == "auto":
+            raise ValueError(
+                "reward.judge: placement.mode=auto plans model roles; use colocate/split"
+            )
+        if self.cost is not None and self.cost.judge is not None:
+            raise ValueError("cost.judge: a judge scores rewards only; give cost a function/model")
         if self.algorithm.kl.mode != "none" and self.reference is None:
             raise ValueError(f"algorithm.kl.mode={self.algorithm.kl.mode} needs a 'reference'")
         self._check_standalone()

@@ -44,6 +44,7 @@ from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
+from hf_core.roles import JUDGE_KEYS
 from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import mismatch_parts, mismatch_summary
 from hf_core.runtime import Cluster, WorkerLostError
@@ -319,7 +320,7 @@ class RLTrainer:
             if roles.critic is not None:
                 futures["values"] = roles.critic.compute_values.remote(model_input)
             if roles.reward is not None:
-                futures["reward"] = roles.reward.compute_scores.remote(model_input)
+                futures["reward"] = roles.reward.compute_scores.remote(self._reward_input(batch))
             if roles.cost is not None:
                 futures["cost"] = roles.cost.compute_scores.remote(model_input)
             scores = self._rule_scores(batch, self.reward_fn)  # overlaps with the futures
@@ -410,6 +411,12 @@ class RLTrainer:
             metrics["actor/kl"] = float(masked_mean(behaviour - batch["ref_log_probs"], mask))
         return metrics
 
+    def _reward_input(self, batch: Batch) -> Batch:
+        """What the reward role reads: the actor's tensors, plus prompt and ground truth for a
+        judge."""
+        judge_keys = JUDGE_KEYS if self.config.reward.judge is not None else ()
+        return batch.select(*ACTOR_KEYS, *(k for k in judge_keys if k in batch))
+
     def _rule_scores(self, batch: Batch, fn: RuleReward | None) -> torch.Tensor | None:
         return None if fn is None else fn(batch).float()
 
@@ -445,7 +452,7 @@ class RLTrainer:
         """Rule-based plus reward-model scores of a batch (blocking; outside the main step)."""
         scores = self._rule_scores(batch, self.reward_fn)
         if self._groups.reward is not None:
-            model = self._groups.reward.compute_scores(batch.select(*ACTOR_KEYS))["reward_scores"]
+            model = self._groups.reward.compute_scores(self._reward_input(batch))["reward_scores"]
             scores = model if scores is None else scores + model
         return scores
 

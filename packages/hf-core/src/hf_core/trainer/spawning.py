@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hf_core.config import TrainerConfig
-from hf_core.roles import ActorRolloutRefWorker, CriticWorker, RolloutWorker, ScoreModelWorker
+from hf_core.roles import (
+    ActorRolloutRefWorker,
+    CriticWorker,
+    JudgeWorker,
+    RolloutWorker,
+    ScoreModelWorker,
+)
 from hf_core.runtime import ResourcePool, RoleSpec, WorkerGroup, spawn
 
 
@@ -57,6 +63,8 @@ def role_specs(config: TrainerConfig) -> dict[str, RoleSpec]:
         specs["critic"] = RoleSpec(CriticWorker, (config,))
     if config.reward.model is not None:
         specs["reward"] = RoleSpec(ScoreModelWorker, (config, config.reward.model, "reward"))
+    elif config.reward.judge is not None:  # a judge fills the reward role's place
+        specs["reward"] = RoleSpec(JudgeWorker, (config, config.reward.judge))
     if config.cost is not None and config.cost.model is not None:
         specs["cost"] = RoleSpec(ScoreModelWorker, (config, config.cost.model, "cost"))
     if config.placement.mode == "standalone":

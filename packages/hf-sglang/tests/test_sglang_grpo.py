@@ -134,4 +134,4 @@ def test_sglang_rollout_pool_runs_ahead_of_the_actor() -> None:
     assert syncs
     for row in syncs:
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] > 0
-    assert rows[2]["actor/kl"] > 1e-6  # trained on samples of synced, updated weights
+    assert abs(rows[2]["actor/kl"]) > 1e-6  # the actor moved off the reference

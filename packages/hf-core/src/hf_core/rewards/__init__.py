@@ -8,10 +8,13 @@ Reward function signature (see :mod:`hf_core.rewards.registry`)::
     fn(responses: list[str], ground_truths: list[Any], extras: dict[str, list]) -> list[float]
 
 Built-ins (registered when this package is imported): ``digits_reverse`` and ``digits_sort``
-(partial credit, exact rule in :mod:`hf_core.rewards.builtin`) and ``exact_match``.
+(partial credit, exact rule in :mod:`hf_core.rewards.builtin`), ``exact_match`` and
+``code_tests`` (the response's code against ground-truth tests in the sandbox,
+:mod:`hf_core.rewards.code`).
 """
 
 from hf_core.rewards import builtin as _builtin  # noqa: F401  (registers the built-ins)
+from hf_core.rewards import code as _code  # noqa: F401  (registers code_tests)
 from hf_core.rewards.builtin import LENGTH_TOLERANCE, digit_partial_credit
 from hf_core.rewards.registry import (
     BatchedRewardFn,

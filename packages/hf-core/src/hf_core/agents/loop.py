@@ -249,3 +249,14 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
         "agent/tool_timeouts_mean": float(batch["agent_tool_timeouts"].float().mean()),
         "agent/tool_tokens_mean": float(tool_tokens) / max(size, 1),
     }
+
+
+def build_agent_loop(config: Any, engine: RolloutEngine) -> AgentLoop | None:
+    """The agent loop a :class:`~hf_core.config.TrainerConfig` asks for (its ``agent:``
+    section) around ``engine``, with the run's tokenizer; None without that section."""
+    if config.agent is None:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)
+    return AgentLoop(engine, tokenizer, config.agent)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import ExportsHF, HasGenerationRank, SamplingParams
@@ -49,6 +50,7 @@ class ActorRolloutRefWorker(Worker):
         )
         rollout_factory = get_rollout_engine(config.rollout.backend)
         self.rollout = rollout_factory(**rollout_engine_args(config), **config.rollout.engine)
+        self.agent = build_agent_loop(config, self.rollout)  # None: single-turn rollouts
         self.loss = PolicyLoss(config.algorithm)
         self.needs_sync = False
         self._report_mesh()
@@ -94,7 +96,7 @@ class ActorRolloutRefWorker(Worker):
             self.sync_weights()
         with self.handover.stage("generate"):
             self.handover.to_generation()
-            out = self.rollout.generate(prompts, params)
+            out = (self.agent or self.rollout).generate(prompts, params)
         self.handover.to_training()
         return out
 

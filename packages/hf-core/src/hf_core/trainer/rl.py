@@ -35,6 +35,7 @@ from hf_core.algorithms import (
     safe_rlhf_advantage,
     token_level_rewards,
 )
+from hf_core.agents.loop import agent_metrics
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
@@ -289,6 +290,7 @@ class RLTrainer:
         with Timer("generate", metrics):
             params = sampling_params(cfg.rollout, self.step, cfg.run.seed)
             generated = roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+        metrics.update(agent_metrics(generated))
         per_sample = prompts.select(*prompts.non_tensors.keys()).repeat_interleave(n)
         batch = generated | per_sample
         batch["group_index"] = torch.arange(len(prompts)).repeat_interleave(n)

@@ -113,16 +113,13 @@ def test_turns_tool_messages_and_masks(tokenizer: Any) -> None:
     assert batch["agent_turns"].tolist() == [2, 1, 3]
     assert batch["agent_tool_calls"].tolist() == [1, 0, 2]
     assert batch["agent_tool_errors"].tolist() == [0, 0, 1]
-    assert batch["tool_calls"][0] == [
-        {"name": "calculator", "arguments": {"expression": "12*34"}, "result": "408", "status": "ok"}
-    ]
+    call = {"name": "calculator", "arguments": {"expression": "12*34"}}
+    assert batch["tool_calls"][0] == [{**call, "result": "408", "status": "ok"}]
     assert "<tool_response>408</tool_response>" in batch["trajectory"][0]
     # The trainer's keys: prompt + response lined up, positions over attended tokens.
     width = batch["responses"].shape[1]
     assert torch.equal(batch["input_ids"][:, -width:], batch["responses"])
-    assert torch.equal(
-        batch["position_ids"], (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    )
+    assert torch.equal(batch["position_ids"], (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0))
     metrics = agent_metrics(batch)
     assert metrics["agent/turns_mean"] == pytest.approx(2.0)
     assert metrics["agent/tool_calls_mean"] == pytest.approx(1.0)
@@ -174,3 +171,27 @@ def test_a_per_sample_environment_answers_turns(tokenizer: Any) -> None:
     )
     assert batch["agent_turns"].tolist() == [3, 3]
     assert "left 1" in batch["trajectory"][0] and "left 0" in batch["trajectory"][0]
+
+
+def test_sft_targets_with_tool_segments(tokenizer: Any) -> None:
+    from hf_core.trainer.batches import sft_batch
+
+    eos = tokenizer.eos_token
+    target = [
+        {"text": CALL + eos},
+        {"text": TEMPLATE.format(result="408"), "train": False},
+        {"text": "408" + eos},
+    ]
+    batch = prompts(tokenizer, ["A: 12*34=", "B: 3+4="])
+    batch["sft_target"] = [target, "7"]
+    sft = sft_batch(batch, tokenizer, "sft_target")
+    pieces = [tokenizer(s["text"], add_special_tokens=False)["input_ids"] for s in target]
+    ids = [t for piece in pieces for t in piece]
+    assert sft["responses"][0, : len(ids)].tolist() == ids
+    mask = [1] * len(pieces[0]) + [0] * len(pieces[1]) + [1] * len(pieces[2])
+    assert sft["response_mask"][0, : len(ids)].tolist() == mask
+    width = sft["responses"].shape[1]
+    assert int(sft["attention_mask"][0, -width:].sum()) == len(ids)  # tool text is attended
+    seven = tokenizer("7", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert sft["responses"][1, : len(seven)].tolist() == seven
+    assert int(sft["response_mask"][1].sum()) == len(seven)

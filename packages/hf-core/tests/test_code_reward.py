@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from hf_core.rewards import get_reward_function
 from hf_core.rewards import code as code_reward
+from hf_core.rewards import get_reward_function
 from hf_core.rewards.code import extract_code
 
 

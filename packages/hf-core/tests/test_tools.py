@@ -83,7 +83,10 @@ def test_python_tool_runs_in_the_sandbox_and_reports_timeouts(
 def test_parses_hermes_tool_calls() -> None:
     text = "Let me compute. " + format_tool_call("calculator", {"expression": "2+2"}) + " done"
     assert parse_tool_calls(text) == [ToolCall("calculator", {"expression": "2+2"})]
-    two = '<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call><tool_call>\n{"name": "b"}\n</tool_call>'
+    two = (
+        '<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>'
+        '<tool_call>\n{"name": "b"}\n</tool_call>'
+    )
     assert parse_tool_calls(two) == [ToolCall("a", {"x": 1}), ToolCall("b", {})]
     assert parse_tool_calls("no calls here") == []
 

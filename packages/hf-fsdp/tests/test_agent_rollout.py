@@ -9,7 +9,6 @@ loss weight (changing anything at them leaves the gradient unchanged)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -92,8 +91,13 @@ def test_rollout_log_probs_equal_training_log_probs_on_every_model_token(
 def _grad_norm(model: Path, batch: Batch) -> float:
     engine = FSDPEngine({"model_path": str(model), "lr": 1e-3, "grad_clip": 1e9})
     update = batch.select(
-        "input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-        "advantages", "old_log_probs",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "responses",
+        "response_mask",
+        "advantages",
+        "old_log_probs",
     )
     update.meta["temperature"] = 1.0
     return engine.train_step(update, PolicyLoss(AlgorithmConfig()))["grad_norm"]

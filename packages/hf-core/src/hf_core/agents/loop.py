@@ -238,9 +238,10 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
     """``agent/*`` means per sample for a step's log (empty for single-turn batches)."""
     if "agent_turns" not in batch:
         return {}
-    tool_tokens = batch["attention_mask"][:, -batch["responses"].shape[1] :].sum() - batch[
-        "response_mask"
-    ].sum()
+    tool_tokens = (
+        batch["attention_mask"][:, -batch["responses"].shape[1] :].sum()
+        - batch["response_mask"].sum()
+    )
     size = len(batch)
     return {
         "agent/turns_mean": float(batch["agent_turns"].float().mean()),

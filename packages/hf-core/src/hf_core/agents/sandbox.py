@@ -195,9 +195,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     if first.startswith(_FS_MARK):
         fs_isolated, stderr = first.endswith("1"), rest
     killed = _classify(exit_code, stderr, limits, wall_killed)
-    return SandboxResult(
-        stdout, stderr, exit_code, killed, time.monotonic() - start, fs_isolated
-    )
+    return SandboxResult(stdout, stderr, exit_code, killed, time.monotonic() - start, fs_isolated)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

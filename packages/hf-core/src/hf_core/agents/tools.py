@@ -75,7 +75,7 @@ class Tool:
             value = await asyncio.wait_for(pending, timeout_s)
         except ToolTimeout as e:
             return ToolResult(f"error: {e}", "timeout")
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             return ToolResult(f"error: tool {self.name!r} timed out after {timeout_s}s", "timeout")
         except TypeError as e:
             return ToolResult(f"error: bad arguments for tool {self.name!r}: {e}", "error")

@@ -186,6 +186,11 @@ class SFTConfig(_Strict):
 
     steps: int = Field(0, ge=0, description="supervised steps (the actor's optimizer)")
     batch_size: int = Field(16, ge=1)
+    target_key: str = Field(
+        "ground_truth",
+        description="dataset field with the target: text, or a multi-turn list of "
+        "{text, train} segments (train: false for tool messages, attended but not trained on)",
+    )
 
 
 class TrainerConfig(_Strict):

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hf_core.agents.loop import agent_metrics
 from hf_core.algorithms import (
     LagrangeMultiplier,
     apply_kl_penalty,
@@ -35,7 +36,6 @@ from hf_core.algorithms import (
     safe_rlhf_advantage,
     token_level_rewards,
 )
-from hf_core.agents.loop import agent_metrics
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
@@ -460,7 +460,8 @@ class RLTrainer:
             num_epochs=1_000_000,
         )
         for i in range(1, cfg.sft.steps + 1):
-            rows = self._groups.actor.sft_step(sft_batch(next(loader), self.tokenizer))
+            batch = sft_batch(next(loader), self.tokenizer, cfg.sft.target_key)
+            rows = self._groups.actor.sft_step(batch)
             if i == 1 or i % 10 == 0 or i == cfg.sft.steps:
                 log.info("SFT step %d/%d: nll %.3f", i, cfg.sft.steps, rows[0]["sft_nll"])
         self._groups.actor.sync_weights()

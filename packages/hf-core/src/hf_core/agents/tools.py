@@ -191,8 +191,10 @@ _MAX_DIGITS = 1000
 def _evaluate(node: ast.AST) -> int | float:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value  # type: ignore[no-any-return]
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        if isinstance(node.value, bool):
+            raise ToolError("booleans are not numbers here")
+        return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_evaluate(node.operand))  # type: ignore[no-any-return]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:

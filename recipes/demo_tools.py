@@ -4,7 +4,7 @@
 
 Everything is made here, deterministically: a random-weight tiny Qwen2 whose tokenizer can
 write Hermes tool calls, and "23*45=" -> "1035" prompts.  The supervised warm start shows the
-format on examples that half call the calculator and half answer directly (guessing); GRPO
+format on examples of which 30% call the calculator and the rest answer directly (guessing); GRPO
 then raises the reward, which only a tool call earns, and the tool calls per sample with it.
 The summary compares the first and last 10% of RL steps for both.
 """
@@ -35,7 +35,7 @@ def build_assets(folder: Path) -> dict[str, str]:
         vocab_size=256,
         tool_calls=True,
     )
-    train = write_calculator_task(folder / "train.jsonl", n=2000, seed=0)
+    train = write_calculator_task(folder / "train.jsonl", n=4000, seed=0, tool_fraction=0.3)
     return {"model.path": str(model), "data.train_files": f"[{train}]"}
 
 

@@ -195,3 +195,32 @@ def test_sft_targets_with_tool_segments(tokenizer: Any) -> None:
     seven = tokenizer("7", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert sft["responses"][1, : len(seven)].tolist() == seven
     assert int(sft["response_mask"][1].sum()) == len(seven)
+
+
+def test_hanging_and_memory_hungry_python_calls_are_stopped_and_the_rollout_goes_on(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hf_core.agents import tools as tools_mod
+
+    limits = tools_mod.PYTHON_LIMITS.model_copy(
+        update={"cpu_seconds": 1, "wall_seconds": 1.5, "memory_mb": 128}
+    )
+    monkeypatch.setattr(tools_mod, "PYTHON_LIMITS", limits)
+    code = {"S": "import time\ntime.sleep(60)", "H": "while True:\n    pass"}
+    code["M"] = "x = bytearray(2**33)\nprint(len(x))"
+
+    def script(context: str) -> str:
+        if "<tool_response>" in context:
+            return "done"
+        return format_tool_call("python", {"code": code[context[0]]})
+
+    engine = ScriptedEngine(tokenizer, script)
+    config = AgentConfig(tools=["python"], tool_response_template=TEMPLATE)
+    batch = AgentLoop(engine, tokenizer, config).generate(
+        prompts(tokenizer, ["S", "H", "M"]), SamplingParams(max_new_tokens=64)
+    )
+    statuses = [[c["status"] for c in calls] for calls in batch["tool_calls"]]
+    assert statuses == [["timeout"], ["timeout"], ["error"]]
+    assert "MemoryError" in batch["tool_calls"][2][0]["result"]
+    assert batch["agent_turns"].tolist() == [2, 2, 2]  # each sample answered after its tool
+    assert agent_metrics(batch)["agent/tool_timeouts_mean"] == pytest.approx(2 / 3)

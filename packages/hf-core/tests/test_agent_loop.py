@@ -5,6 +5,8 @@ The log-prob parity of multi-turn samples with a real engine pair is tested in h
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -224,3 +226,52 @@ def test_hanging_and_memory_hungry_python_calls_are_stopped_and_the_rollout_goes
     assert "MemoryError" in batch["tool_calls"][2][0]["result"]
     assert batch["agent_turns"].tolist() == [2, 2, 2]  # each sample answered after its tool
     assert agent_metrics(batch)["agent/tool_timeouts_mean"] == pytest.approx(2 / 3)
+
+
+async def slow_tool() -> str:
+    """Answers after a while (the test of continuous batching)."""
+    await asyncio.sleep(1.0)
+    return "slow answer"
+
+
+async def fast_tool() -> str:
+    return "fast answer"
+
+
+class SlowEngine(ScriptedEngine):
+    """Takes a while per call, as a real engine does, so tools finish during generations."""
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        time.sleep(0.3)
+        return super().generate(prompts, params)
+
+
+def _chain(context: str) -> str:
+    """A calls the slow tool once; B calls the fast tool six times; both then answer."""
+    answers = context.count("<tool_response>")
+    if context.startswith("A"):
+        return "done" if answers else format_tool_call("slow_tool", {})
+    return "done" if answers >= 6 else format_tool_call("fast_tool", {})
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_continuous_batches_mix_turns(tokenizer: Any, continuous: bool) -> None:
+    engine = SlowEngine(tokenizer, _chain)
+    config = AgentConfig(
+        tools=[f"{__name__}:fast_tool", f"{__name__}:slow_tool"],
+        tool_response_template=TEMPLATE,
+        max_turns=8,
+        continuous=continuous,
+    )
+    batch = AgentLoop(engine, tokenizer, config).generate(
+        prompts(tokenizer, ["A", "B"]), SamplingParams(max_new_tokens=64)
+    )
+    assert batch["agent_turns"].tolist() == [2, 7]
+    assert batch["agent_tool_calls"].tolist() == [1, 6]
+    assert "slow answer" in batch["trajectory"][0]
+    turns = [sorted(c.count("<tool_response>") for c in call) for call in engine.calls]
+    mixed = [t for t in turns if len(set(t)) > 1]
+    if continuous:  # B went on while A's tool ran; A came back next to B at a later turn
+        assert mixed and turns[1] == [1], turns
+    else:  # rounds: everyone waits for the slow tool, each call holds one turn
+        assert not mixed and turns[1] == [1, 1]

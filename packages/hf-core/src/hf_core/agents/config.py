@@ -37,6 +37,12 @@ class AgentConfig(BaseModel):
         description="text of a tool message appended after a model turn ({result} is the "
         "tool's answer); the default is the Hermes/Qwen2.5 chat template's",
     )
+    continuous: bool = Field(
+        False,
+        description="run tools in the background: a sample whose tools answered goes back to "
+        "the engine with the next batch, whatever its turn, without waiting for slower "
+        "samples' tools (batches then depend on timing: runs are not bit-reproducible)",
+    )
     environment: str | None = Field(
         None,
         description="'package.module:Class' of a per-sample environment with "

@@ -2,9 +2,12 @@
 
 Token in, token out.  Each sample is a growing list of token ids: its prompt, then turn by
 turn the ids the engine sampled (kept exactly as returned, never decoded and re-encoded) and
-the ids of each tool message.  Every round, all unfinished samples -- whatever turn each is
-at -- go to the engine together as one batch of left-padded contexts (``n=1``), so the
-engine batches them as it batches prompts.  After a turn the sample's new text is parsed for
+the ids of each tool message.  Samples go to the engine together as one batch of left-padded
+contexts (``n=1``), so the engine batches them as it batches prompts: by default in rounds
+(all unfinished samples generate, then all tool calls run); with ``agent.continuous`` the
+tools run in the background and each engine call takes every sample that is ready, whatever
+its turn, so a slow tool holds back only its own sample.  After a turn the sample's new text
+is parsed for
 ``<tool_call>`` blocks (:mod:`hf_core.agents.tool_calls`); the calls of every sample run
 concurrently, and their answers are appended as a tool message
 (``agent.tool_response_template``) with loss mask 0.  A turn without calls ends the sample,
@@ -24,7 +27,9 @@ result, status of each call) for reward functions, and counters for :func:`agent
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +46,11 @@ from hf_core.errors import ConfigError
 
 COUNTERS = ("agent_turns", "agent_tool_calls", "agent_tool_errors", "agent_tool_timeouts")
 """Per-sample counters the loop adds (int tensors [B])."""
+
+
+GATHER_WINDOW_S = 0.02
+"""Continuous mode: once a tool answers, how long to wait for others that are about to, so
+they share the next engine call instead of each making its own."""
 
 
 class Environment(Protocol):
@@ -116,47 +126,97 @@ class AgentLoop:
             for sample in samples:
                 sample.environment = self.environment_cls()
                 sample.environment.reset(self._decode(sample.prompt))
-        budget = self.config.max_total_tokens
-        round_index = 0
-        while active := [s for s in samples if not s.done]:
-            room = max(budget - len(s.tokens) for s in active)
-            turn_params = params.model_copy(
-                update={
-                    "n": 1,
-                    "max_new_tokens": min(params.max_new_tokens, room),
-                    "seed": None if params.seed is None else params.seed + 7919 * round_index,
-                }
-            )
-            out = self.engine.generate(self._contexts(active), turn_params)
-            responses, mask = out["responses"], out["response_mask"].bool()
-            log_probs = out["rollout_log_probs"]
-            pending = []
-            for i, sample in enumerate(active):
-                keep = min(int(mask[i].sum()), budget - len(sample.tokens))
-                new = responses[i][mask[i]][:keep].tolist()
-                sample.add(new, log_probs[i][mask[i]][:keep].tolist())
-                sample.turns += 1
-                pending.append((sample, self._decode(new)))
-            asyncio.run(self._answer(pending))
-            round_index += 1
+        if self.config.continuous:
+            self._run_continuous(samples, params)
+        else:
+            self._run_rounds(samples, params)
         return self._assemble(prompts, samples, params.temperature)
 
+    def _turn(
+        self, batch: list[_Sample], params: SamplingParams, call_index: int
+    ) -> list[tuple[_Sample, str]]:
+        """One engine call for ``batch`` (each sample at whatever turn it is): the sampled
+        ids and log-probs are appended as they came; returns each sample's new text."""
+        budget = self.config.max_total_tokens
+        room = max(budget - len(s.tokens) for s in batch)
+        turn_params = params.model_copy(
+            update={
+                "n": 1,
+                "max_new_tokens": min(params.max_new_tokens, room),
+                "seed": None if params.seed is None else params.seed + 7919 * call_index,
+            }
+        )
+        out = self.engine.generate(self._contexts(batch), turn_params)
+        responses, mask = out["responses"], out["response_mask"].bool()
+        log_probs = out["rollout_log_probs"]
+        texts = []
+        for i, sample in enumerate(batch):
+            keep = min(int(mask[i].sum()), budget - len(sample.tokens))
+            new = responses[i][mask[i]][:keep].tolist()
+            sample.add(new, log_probs[i][mask[i]][:keep].tolist())
+            sample.turns += 1
+            texts.append((sample, self._decode(new)))
+        return texts
+
+    def _run_rounds(self, samples: list[_Sample], params: SamplingParams) -> None:
+        """Rounds: every unfinished sample generates, then every tool call runs."""
+        call_index = 0
+        while active := [s for s in samples if not s.done]:
+            asyncio.run(self._answer(self._turn(active, params, call_index)))
+            call_index += 1
+
+    def _run_continuous(self, samples: list[_Sample], params: SamplingParams) -> None:
+        """Tools run in the background: each engine call takes every sample that is ready
+        (its tools answered), whatever its turn, while slower tools keep running."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="agent-tools", daemon=True)
+        thread.start()
+        running: dict[concurrent.futures.Future[str | None], _Sample] = {}
+        try:
+            ready, call_index = list(samples), 0
+            while ready or running:
+                if not ready:
+                    first = concurrent.futures.FIRST_COMPLETED
+                    concurrent.futures.wait(running, return_when=first)
+                    concurrent.futures.wait(running, timeout=GATHER_WINDOW_S)
+                for future in [f for f in running if f.done()]:
+                    sample = running.pop(future)
+                    self._apply(sample, future.result())
+                    if not sample.done:
+                        ready.append(sample)
+                if ready:
+                    batch, ready = ready, []
+                    for sample, text in self._turn(batch, params, call_index):
+                        future = asyncio.run_coroutine_threadsafe(self._respond(sample, text), loop)
+                        running[future] = sample
+                    call_index += 1
+        finally:
+            for future in running:
+                future.cancel()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+
     async def _answer(self, pending: list[tuple[_Sample, str]]) -> None:
-        """After a turn: run each sample's tool calls (all samples concurrently) or ask its
-        environment; append the answers, or mark the sample done."""
+        """After a round: run each sample's tool calls (all samples concurrently) or ask its
+        environment, then apply the answers."""
         results = await asyncio.gather(*[self._respond(s, text) for s, text in pending])
         for (sample, _), answer in zip(pending, results, strict=True):
-            if answer is None:
-                sample.done = True
-                continue
-            ids = self.tokenizer(
-                self.config.tool_response_template.format(result=answer),
-                add_special_tokens=False,
-            )["input_ids"]
-            room = self.config.max_total_tokens - len(sample.tokens)
-            sample.add(list(ids)[:room], None)
-            if len(ids) >= room or sample.turns >= self.config.max_turns:
-                sample.done = True
+            self._apply(sample, answer)
+
+    def _apply(self, sample: _Sample, answer: str | None) -> None:
+        """Append the tool message (loss mask 0), or mark the sample done (None)."""
+        if answer is None:
+            sample.done = True
+            return
+        ids = self.tokenizer(
+            self.config.tool_response_template.format(result=answer),
+            add_special_tokens=False,
+        )["input_ids"]
+        room = self.config.max_total_tokens - len(sample.tokens)
+        sample.add(list(ids)[:room], None)
+        if len(ids) >= room or sample.turns >= self.config.max_turns:
+            sample.done = True
 
     async def _respond(self, sample: _Sample, text: str) -> str | None:
         """The tool message for this turn, or None when the sample is finished."""

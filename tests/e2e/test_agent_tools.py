@@ -65,5 +65,6 @@ def test_agent_demo_runs_multi_turn_steps(
     assert max(row["agent/tool_calls_mean"] for row in rows) > 0
     assert max(row["agent/tool_tokens_mean"] for row in rows) > 0
     assert max(row["agent/turns_mean"] for row in rows) > 1
-    tolerance = 1e-4 if backend == "hf" else 0.05
-    assert max(row["rollout/logprob_abs_diff_max"] for row in rows) < tolerance
+    # Float32 model: both engines match the FSDP forward within 1e-4 on every model token.
+    worst = max(row["rollout/logprob_abs_diff_max"] for row in rows)
+    assert worst < 1e-4, f"{backend}: rollout vs training log-prob max diff {worst}"

@@ -275,3 +275,24 @@ def test_continuous_batches_mix_turns(tokenizer: Any, continuous: bool) -> None:
         assert mixed and turns[1] == [1], turns
     else:  # rounds: everyone waits for the slow tool, each call holds one turn
         assert not mixed and turns[1] == [1, 1]
+
+
+def test_rewards_see_the_whole_trajectory(tokenizer: Any) -> None:
+    from hf_core.rewards import RuleReward
+
+    def used_the_tool(
+        responses: list[str], ground_truths: list[Any], extras: dict[str, list[Any]]
+    ) -> list[float]:
+        return [
+            float(any(c["status"] == "ok" and c["result"] == t for c in calls) and "408" in text)
+            for calls, t, text in zip(
+                extras["tool_calls"], ground_truths, extras["trajectory"], strict=True
+            )
+        ]
+
+    batch, _ = run(tokenizer, ["A: 12*34=", "B: 3+4=", "C: 12*34="])
+    batch["ground_truth"] = ["408", "7", "408"]
+    scores = RuleReward(used_the_tool, tokenizer)(batch)
+    assert scores.tolist() == [1.0, 0.0, 1.0]
+    # The response text itself is the model's own tokens only (no tool message in it).
+    assert RuleReward(used_the_tool, tokenizer).decode(batch)[0] == CALL + "408"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from hf_core.agents.tools import (
     tool_names,
 )
 from hf_core.errors import ConfigError
+from hf_core.plugins import hookimpl, plugin_manager
 
 
 def shout(text: str) -> str:
@@ -104,3 +106,21 @@ def test_parses_hermes_tool_calls() -> None:
 def test_malformed_calls_become_messages(text: str, why: str) -> None:
     (call,) = parse_tool_calls(text)
     assert isinstance(call, MalformedCall) and why in call.error
+
+
+class _SearchPlugin:
+    @staticmethod
+    @hookimpl
+    def register_tools(register: Any) -> None:
+        register("echo_search", shout, parameters={"type": "object"})
+
+
+def test_a_plugin_registers_tools_through_the_hook() -> None:
+    manager = plugin_manager()
+    manager.register(_SearchPlugin, name="search-plugin")
+    try:
+        tools_mod._collected_from = None  # collect the hooks again, as after a reset
+        assert "echo_search" in tool_names()
+        assert asyncio.run(get_tool("echo_search").call({"text": "x"})).text == "X"
+    finally:
+        manager.unregister(name="search-plugin")

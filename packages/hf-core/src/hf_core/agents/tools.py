@@ -107,17 +107,21 @@ def register_tool(
     return _REGISTRY.add(name, tool, owner=owner, override=override)
 
 
-_collected = False
+_collected_from: object = None
+"""The plugin manager whose ``register_tools`` hooks filled the table (a new one after
+:func:`hf_core.plugins.reset` is collected again)."""
 
 
 def _collect_plugins() -> None:
-    """Call every plugin's ``register_tools`` once (the built-ins come from core's plugin)."""
-    global _collected
-    if _collected:
-        return
+    """Call every plugin's ``register_tools`` once per plugin manager (the built-ins come
+    from core's own plugin)."""
+    global _collected_from
     from hf_core.plugins import plugin_manager
 
-    for impl in plugin_manager().hook.register_tools.get_hookimpls():
+    manager = plugin_manager()
+    if _collected_from is manager:
+        return
+    for impl in manager.hook.register_tools.get_hookimpls():
 
         def register(
             name: str,
@@ -131,7 +135,7 @@ def _collect_plugins() -> None:
             register_tool(name, fn, description, parameters, owner=_owner)
 
         impl.function(register=register)
-    _collected = True
+    _collected_from = manager
 
 
 def tool_names() -> list[str]:

@@ -150,6 +150,17 @@ BAD_INPUTS = [
         _grpo("reward.function=no_such_rewards:score"),
         ("reward.function", "cannot import module 'no_such_rewards'"),
     ),
+    # agent tools and environments, resolved on the driver before workers start
+    Bad(
+        "agent-unknown-tool",
+        _grpo("agent={tools: [calculater]}"),
+        ("agent: unknown tool 'calculater'", "'calculator'"),
+    ),
+    Bad(
+        "agent-environment-missing",
+        _grpo("agent={environment: no_such_envs:Game}"),
+        ("agent.environment 'no_such_envs:Game'", "cannot import"),
+    ),
     Bad(
         "reward-module-raises",
         _module_raising_on_import,

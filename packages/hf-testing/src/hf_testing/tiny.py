@@ -16,6 +16,7 @@ the folder is written.
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from collections.abc import Mapping
@@ -51,8 +52,27 @@ def _corpus(seed: int, lines: int = 1500) -> list[str]:
     return out
 
 
-def build_tokenizer(vocab_size: int = 128, seed: int = 0) -> Any:
-    """A byte-level BPE tokenizer trained on a synthetic corpus (deterministic for a seed)."""
+def _tool_corpus(seed: int, lines: int = 300) -> list[str]:
+    """Hermes/Qwen tool calls and tool messages, so their characters and tags get tokens."""
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(lines):
+        a, b = rng.randint(0, 9999), rng.randint(0, 999)
+        op = rng.choice("+-*")
+        call = {"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}}
+        out += [
+            f"<tool_call>{json.dumps(call)}</tool_call>",
+            f"\n<|im_start|>user\n<tool_response>\n{a * b}\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n",
+            "error: [] {} _ # ' = < > | ` \\ @ $ % & ^ ~",
+        ]
+    return out
+
+
+def build_tokenizer(vocab_size: int = 128, seed: int = 0, *, tool_calls: bool = False) -> Any:
+    """A byte-level BPE tokenizer trained on a synthetic corpus (deterministic for a seed);
+    ``tool_calls`` adds tool-call text to the corpus (:func:`_tool_corpus`), which needs a
+    larger ``vocab_size`` (e.g. 256) to leave room for digit and word merges."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from tokenizers.trainers import BpeTrainer
     from transformers import PreTrainedTokenizerFast
@@ -69,7 +89,8 @@ def build_tokenizer(vocab_size: int = 128, seed: int = 0) -> Any:
     trainer = BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
     )
-    tok.train_from_iterator(_corpus(seed), trainer)
+    corpus = _corpus(seed) + (_tool_corpus(seed) if tool_calls else [])
+    tok.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=None
     )
@@ -127,6 +148,7 @@ def build_tiny_model(
     vocab_size: int = 128,
     initializer_range: float = 0.2,
     seed: int = 0,
+    tool_calls: bool = False,
 ) -> Path:
     """Write a tiny random model (float32) and its tokenizer into ``path``; returns it.
 
@@ -134,6 +156,7 @@ def build_tiny_model(
     ``"score"`` (sequence classification, ``num_labels=1``).  The same arguments always give
     the same weights; ``seed`` changes the weights only, so all tiny models of one
     ``vocab_size`` share a tokenizer (an actor and its reward model must agree on ids).
+    ``tool_calls``: a tokenizer that can write Hermes tool calls (:func:`build_tokenizer`).
     """
     from transformers import (
         AutoConfig,
@@ -146,7 +169,7 @@ def build_tiny_model(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     # One tokenizer for every model seed: actor, critic and reward models must share ids.
-    tokenizer = build_tokenizer(vocab_size=vocab_size)
+    tokenizer = build_tokenizer(vocab_size=vocab_size, tool_calls=tool_calls)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = tiny_config(
         family,

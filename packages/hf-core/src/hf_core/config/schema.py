@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from hf_core.agents.config import AgentConfig
+
 AbsPath = Annotated[Path, AfterValidator(lambda p: p.expanduser().absolute())]
 """Paths are made absolute against the driver's working directory, because worker
 processes (possibly on other nodes) do not share it."""
@@ -224,6 +226,11 @@ class SFTConfig(_Strict):
 
     steps: int = Field(0, ge=0, description="supervised steps (the actor's optimizer)")
     batch_size: int = Field(16, ge=1)
+    target_key: str = Field(
+        "ground_truth",
+        description="dataset field with the target: text, or a multi-turn list of "
+        "{text, train} segments (train: false for tool messages, attended but not trained on)",
+    )
 
 
 class TrainerConfig(_Strict):
@@ -240,6 +247,9 @@ class TrainerConfig(_Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     cost: RewardConfig | None = Field(None, description="Safe-RLHF cost: function or model")
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    agent: AgentConfig | None = Field(
+        None, description="multi-turn tool-using rollouts (None: one response per prompt)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:

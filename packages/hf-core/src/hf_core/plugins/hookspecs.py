@@ -52,3 +52,15 @@ def register_protocols(register: Callable[[Any], None]) -> None:
     ``protocol`` is a :class:`hf_core.protocols.TransferProtocol`; its name becomes usable in
     ``@register(protocol=...)`` on worker methods.
     """
+
+
+@hookspec
+def register_tools(register: Callable[..., None]) -> None:
+    """Register agent tools: ``register(name, fn, description="", parameters=None)``.
+
+    ``fn(**arguments)`` is a plain or ``async`` function returning the tool's result (a
+    string, or anything ``str()`` turns into one); raising :class:`hf_core.agents.tools.ToolError`
+    reports a failure to the model.  ``parameters`` is the JSON schema of its arguments, shown
+    to the model through the chat template's ``tools``.  A recipe enables tools by name in
+    ``agent.tools`` (or names ``module:function`` directly).
+    """

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import ExportsHF, HasGenerationRank, RolloutEngine, SamplingParams
@@ -55,6 +56,8 @@ class ActorRolloutRefWorker(Worker):
         )
         self.standalone = config.placement.mode == "standalone"
         self.rollout = None if self.standalone else self._build_rollout(config)
+        self.agent = None if self.rollout is None else build_agent_loop(config, self.rollout)
+        """Multi-turn tool-using rollouts around the rollout engine (None: single-turn)."""
         self.loss = PolicyLoss(config.algorithm, is_cap=rollout_is_cap(config))
         self.needs_sync = False
         self._report_mesh()
@@ -124,7 +127,7 @@ class ActorRolloutRefWorker(Worker):
             self.sync_weights()
         with self.handover.stage("generate"):
             self.handover.to_generation()
-            out = rollout.generate(prompts, params)
+            out = (self.agent or rollout).generate(prompts, params)
         self.handover.to_training()
         return out
 

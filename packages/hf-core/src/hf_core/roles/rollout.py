@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import Closeable, SamplingParams
@@ -31,12 +32,14 @@ class RolloutWorker(Worker):
         self.config = config
         factory = get_rollout_engine(config.rollout.backend)
         self.rollout = factory(**rollout_engine_args(config), **config.rollout.engine)
+        self.agent = build_agent_loop(config, self.rollout)  # None: single-turn rollouts
         self.receiver = WeightReceiver(self.rank, self.device)
 
     @register("DP_PROTO")
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """This rank's share of the prompts, sampled with the weights it holds now."""
-        return self.rollout.generate(prompts, params)
+        """This rank's share of the prompts, sampled with the weights it holds now (multi-turn
+        with tools when the recipe has an ``agent:`` section)."""
+        return (self.agent or self.rollout).generate(prompts, params)
 
     @register("ONE_TO_ALL")
     def join_weight_channel(self, address: ChannelAddress) -> None:

@@ -28,22 +28,41 @@ def sampling_params(
     )
 
 
-def sft_batch(prompts: Batch, tokenizer: Any) -> Batch:
-    """Prompt -> ground truth as a rollout-shaped batch whose 'response' is the target."""
+def _sft_target(target: Any, tokenizer: Any, eos: int | None) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of one SFT target.
+
+    A string is the response text (EOS appended, all trained on).  A list of segments
+    ``{"text": ..., "train": bool}`` is a multi-turn target, each segment tokenized on its
+    own as the agent loop does (a model turn writes its own stop token in its text), with
+    ``train: false`` segments (tool messages) attended to but not trained on.
+    """
+    if not isinstance(target, (list, tuple)):
+        ids = tokenizer(str(target), add_special_tokens=False)["input_ids"]
+        ids = ids + ([eos] if eos is not None else [])
+        return ids, [1] * len(ids)
+    ids, mask = [], []
+    for segment in target:
+        piece = tokenizer(str(segment["text"]), add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [1 if segment.get("train", True) else 0] * len(piece)
+    return ids, mask
+
+
+def sft_batch(prompts: Batch, tokenizer: Any, target_key: str = "ground_truth") -> Batch:
+    """Prompt -> target (``target_key``: the ground truth by default) as a rollout-shaped
+    batch whose 'response' is the target (see :func:`_sft_target` for multi-turn ones)."""
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    targets = [
-        tokenizer(str(truth), add_special_tokens=False)["input_ids"]
-        + ([eos] if eos is not None else [])
-        for truth in prompts["ground_truth"]
-    ]
-    width = max(len(t) for t in targets)
+    targets = [_sft_target(t, tokenizer, eos) for t in prompts[target_key]]
+    width = max(len(ids) for ids, _ in targets)
     responses = torch.full((len(targets), width), pad, dtype=torch.long)
     response_mask = torch.zeros((len(targets), width), dtype=torch.long)
-    for i, ids in enumerate(targets):
+    real = torch.zeros((len(targets), width), dtype=torch.long)
+    for i, (ids, mask) in enumerate(targets):
         responses[i, : len(ids)] = torch.tensor(ids)
-        response_mask[i, : len(ids)] = 1
-    attention = torch.cat([prompts["attention_mask"], response_mask], dim=1)
+        response_mask[i, : len(ids)] = torch.tensor(mask)
+        real[i, : len(ids)] = 1
+    attention = torch.cat([prompts["attention_mask"], real], dim=1)
     return Batch(
         {
             "prompts": prompts["input_ids"],

@@ -50,6 +50,7 @@ def preflight(config: TrainerConfig) -> None:
     """Raise :class:`ConfigError` naming the key if a name or an ``engine:`` block is wrong."""
     _check_algorithm(config)
     _check_reward_functions(config)
+    _check_agent(config)
     checked: dict[str, Any] = {}
     for key, kind, backend, block, supplied in _engine_blocks(config):
         checked[key] = _check_engine_block(key, kind, backend, block, supplied)
@@ -140,6 +141,22 @@ def _check_reward_functions(config: TrainerConfig) -> None:
             get_reward_function(section.function)
         except UnknownRewardFunctionError as exc:
             raise ConfigError(f"invalid configuration:\n  {key}: {exc}") from None
+
+
+def _check_agent(config: TrainerConfig) -> None:
+    """Resolve ``agent.tools`` and ``agent.environment`` on the driver, before any worker
+    process starts (the workers resolve them again where they run)."""
+    if config.agent is None:
+        return
+    from hf_core.agents.loop import load_environment
+    from hf_core.agents.tools import resolve_tools
+
+    try:
+        resolve_tools(config.agent.tools)
+        if config.agent.environment:
+            load_environment(config.agent.environment)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid configuration:\n  agent: {exc}") from None
 
 
 def _check_generation_layout(config: TrainerConfig, actor_settings: Any) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hf_core.agents.loop import agent_metrics
 from hf_core.algorithms import (
     LagrangeMultiplier,
     apply_kl_penalty,
@@ -302,6 +303,7 @@ class RLTrainer:
         with Timer("generate", metrics):  # with a pool running ahead: the wait for samples
             samples = self.rollouts.take(self.step)
         metrics.update(self.rollouts.take_metrics())
+        metrics.update(agent_metrics(samples.generated))
         prompts = samples.prompts
         per_sample = prompts.select(*prompts.non_tensors.keys()).repeat_interleave(n)
         batch = samples.generated | per_sample
@@ -481,7 +483,8 @@ class RLTrainer:
             num_epochs=1_000_000,
         )
         for i in range(1, cfg.sft.steps + 1):
-            rows = self._groups.actor.sft_step(sft_batch(next(loader), self.tokenizer))
+            batch = sft_batch(next(loader), self.tokenizer, cfg.sft.target_key)
+            rows = self._groups.actor.sft_step(batch)
             if i == 1 or i % 10 == 0 or i == cfg.sft.steps:
                 log.info("SFT step %d/%d: nll %.3f", i, cfg.sft.steps, rows[0]["sft_nll"])
         self.rollouts.sync(version=0)

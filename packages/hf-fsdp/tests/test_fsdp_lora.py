@@ -85,7 +85,7 @@ def test_value_head_trains_with_lora(models: dict) -> None:
 
 def test_lora_config_errors_name_the_key(models: dict) -> None:
     path = str(models["llama"])
-    with pytest.raises(EngineConfigError, match="lora.rank"):
+    with pytest.raises(EngineConfigError, match=r"lora\.rank"):
         FSDPEngine({"model_path": path, "lora": {"rank": 0}})
     with pytest.raises(EngineConfigError, match="frozen engine"):
         FSDPEngine({"model_path": path, "trainable": False, "lora": {}})

@@ -55,7 +55,8 @@ def inject_lora(model: nn.Module, config: LoRAConfig, trainable_heads: tuple[str
 
 
 def canonical_lora_name(name: str) -> str:
-    """``x.base_layer.weight`` -> ``x.weight``; ``x.lora_A.default.weight`` -> ``x.lora_A.weight``."""
+    """peft names to canonical: ``x.base_layer.weight`` -> ``x.weight``,
+    ``x.lora_A.default.weight`` -> ``x.lora_A.weight``."""
     parts = name.split(".")
     out: list[str] = []
     for i, part in enumerate(parts):

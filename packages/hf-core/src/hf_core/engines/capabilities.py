@@ -139,10 +139,13 @@ class TrainsAdapters(Protocol):
 
 @runtime_checkable
 class ServesAdapters(Protocol):
-    """A rollout engine that generates with a LoRA adapter over its (unchanged) base weights.
+    """A rollout engine that can generate with a LoRA adapter over its (unchanged) base weights.
 
-    ``load_adapter`` replaces the adapter every following ``generate`` uses; the weight sync
-    then moves only the adapters, not the model.
+    ``serves_adapters`` says whether it was built to serve this adapter (vLLM needs LoRA
+    enabled and a large enough rank when it starts); if so, ``load_adapter`` replaces the
+    adapter every following ``generate`` uses and the weight sync moves only the adapters.
     """
+
+    def serves_adapters(self, config: LoRAConfig) -> bool: ...
 
     def load_adapter(self, config: LoRAConfig, tensors: list[NamedTensor]) -> None: ...

@@ -17,9 +17,10 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.engines import ExportsHF, HasGenerationRank, SamplingParams
+from hf_core.engines import ExportsHF, HasGenerationRank, SamplingParams, TrainsAdapters
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
+from hf_core.roles.adapters import base_model, lora_of, reference_is_actor_base, weight_sync_for
 from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
@@ -30,7 +31,6 @@ from hf_core.roles.common import (
 )
 from hf_core.roles.handover import MemoryHandover
 from hf_core.roles.losses import PolicyLoss, sft_loss
-from hf_core.roles.weight_sync import WeightSync
 from hf_core.worker import Worker
 
 
@@ -42,9 +42,11 @@ class ActorRolloutRefWorker(Worker):
         torch.set_num_threads(torch_threads(config))
         self.config = config
         self.actor = build_training_engine(config.actor, config, head="lm", trainable=True)
+        # a LoRA actor's base model is the reference: adapters disabled, no second copy
+        self.reference_is_base = reference_is_actor_base(config, self.actor)
         self.reference = (
             build_training_engine(config.reference, config, head="lm", trainable=False)
-            if config.reference is not None
+            if config.reference is not None and not self.reference_is_base
             else None
         )
         rollout_factory = get_rollout_engine(config.rollout.backend)
@@ -52,7 +54,7 @@ class ActorRolloutRefWorker(Worker):
         self.loss = PolicyLoss(config.algorithm)
         self.needs_sync = False
         self._report_mesh()
-        self.weight_sync = WeightSync(
+        self.weight_sync = weight_sync_for(
             self.actor,
             self.rollout,
             bucket_bytes=int(config.rollout.bucket_mb * 2**20),
@@ -131,9 +133,13 @@ class ActorRolloutRefWorker(Worker):
 
     @register("3D_PROTO")
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        self.handover.to_training()
+        if self.reference_is_base:
+            with base_model(self.actor):
+                out = self.actor.compute_log_probs(batch, temperature=self._temperature(batch))
+            return Batch({"ref_log_probs": out["log_probs"]})
         if self.reference is None:
             raise RuntimeError("no reference model configured (add a 'reference' section)")
-        self.handover.to_training()
         out = self.reference.compute_log_probs(batch, temperature=self._temperature(batch))
         return Batch({"ref_log_probs": out["log_probs"]})
 
@@ -181,7 +187,12 @@ class ActorRolloutRefWorker(Worker):
 
     @register("ONE_TO_ALL")
     def export_hf(self, path: str) -> str:
+        """The actor as an HF folder (a LoRA actor: merged weights, and its adapters in peft
+        format in ``<path>/adapter``)."""
         if not isinstance(self.actor, ExportsHF):
             raise NotImplementedError(f"{type(self.actor).__name__} cannot export an HF folder")
         self.handover.to_training()
-        return str(self.actor.export_hf(Path(path), tokenizer=str(self.config.tokenizer_path)))
+        out = self.actor.export_hf(Path(path), tokenizer=str(self.config.tokenizer_path))
+        if lora_of(self.actor) is not None and isinstance(self.actor, TrainsAdapters):
+            self.actor.export_adapter_folder(out / "adapter")
+        return str(out)

@@ -45,6 +45,8 @@ EXTRA = {
     "ppo_megatron": ["critic/vf_loss", "reshard/bytes_received", "reshard/zero_redundancy"],
     "grpo": ["actor/kl", "actor/kl_loss"],
     "grpo_vllm": ["actor/kl", "actor/kl_loss"],
+    "grpo_lora": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
+    "grpo_lora_vllm": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "remax": [],
     "rloo": ["actor/kl"],
     "reinforce_pp": ["actor/kl"],
@@ -71,7 +73,8 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     trainer = RLTrainer(config)
     trainer.fit()
     assert [entry["step"] for entry in trainer.handover_log] == [1, 2, 3]
-    offloaded = ["actor"] + (["reference"] if config.reference is not None else [])
+    lora = "lora" in config.actor.engine  # its reference is itself, adapters disabled
+    offloaded = ["actor"] + (["reference"] if config.reference is not None and not lora else [])
     check_handover_log(trainer.handover_log, offloaded)
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
@@ -82,8 +85,13 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         for key, value in row.items():
             if isinstance(value, (int, float)):
                 assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
-    if config.rollout.backend == "hf":  # float32 on both sides: only summation order differs
+    if config.rollout.backend == "hf" or lora:  # float32 on both sides: only summation order
         assert max(row["rollout/logprob_abs_diff_max"] for row in rows) <= 1e-4
+    if lora:  # vLLM serves the adapters: only they move; the HF engine gets merged weights
+        adapters_only = config.rollout.backend == "vllm"
+        assert all(row["lora/adapters_only"] == adapters_only for row in rows)
+        sent = rows[-1]["lora/sync_bytes"]
+        assert sent < 1e6 if adapters_only else sent > 1e6
     assert "val/reward_mean" in rows[-1]
     assert (config.run.output_dir / "metrics.png").stat().st_size > 0
     assert (config.run.output_dir / "checkpoints" / "latest").read_text() == "step_3"

@@ -22,6 +22,7 @@ from hf_testing.handover import check_handover_log
 
 REQUIRED_GAIN = 0.2
 QUIET = ["run.progress=false", "run.val_every=0"]
+WARM_START = ["run.total_steps=1", "run.export_final=true", "run.save_final=false"]
 
 
 def demo_assets(folder: Path) -> list[str]:
@@ -38,8 +39,7 @@ def warm_start(assets: list[str], out: str) -> Path:
     config = load_config(
         TrainerConfig,
         RECIPES / "demo.yaml",
-        [*assets, *QUIET, f"run.output_dir={out}"]
-        + ["run.total_steps=1", "run.export_final=true", "run.save_final=false"],
+        [*assets, *QUIET, f"run.output_dir={out}", *WARM_START],
     )
     RLTrainer(config).fit()
     return config.run.output_dir / "actor_hf"

@@ -238,6 +238,16 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench_async(session: nox.Session) -> None:
+    """Asynchronous RL (max_staleness 1) against its synchronous twin on one actor + one
+    rollout process (not in the default matrix: minutes of timing); ``-- --write`` updates
+    bench/RESULTS.md."""
+    _install_base(session)
+    session.install(*_constraints(), *_editable("hf-fsdp"))
+    session.run("python", str(ROOT / "bench" / "async_throughput.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def faults(session: nox.Session) -> None:
     """Fault-injection trials on short GRPO runs (not in the default matrix: minutes per trial).
 

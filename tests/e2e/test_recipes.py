@@ -51,11 +51,27 @@ EXTRA = {
     "rloo": ["actor/kl"],
     "reinforce_pp": ["actor/kl"],
     "safe_rlhf": ["critic/vf_loss", "cost/mean", "cost/lagrange"],
+    "grpo_async": ["actor/kl", "async/staleness", "actor/is_weight_mean", "actor/is_weight_max"],
+    "grpo_async_twin": ["actor/kl", "async/staleness", "perf/weight_sync_s"],
 }
+HYBRID_ONLY = {
+    "memory/generate_peak_gib",
+    "memory/weight_sync_peak_gib",
+    "perf/weight_sync_s",
+    *(key for key in COMMON if key.startswith("handover/")),
+}
+"""A standalone actor neither generates nor hands its devices over; with generation running
+ahead, a step may send no weights."""
+
+
+#: Recipes for real datasets and a local instruct model: run by test_data_recipes.py on a tiny
+#: model and fixture rows instead.
+DATASET_RECIPES = ("gsm8k_grpo", "math_grpo")
 
 
 def recipe_names() -> list[str]:
-    return sorted(p.stem for p in RECIPES.glob("*.yaml") if p.stem != "demo")
+    skip = ("demo", *DATASET_RECIPES)
+    return sorted(p.stem for p in RECIPES.glob("*.yaml") if p.stem not in skip)
 
 
 def test_every_recipe_is_covered() -> None:
@@ -73,19 +89,25 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     trainer = RLTrainer(config)
     trainer.fit()
     assert [entry["step"] for entry in trainer.handover_log] == [1, 2, 3]
+    standalone = config.placement.mode == "standalone"
     lora = "lora" in config.actor.engine  # its reference is itself, adapters disabled
     offloaded = ["actor"] + (["reference"] if config.reference is not None and not lora else [])
-    check_handover_log(trainer.handover_log, offloaded)
+    if standalone:  # the rollout engine is in another process: nothing to hand over
+        assert not [e for entry in trainer.handover_log for e in entry["events"]]
+    else:
+        check_handover_log(trainer.handover_log, offloaded)
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
-    for key in COMMON + EXTRA[name]:
+    common = [k for k in COMMON if not (standalone and k in HYBRID_ONLY)]
+    for key in common + EXTRA[name]:
         for row in rows:
             assert key in row, f"{name}: step {row['step']} has no {key}"
     for row in rows:
         for key, value in row.items():
             if isinstance(value, (int, float)):
                 assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
-    if config.rollout.backend == "hf" or lora:  # float32 on both sides: only summation order
+    on_policy = config.rollout.max_staleness == 0
+    if (config.rollout.backend == "hf" or lora) and on_policy:  # float32: only summation order
         assert max(row["rollout/logprob_abs_diff_max"] for row in rows) <= 1e-4
     if lora:  # vLLM serves the adapters: only they move; the HF engine gets merged weights
         adapters_only = config.rollout.backend == "vllm"

@@ -43,19 +43,28 @@ def make_assets(folder: Path) -> None:
     module.make_assets(folder)
 
 
-def test_grpo_with_sglang_rollout_runs_three_steps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def in_assets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working folder with the recipes' runs/assets, made the current directory."""
     make_assets(tmp_path / "runs" / "assets")
     monkeypatch.chdir(tmp_path)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    return tmp_path
+
+
+def _rows(config: TrainerConfig) -> list[dict]:
+    return [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
+
+
+@pytest.mark.usefixtures("in_assets")
+def test_grpo_with_sglang_rollout_runs_three_steps() -> None:
     config = load_config(TrainerConfig, RECIPES / "grpo.yaml", OVERRIDES)
     assert config.rollout.backend == "sglang"
     trainer = RLTrainer(config)
     trainer.fit()
     check_handover_log(trainer.handover_log, ["actor", "reference"])  # FSDP -> SGLang
 
-    rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
+    rows = _rows(config)
     assert [row["step"] for row in rows] == [1, 2, 3]
     for row in rows:
         for key in ("reward/mean", "actor/pg_loss", "actor/kl", "perf/weight_sync_s"):
@@ -77,14 +86,10 @@ def test_grpo_with_sglang_rollout_runs_three_steps(
     )
 
 
-def test_megatron_tp2_actor_reshards_into_sglang(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("in_assets")
+def test_megatron_tp2_actor_reshards_into_sglang() -> None:
     """megatron (t = 2) -> SGLang (whole tensors, t_g = 1): each rank gathers its TP peer's
     shard, half the model (Table 2), and the trainer drives the memory hand-over."""
-    make_assets(tmp_path / "runs" / "assets")
-    monkeypatch.chdir(tmp_path)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     overrides = [
         *OVERRIDES,
         "run.val_every=0",
@@ -96,7 +101,7 @@ def test_megatron_tp2_actor_reshards_into_sglang(
     config = load_config(TrainerConfig, RECIPES / "grpo.yaml", overrides)
     trainer = RLTrainer(config)
     trainer.fit()
-    rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
+    rows = _rows(config)
     assert [row["step"] for row in rows] == [1, 2, 3]
     for row in rows:
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"]
@@ -106,3 +111,27 @@ def test_megatron_tp2_actor_reshards_into_sglang(
         assert row["handover/actor_offload_bytes"] > 0
     assert rows[1]["actor/kl"] > 1e-6  # the synced weights moved off the reference
     check_handover_log(trainer.handover_log, ["actor", "reference"])  # megatron -> SGLang
+
+
+@pytest.mark.usefixtures("in_assets")
+def test_sglang_rollout_pool_runs_ahead_of_the_actor() -> None:
+    """Asynchronous GRPO: SGLang on a rollout process of its own (placement standalone),
+    one batch ahead of the FSDP actor; every sync delivers the whole model to the pool."""
+    overrides = [
+        *OVERRIDES,
+        "run.val_every=0",
+        "run.output_dir=runs/grpo_async_sglang",
+        "placement.mode=standalone",
+        "placement.processes=1",
+        "placement.rollout_processes=1",
+        "rollout.max_staleness=1",
+    ]
+    config = load_config(TrainerConfig, RECIPES / "grpo.yaml", overrides)
+    RLTrainer(config).fit()
+    rows = _rows(config)
+    assert [row["async/staleness"] for row in rows] == [0, 1, 1]
+    syncs = [row for row in rows if "reshard/bytes_received" in row]
+    assert syncs
+    for row in syncs:
+        assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] > 0
+    assert rows[2]["actor/kl"] > 1e-6  # trained on samples of synced, updated weights

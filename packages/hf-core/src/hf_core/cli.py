@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hf_core.data.cli import add_data_command
 from hf_core.errors import CheckpointError, HybridFlowError
 from hf_core.planner.cli import add_plan_command
 from hf_core.plugins import PluginLoadError, list_backends
@@ -231,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backends.set_defaults(handler=_backends)
     add_plan_command(commands)
+    add_data_command(commands)
     run = commands.add_parser(
         "run",
         help="train with a recipe YAML and key=value overrides",

@@ -71,12 +71,18 @@ class PlacementConfig(_Strict):
     ``split``: the actor (with rollout and reference) on ``processes`` ranks, and critic and
     reward/cost models on a second pool of ``other_processes`` ranks;
     ``auto``: the auto-mapping planner (paper §6) chooses the pools over ``devices`` devices of
-    kind ``device`` (``processes`` is then the actor pool's size it picked).
+    kind ``device`` (``processes`` is then the actor pool's size it picked);
+    ``standalone``: every model role on ``processes`` ranks and the rollout engines on a pool
+    of their own of ``rollout_processes`` ranks, weights broadcast to it after each update
+    (what lets generation overlap training: ``rollout.max_staleness``).
     """
 
-    mode: Literal["colocate", "split", "auto"] = "colocate"
+    mode: Literal["colocate", "split", "auto", "standalone"] = "colocate"
     processes: int = Field(1, ge=1)
     other_processes: int = Field(1, ge=1)
+    rollout_processes: int = Field(
+        1, ge=1, description="standalone: ranks of the rollout pool (one whole-model engine each)"
+    )
     nodes: int = Field(
         1,
         ge=1,
@@ -128,6 +134,12 @@ class AlgorithmConfig(_Strict):
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
     kl: KLConfig = Field(default_factory=KLConfig)
+    rollout_is: Literal["auto", "truncated", "none"] = Field(
+        "auto",
+        description="importance weights pi_old / pi_rollout on the policy loss, truncated at "
+        "rollout_is_cap; auto: on when rollout.max_staleness > 0",
+    )
+    rollout_is_cap: float = Field(2.0, gt=0.0, description="truncation of the rollout IS weights")
     # Safe-RLHF
     cost_limit: float = 0.0
     lagrange_init: float = Field(1.0, ge=0.0)
@@ -158,6 +170,12 @@ class RolloutConfig(_Strict):
         description="training -> generation transition of a model-parallel actor: the paper's "
         "micro-DP all-gathers (hybrid, zero redundancy) or whole-replica gathers (naive)",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="asynchronous RL (placement.mode: standalone): generation runs ahead of "
+        "training on samples at most this many policy versions old; 0: the synchronous loop",
+    )
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 
 
@@ -174,9 +192,31 @@ class ModelConfig(_Strict):
     tokenizer_path: AbsPath | None = Field(None, description="default: model.path")
 
 
+class JudgeConfig(_Strict):
+    """A generative judge: a model on a rollout engine scoring responses through a prompt."""
+
+    model_path: AbsPath = Field(description="the judge model (a local HF folder)")
+    backend: str = Field("hf", description="a registered rollout engine serving the judge")
+    template: str | None = Field(
+        None,
+        description="judge prompt with {prompt}, {response}, {ground_truth} "
+        "(None: hf_core.rewards.judge.DEFAULT_TEMPLATE)",
+    )
+    max_new_tokens: int = Field(8, ge=1, description="tokens the judge may write")
+    score_pattern: str = Field(
+        r"(-?\d+(?:\.\d+)?)", description="regex; its first group in the output is the score"
+    )
+    max_score: float = Field(10.0, gt=0, description="the score meaning fully right (-> 1.0)")
+    unparsed_score: float = Field(0.0, description="reward of an output with no score")
+    engine: dict[str, Any] = Field(default_factory=dict, description="rollout backend settings")
+
+
 class RewardConfig(_Strict):
     function: str | None = Field(None, description="rule-based reward: name or module:function")
     model: ModelRoleConfig | None = Field(None, description="a reward model instead")
+    judge: JudgeConfig | None = Field(
+        None, description="a generative judge instead of a reward model (added to function)"
+    )
 
 
 class SFTConfig(_Strict):
@@ -203,11 +243,23 @@ class TrainerConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
-        if self.reward.function is None and self.reward.model is None:
-            raise ValueError("reward: give a rule-based 'function' or a reward 'model'")
+        reward = self.reward
+        if reward.function is None and reward.model is None and reward.judge is None:
+            raise ValueError("reward: give a rule-based 'function', a reward 'model' or a 'judge'")
+        if reward.model is not None and reward.judge is not None:
+            raise ValueError("reward: a reward 'model' or a 'judge', not both")
+        if reward.judge is not None and self.placement.mode == "auto":
+            raise ValueError(
+                "reward.judge: placement.mode=auto plans model roles; use colocate/split"
+            )
+        if self.cost is not None and self.cost.judge is not None:
+            raise ValueError("cost.judge: a judge scores rewards only; give cost a function/model")
         if self.algorithm.kl.mode != "none" and self.reference is None:
             raise ValueError(f"algorithm.kl.mode={self.algorithm.kl.mode} needs a 'reference'")
+        self._check_standalone()
         pools = [self.placement.processes]
+        if self.placement.mode == "standalone":
+            pools.append(self.placement.rollout_processes)
         if self.placement.mode == "split":
             pools.append(self.placement.other_processes)
         if self.placement.mode != "auto" and any(n % self.placement.nodes for n in pools):
@@ -229,6 +281,21 @@ class TrainerConfig(_Strict):
                     f"{count} ranks * algorithm.mini_batches = {per_update} parts"
                 )
         return self
+
+    def _check_standalone(self) -> None:
+        standalone = self.placement.mode == "standalone"
+        if self.rollout.max_staleness and not standalone:
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} needs placement.mode: "
+                "standalone (generation can only overlap training on a rollout pool of its own)"
+            )
+        if standalone and (
+            self.rollout.tensor_parallel_size > 1 or self.rollout.pipeline_parallel_size > 1
+        ):
+            raise ValueError(
+                "placement.mode: standalone runs one whole-model rollout engine per rank: "
+                "rollout.tensor_parallel_size and pipeline_parallel_size must be 1"
+            )
 
     def role_model(self, role: ModelRoleConfig) -> Path:
         return role.model_path or self.model.path

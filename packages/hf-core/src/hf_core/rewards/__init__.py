@@ -8,10 +8,16 @@ Reward function signature (see :mod:`hf_core.rewards.registry`)::
     fn(responses: list[str], ground_truths: list[Any], extras: dict[str, list]) -> list[float]
 
 Built-ins (registered when this package is imported): ``digits_reverse`` and ``digits_sort``
-(partial credit, exact rule in :mod:`hf_core.rewards.builtin`) and ``exact_match``.
+(partial credit, exact rule in :mod:`hf_core.rewards.builtin`) and ``exact_match``; the math
+answer checks ``math_verify`` and ``gsm8k`` (:mod:`hf_core.rewards.math_answers`, needs
+``hf-core[math]``); the format checks ``format_gsm8k``, ``format_boxed`` and ``format_think``
+(:mod:`hf_core.rewards.format`).  A generative judge (a model scoring responses through a
+prompt) is a role, not a function: see :mod:`hf_core.roles.judge`.
 """
 
 from hf_core.rewards import builtin as _builtin  # noqa: F401  (registers the built-ins)
+from hf_core.rewards import format as _format  # noqa: F401
+from hf_core.rewards import math_answers as _math_answers  # noqa: F401
 from hf_core.rewards.builtin import LENGTH_TOLERANCE, digit_partial_credit
 from hf_core.rewards.registry import (
     BatchedRewardFn,

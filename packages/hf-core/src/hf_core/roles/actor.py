@@ -6,6 +6,10 @@ engine into the rollout engine in buckets, in the same process, with no second f
 (:mod:`hf_core.roles.weight_sync`), and the device memory changes hands every step
 (:mod:`hf_core.roles.handover`): training state is offloaded while the rollout engine
 generates, the rollout engine's weights and KV cache are released while the model trains.
+
+With ``placement.mode: standalone`` the rollout engines live in a pool of their own
+(:mod:`hf_core.roles.rollout`); this worker then holds no rollout engine and sends its weights
+to that pool over a broadcast group instead (:mod:`hf_core.roles.standalone_sync`).
 """
 
 from __future__ import annotations
@@ -17,10 +21,22 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.engines import ExportsHF, HasGenerationRank, SamplingParams, TrainsAdapters
+from hf_core.engines import (
+    ExportsHF,
+    HasGenerationRank,
+    RolloutEngine,
+    SamplingParams,
+    TrainsAdapters,
+)
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
-from hf_core.roles.adapters import base_model, lora_of, reference_is_actor_base, weight_sync_for
+from hf_core.roles.adapters import (
+    Sync,
+    base_model,
+    lora_of,
+    reference_is_actor_base,
+    weight_sync_for,
+)
 from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
@@ -30,7 +46,9 @@ from hf_core.roles.common import (
     training_mesh,
 )
 from hf_core.roles.handover import MemoryHandover
-from hf_core.roles.losses import PolicyLoss, sft_loss
+from hf_core.roles.losses import PolicyLoss, rollout_is_cap, sft_loss
+from hf_core.roles.standalone_sync import WeightSender
+from hf_core.roles.weight_channel import ChannelAddress
 from hf_core.worker import Worker
 
 
@@ -49,19 +67,42 @@ class ActorRolloutRefWorker(Worker):
             if config.reference is not None and not self.reference_is_base
             else None
         )
-        rollout_factory = get_rollout_engine(config.rollout.backend)
-        self.rollout = rollout_factory(**rollout_engine_args(config), **config.rollout.engine)
-        self.loss = PolicyLoss(config.algorithm)
+        self.standalone = config.placement.mode == "standalone"
+        self.rollout = None if self.standalone else self._build_rollout(config)
+        self.loss = PolicyLoss(config.algorithm, is_cap=rollout_is_cap(config))
         self.needs_sync = False
         self._report_mesh()
-        self.weight_sync = weight_sync_for(
-            self.actor,
-            self.rollout,
-            bucket_bytes=int(config.rollout.bucket_mb * 2**20),
-            kind=config.rollout.reshard,
-            rank=self.rank,
+        self.weight_sync = (
+            None
+            if self.rollout is None
+            else weight_sync_for(
+                self.actor,
+                self.rollout,
+                bucket_bytes=self._bucket_bytes,
+                kind=config.rollout.reshard,
+                rank=self.rank,
+            )
         )
+        self.sender = WeightSender(self.rank, self.device) if self.standalone else None
         self.handover = MemoryHandover(self.actor, self.reference, self.rollout)
+
+    @property
+    def _bucket_bytes(self) -> int:
+        return int(self.config.rollout.bucket_mb * 2**20)
+
+    @staticmethod
+    def _build_rollout(config: TrainerConfig) -> RolloutEngine:
+        factory = get_rollout_engine(config.rollout.backend)
+        return factory(**rollout_engine_args(config), **config.rollout.engine)
+
+    def _hybrid(self) -> tuple[RolloutEngine, Sync]:
+        """The in-process rollout engine and its sync (not in a standalone placement)."""
+        if self.rollout is None or self.weight_sync is None:
+            raise RuntimeError(
+                "this actor has no rollout engine (placement.mode: standalone): generation "
+                "runs in the rollout pool"
+            )
+        return self.rollout, self.weight_sync
 
     def _report_mesh(self) -> None:
         """Tell the controller how this rank is laid out, so the 3D protocols route data.
@@ -72,7 +113,7 @@ class ActorRolloutRefWorker(Worker):
         either, both follow plain data parallelism.
         """
         mesh = training_mesh(self.actor, self.mesh)
-        if isinstance(self.rollout, HasGenerationRank):
+        if self.rollout is not None and isinstance(self.rollout, HasGenerationRank):
             layout = self.rollout.generation_rank()
             mesh = dataclasses.replace(
                 mesh,
@@ -92,11 +133,12 @@ class ActorRolloutRefWorker(Worker):
         The rollout engine owns the device while it generates (training state offloaded);
         afterwards the training engines get it back for log-probs and updates.
         """
+        rollout, _ = self._hybrid()
         if self.needs_sync:
             self.sync_weights()
         with self.handover.stage("generate"):
             self.handover.to_generation()
-            out = self.rollout.generate(prompts, params)
+            out = rollout.generate(prompts, params)
         self.handover.to_training()
         return out
 
@@ -109,13 +151,40 @@ class ActorRolloutRefWorker(Worker):
         once the weights are in it, the training state leaves the device until the next
         update, so generation starts with the device to itself.
         """
+        _, weight_sync = self._hybrid()
         with self.handover.stage("weight_sync"):
             self.handover.to_training()
             self.handover.resume_rollout()
-            metrics = self.weight_sync.run()
+            metrics = weight_sync.run()
             self.handover.to_generation()
         self.needs_sync = False
         return metrics
+
+    # ------------------------------------------- standalone rollout pool
+    @register("RANK_ZERO")
+    def open_weight_channel(self, receivers: int) -> ChannelAddress:
+        """Rank 0 opens the broadcast group's store for ``receivers`` rollout ranks."""
+        return self._sender().listen(receivers)
+
+    @register("ONE_TO_ALL")
+    def join_weight_channel(self) -> None:
+        """Rank 0 joins the broadcast group (with the rollout ranks' joins in flight)."""
+        self._sender().join()
+
+    @register("ONE_TO_ALL")
+    def send_weights(self) -> dict[str, float]:
+        """Export the weights and broadcast them to the rollout pool (rank 0 sends); the
+        rollout ranks' ``receive_weights`` runs at the same time."""
+        with self.handover.stage("weight_sync"):
+            self.handover.to_training()
+            metrics = self._sender().send(self.actor, self._bucket_bytes)
+        self.needs_sync = False
+        return metrics
+
+    def _sender(self) -> WeightSender:
+        if self.sender is None:
+            raise RuntimeError("weights go to a rollout pool only with placement.mode: standalone")
+        return self.sender
 
     @register("ONE_TO_ALL")
     def take_handover_log(self) -> dict[str, object]:

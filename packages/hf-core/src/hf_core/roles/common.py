@@ -95,6 +95,8 @@ def torch_threads(config: TrainerConfig) -> int:
     processes = placement.processes
     if placement.mode == "split":
         processes += placement.other_processes
+    if placement.mode == "standalone":
+        processes += placement.rollout_processes
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // processes)
 

@@ -34,8 +34,13 @@ class MemoryHandover:
     """Which phase the actor worker's devices are in, and the moves between phases."""
 
     def __init__(
-        self, actor: TrainingEngine, reference: TrainingEngine | None, rollout: RolloutEngine
+        self,
+        actor: TrainingEngine,
+        reference: TrainingEngine | None,
+        rollout: RolloutEngine | None,
     ) -> None:
+        """``rollout`` is ``None`` when the rollout engines run in a pool of their own
+        (``placement.mode: standalone``): then only the training engines move."""
         self.trainers: dict[str, Offloadable] = {}
         for name, engine in (("actor", actor), ("reference", reference)):
             if isinstance(engine, Offloadable):
@@ -59,7 +64,7 @@ class MemoryHandover:
         """Release the rollout engine and onload the training engines (if not yet)."""
         if self.phase == "training":
             return
-        if self.rollout_resident:
+        if self.rollout is not None and self.rollout_resident:
             self._record("rollout", "release", self.rollout.release_memory())
             self.rollout_resident = False
         for name, engine in self.trainers.items():
@@ -68,7 +73,7 @@ class MemoryHandover:
 
     def resume_rollout(self) -> None:
         """Bring back the rollout engine's weights and KV cache (before a sync or generating)."""
-        if not self.rollout_resident:
+        if self.rollout is not None and not self.rollout_resident:
             self._record("rollout", "resume", self.rollout.resume_memory())
             self.rollout_resident = True
 

@@ -22,7 +22,7 @@ from hf_core.algorithms import (
     value_loss,
 )
 from hf_core.batch import Batch
-from hf_core.config import AlgorithmConfig
+from hf_core.config import AlgorithmConfig, TrainerConfig
 
 MISMATCH_MEAN = "rollout/logprob_abs_diff_mean"
 MISMATCH_MAX = "rollout/logprob_abs_diff_max"
@@ -40,11 +40,48 @@ def global_share(micro_batch: Batch, loss_agg_mode: str) -> float:
     return len(micro_batch) * meta["dp_size"] / max(1, int(meta["global_batch_size"]))
 
 
-class PolicyLoss:
-    """Clipped policy loss − entropy bonus (+ KL-to-reference when ``kl.mode == in_loss``)."""
+def rollout_is_cap(config: TrainerConfig) -> float | None:
+    """The truncation cap of the rollout importance weights, or ``None`` when they are off.
 
-    def __init__(self, algo: AlgorithmConfig) -> None:
+    ``algorithm.rollout_is: auto`` turns them on exactly when samples may come from an older
+    policy than the one being updated (``rollout.max_staleness`` > 0).
+    """
+    mode = config.algorithm.rollout_is
+    if mode == "none" or (mode == "auto" and config.rollout.max_staleness == 0):
+        return None
+    return config.algorithm.rollout_is_cap
+
+
+def rollout_is_weights(
+    behaviour_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights ``min(pi_behaviour / pi_rollout, cap)`` per token.
+
+    The samples came from the rollout engine's (possibly older) policy; the PPO ratio is
+    taken against the policy before this update.  Weighting each token's loss by this ratio
+    corrects the gradient for the gap, truncated so one unlikely token cannot dominate.
+    """
+    ratio = torch.exp((behaviour_log_probs - rollout_log_probs).detach().clamp(max=20.0))
+    weights = ratio.clamp(max=cap) * mask
+    tokens = mask.bool()
+    kept = ratio[tokens]
+    return weights, {
+        "is_weight_mean": float(weights[tokens].mean()) if kept.numel() else 1.0,
+        "is_weight_max": float(kept.max()) if kept.numel() else 1.0,
+        "is_clip_frac": float((kept > cap).float().mean()) if kept.numel() else 0.0,
+    }
+
+
+class PolicyLoss:
+    """Clipped policy loss − entropy bonus (+ KL-to-reference when ``kl.mode == in_loss``),
+    with truncated importance weights against the rollout policy when ``is_cap`` is set."""
+
+    def __init__(self, algo: AlgorithmConfig, *, is_cap: float | None = None) -> None:
         self.algo = algo
+        self.is_cap = is_cap
         self.policy_loss = get_policy_loss(algo.policy_loss)
         self.config = PolicyLossConfig(
             clip_ratio_low=algo.clip_ratio_low,
@@ -65,9 +102,16 @@ class PolicyLoss:
         else:  # on-policy: this forward is the behaviour policy (ratio 1)
             old_log_probs = log_probs.detach()
             metrics = mismatch_parts(old_log_probs, mb["rollout_log_probs"], mask)
-        loss, pg_metrics = self.policy_loss(
-            log_probs, old_log_probs, mb["advantages"], mask, self.config
-        )
+        advantages = mb["advantages"]
+        if self.is_cap is not None:
+            # Scaling the advantage by w >= 0 scales every term of the (dual-)clipped
+            # objective by w: the same as weighting each token's loss.
+            weights, is_metrics = rollout_is_weights(
+                old_log_probs, mb["rollout_log_probs"], mask, self.is_cap
+            )
+            advantages = advantages * weights
+            metrics.update(is_metrics)
+        loss, pg_metrics = self.policy_loss(log_probs, old_log_probs, advantages, mask, self.config)
         metrics.update(pg_metrics)
         if self.algo.entropy_coef > 0:
             loss, extra = entropy_bonus(

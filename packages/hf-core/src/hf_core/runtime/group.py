@@ -373,6 +373,14 @@ class GroupFuture:
         )
         return dict(zip(ranks, outputs, strict=True))
 
+    def done(self) -> bool:
+        """Whether every rank has finished (successfully or not), without blocking."""
+        if self.resolved:
+            return True
+        refs = list(self.refs.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) == len(refs)
+
     def wait(self) -> None:
         """Block until every rank finished (raising its error), without combining outputs."""
         if not self.resolved:

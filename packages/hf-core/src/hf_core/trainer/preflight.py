@@ -65,6 +65,8 @@ def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
     """
     for key, folder in _model_folders(config):
         _check_model(key, folder)
+    if config.reward.judge is not None:
+        _check_model("reward.judge.model_path", config.reward.judge.model_path)
     _check_data_files(config)
     if resume:
         _check_resume(config)

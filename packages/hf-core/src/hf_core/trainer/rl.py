@@ -2,6 +2,9 @@
 
 Each step: generate (hybrid engine) -> reference log-probs, values, reward/cost scores in
 parallel (futures) -> advantages on the driver -> critic update -> actor update -> weight sync.
+Where the samples come from is a :class:`~hf_core.trainer.rollouts.RolloutSource`: the actor's
+own rollout engine, or a standalone rollout pool that may generate the next batches while the
+actor trains (``rollout.max_staleness``, asynchronous RL).
 The algorithm is chosen by configuration (advantage estimator, policy loss, KL mode), so PPO,
 GRPO, ReMax, RLOO, REINFORCE++ and Safe-RLHF are this one loop with different settings.
 
@@ -41,9 +44,9 @@ from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
+from hf_core.roles import JUDGE_KEYS
 from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import mismatch_parts, mismatch_summary
-from hf_core.roles.weight_sync import merge_rank_metrics
 from hf_core.runtime import Cluster, WorkerLostError
 from hf_core.trainer.auto_placement import place_roles
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
@@ -53,6 +56,7 @@ from hf_core.trainer.checkpoint import (
     save_run_checkpoint,
 )
 from hf_core.trainer.preflight import preflight
+from hf_core.trainer.rollouts import RolloutSource, rollout_source
 from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
 
 log = logging.getLogger(__name__)
@@ -123,6 +127,7 @@ class RLTrainer:
             else None
         )
         self.roles: RoleGroups | None = None
+        self._rollouts: RolloutSource | None = None
         self.restarts: list[str] = []
         """The cause of each self-healing restart of this run, in order."""
         self._checkpoint_step: int | None = None
@@ -166,6 +171,12 @@ class RLTrainer:
             raise RuntimeError("the worker groups exist only while fit() runs")
         return self.roles
 
+    @property
+    def rollouts(self) -> RolloutSource:
+        if self._rollouts is None:
+            raise RuntimeError("the rollout source exists only while fit() runs")
+        return self._rollouts
+
     # ------------------------------------------------------------------ run
     def fit(self) -> RunSummary:
         self._seed()
@@ -200,6 +211,7 @@ class RLTrainer:
                     raise
                 self._resume_now = self._prepare_restart(exc)
             finally:
+                self._rollouts = None
                 if self.roles is not None:
                     self.roles.shutdown()
                     self.roles = None
@@ -239,6 +251,7 @@ class RLTrainer:
     def _fit(self) -> RunSummary:
         """One attempt: restore (``--resume`` or a restart), train, save, export."""
         cfg = self.config
+        self._rollouts = rollout_source(cfg, self._groups, self.loader)
         resumed_step = self._restore() if self._resume_now else None
         self._last_save = time.monotonic()
         if resumed_step is not None:
@@ -259,7 +272,7 @@ class RLTrainer:
         try:
             while self.step < cfg.run.total_steps:
                 self.step += 1
-                metrics = self._train_step(next(self.loader))
+                metrics = self._train_step()
                 if (
                     self.val_loader is not None
                     and cfg.run.val_every
@@ -279,19 +292,21 @@ class RLTrainer:
         return logger.finish()
 
     # --------------------------------------------------------------- stages
-    def _train_step(self, prompts: Batch) -> dict[str, float]:
+    def _train_step(self) -> dict[str, float]:
         cfg, roles = self.config, self._groups
         algo = cfg.algorithm
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         n = cfg.rollout.n
 
-        with Timer("generate", metrics):
-            params = sampling_params(cfg.rollout, self.step, cfg.run.seed)
-            generated = roles.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+        with Timer("generate", metrics):  # with a pool running ahead: the wait for samples
+            samples = self.rollouts.take(self.step)
+        metrics.update(self.rollouts.take_metrics())
+        prompts = samples.prompts
         per_sample = prompts.select(*prompts.non_tensors.keys()).repeat_interleave(n)
-        batch = generated | per_sample
+        batch = samples.generated | per_sample
         batch["group_index"] = torch.arange(len(prompts)).repeat_interleave(n)
+        batch["policy_version"] = torch.full((len(batch),), samples.version)
         batch.meta.update(step=self.step, temperature=cfg.rollout.temperature or 1.0)
         model_input = batch.select(*ACTOR_KEYS)
         model_input.meta.update(batch.meta)
@@ -305,7 +320,7 @@ class RLTrainer:
             if roles.critic is not None:
                 futures["values"] = roles.critic.compute_values.remote(model_input)
             if roles.reward is not None:
-                futures["reward"] = roles.reward.compute_scores.remote(model_input)
+                futures["reward"] = roles.reward.compute_scores.remote(self._reward_input(batch))
             if roles.cost is not None:
                 futures["cost"] = roles.cost.compute_scores.remote(model_input)
             scores = self._rule_scores(batch, self.reward_fn)  # overlaps with the futures
@@ -358,15 +373,17 @@ class RLTrainer:
         with Timer("update_actor", metrics):
             # Without a recompute the update's own forward is the behaviour policy (ratio 1)
             # and reports the rollout engine's mismatch from that same forward.
-            behaviour = "old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"
-            keys = [*ACTOR_KEYS, behaviour, "advantages"]
+            # The rollout log-probs also weight the loss when samples may be off-policy.
+            keys = [*ACTOR_KEYS, "rollout_log_probs", "advantages"]
+            if "old_log_probs" in batch:
+                keys.append("old_log_probs")
             if algo.kl.mode == "in_loss":
                 keys.append("ref_log_probs")
             update = batch.select(*keys)
             update.meta.update(batch.meta)
             metrics.update(_rank_zero_metrics(roles.actor.update_actor(update), "actor"))
         with Timer("weight_sync", metrics):
-            metrics.update(merge_rank_metrics(roles.actor.sync_weights()))
+            metrics.update(self.rollouts.after_update(self.step))
         handover = roles.actor.take_handover_log()
         self.handover_log.append({"step": self.step, "events": handover[0]["events"]})
         metrics.update(handover_metrics(handover))
@@ -393,6 +410,12 @@ class RLTrainer:
             behaviour = batch["old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"]
             metrics["actor/kl"] = float(masked_mean(behaviour - batch["ref_log_probs"], mask))
         return metrics
+
+    def _reward_input(self, batch: Batch) -> Batch:
+        """What the reward role reads: the actor's tensors, plus prompt and ground truth for a
+        judge."""
+        judge_keys = JUDGE_KEYS if self.config.reward.judge is not None else ()
+        return batch.select(*ACTOR_KEYS, *(k for k in judge_keys if k in batch))
 
     def _rule_scores(self, batch: Batch, fn: RuleReward | None) -> torch.Tensor | None:
         return None if fn is None else fn(batch).float()
@@ -421,7 +444,7 @@ class RLTrainer:
     def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
         """ReMax: the reward of the greedy response to each prompt, repeated over its group."""
         params = sampling_params(self.config.rollout, self.step, self.config.run.seed, greedy=True)
-        greedy = self._groups.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+        greedy = self.rollouts.generate_now(prompts.select(*PROMPT_TENSORS), params)
         greedy = greedy | prompts.select(*prompts.non_tensors.keys())
         return self._score(greedy).repeat_interleave(self.config.rollout.n)
 
@@ -429,7 +452,7 @@ class RLTrainer:
         """Rule-based plus reward-model scores of a batch (blocking; outside the main step)."""
         scores = self._rule_scores(batch, self.reward_fn)
         if self._groups.reward is not None:
-            model = self._groups.reward.compute_scores(batch.select(*ACTOR_KEYS))["reward_scores"]
+            model = self._groups.reward.compute_scores(self._reward_input(batch))["reward_scores"]
             scores = model if scores is None else scores + model
         return scores
 
@@ -442,7 +465,7 @@ class RLTrainer:
         params = params.model_copy(update={"temperature": self.config.rollout.val_temperature})
         scores = []
         for prompts in self.val_loader:
-            generated = self._groups.actor.generate(prompts.select(*PROMPT_TENSORS), params)
+            generated = self.rollouts.generate_now(prompts.select(*PROMPT_TENSORS), params)
             scores.append(self._score(generated | prompts.select(*prompts.non_tensors)))
         return {"val/reward_mean": float(torch.cat(scores).float().mean())}
 
@@ -461,13 +484,13 @@ class RLTrainer:
             rows = self._groups.actor.sft_step(sft_batch(next(loader), self.tokenizer))
             if i == 1 or i % 10 == 0 or i == cfg.sft.steps:
                 log.info("SFT step %d/%d: nll %.3f", i, cfg.sft.steps, rows[0]["sft_nll"])
-        self._groups.actor.sync_weights()
+        self.rollouts.sync(version=0)
 
     # --------------------------------------------------------- checkpoints
     def _state(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "loader": self.loader.state_dict(),
+            "loader": self.rollouts.loader_state(),  # before any prompts still in flight
             "kl_ctl": self.kl_ctl.state_dict(),
             "lagrange": self.lagrange.state_dict() if self.lagrange else None,
             "rng": rng_state(),  # JSON values and tensors: nothing pickled
@@ -490,8 +513,8 @@ class RLTrainer:
         self._groups.actor.load_checkpoint(str(folder))
         if self._groups.critic is not None:
             self._groups.critic.load_checkpoint(str(folder))
-        self._groups.actor.sync_weights()
         self.step = int(state["step"])
+        self.rollouts.sync(version=self.step)
         self.loader.load_state_dict(state["loader"])
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         if self.lagrange is not None and state["lagrange"] is not None:

@@ -2,6 +2,8 @@
 
 Roles listed in one pool share its processes (hybrid colocation); separate pools are separate
 processes (split placement).  The reference policy always lives in the actor's worker.
+A standalone placement adds a ``rollout`` pool of rollout workers (the actor then holds no
+rollout engine).
 """
 
 from __future__ import annotations
@@ -10,13 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hf_core.config import TrainerConfig
-from hf_core.roles import ActorRolloutRefWorker, CriticWorker, ScoreModelWorker
+from hf_core.roles import (
+    ActorRolloutRefWorker,
+    CriticWorker,
+    JudgeWorker,
+    RolloutWorker,
+    ScoreModelWorker,
+)
 from hf_core.runtime import ResourcePool, RoleSpec, WorkerGroup, spawn
 
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """Roles (``actor``, ``critic``, ``reward``, ``cost``) sharing ``processes`` ranks."""
+    """Roles (``actor``, ``critic``, ``reward``, ``cost``, ``rollout``) sharing ``processes``
+    ranks."""
 
     roles: tuple[str, ...]
     processes: int
@@ -28,10 +37,12 @@ class RoleGroups:
     critic: WorkerGroup | None = None
     reward: WorkerGroup | None = None
     cost: WorkerGroup | None = None
+    rollout: WorkerGroup | None = None
+    """The standalone rollout pool's workers (``None``: the actor generates itself)."""
     pools: list[ResourcePool] = field(default_factory=list)
 
     def shutdown(self) -> None:
-        _shutdown([self.actor, self.critic, self.reward, self.cost], self.pools)
+        _shutdown([self.actor, self.critic, self.reward, self.cost, self.rollout], self.pools)
 
 
 def _shutdown(groups: Sequence[WorkerGroup | None], pools: Sequence[ResourcePool]) -> None:
@@ -52,8 +63,12 @@ def role_specs(config: TrainerConfig) -> dict[str, RoleSpec]:
         specs["critic"] = RoleSpec(CriticWorker, (config,))
     if config.reward.model is not None:
         specs["reward"] = RoleSpec(ScoreModelWorker, (config, config.reward.model, "reward"))
+    elif config.reward.judge is not None:  # a judge fills the reward role's place
+        specs["reward"] = RoleSpec(JudgeWorker, (config, config.reward.judge))
     if config.cost is not None and config.cost.model is not None:
         specs["cost"] = RoleSpec(ScoreModelWorker, (config, config.cost.model, "cost"))
+    if config.placement.mode == "standalone":
+        specs["rollout"] = RoleSpec(RolloutWorker, (config,))
     return specs
 
 
@@ -61,6 +76,12 @@ def configured_pools(config: TrainerConfig) -> list[PoolSpec]:
     """Pools for ``colocate`` and ``split`` (``auto`` comes from the planner)."""
     roles = tuple(role_specs(config))
     placement = config.placement
+    if placement.mode == "standalone":
+        models = tuple(r for r in roles if r != "rollout")
+        return [
+            PoolSpec(models, placement.processes),
+            PoolSpec(("rollout",), placement.rollout_processes),
+        ]
     if placement.mode == "colocate" or roles == ("actor",):
         return [PoolSpec(roles, placement.processes)]
     if placement.mode == "split":
@@ -122,5 +143,6 @@ def spawn_roles(
         critic=groups.get("critic"),
         reward=groups.get("reward"),
         cost=groups.get("cost"),
+        rollout=groups.get("rollout"),
         pools=resource_pools,
     )

@@ -1,0 +1,56 @@
+"""The rollout worker of a standalone rollout pool (``placement.mode: standalone``).
+
+The rollout engine (any backend) in processes of its own, so generation can run while the
+actor trains (``rollout.max_staleness`` > 0, the trainer's asynchronous loop).  New weights
+arrive between generate calls over the weight channel
+(:mod:`hf_core.roles.standalone_sync`); each rank is one whole-model engine fed its share of
+the prompts (data parallel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_core.batch import Batch
+from hf_core.config import TrainerConfig
+from hf_core.engines import Closeable, SamplingParams
+from hf_core.plugins import get_rollout_engine
+from hf_core.protocols import register
+from hf_core.roles.common import rollout_engine_args, torch_threads
+from hf_core.roles.standalone_sync import WeightReceiver
+from hf_core.roles.weight_channel import ChannelAddress
+from hf_core.worker import Worker
+
+
+class RolloutWorker(Worker):
+    """One rank of the standalone rollout pool."""
+
+    def __init__(self, config: TrainerConfig) -> None:
+        super().__init__()
+        torch.set_num_threads(torch_threads(config))
+        self.config = config
+        factory = get_rollout_engine(config.rollout.backend)
+        self.rollout = factory(**rollout_engine_args(config), **config.rollout.engine)
+        self.receiver = WeightReceiver(self.rank, self.device)
+
+    @register("DP_PROTO")
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """This rank's share of the prompts, sampled with the weights it holds now."""
+        return self.rollout.generate(prompts, params)
+
+    @register("ONE_TO_ALL")
+    def join_weight_channel(self, address: ChannelAddress) -> None:
+        """Join the actor's broadcast group (blocks until every end joined)."""
+        self.receiver.join(address)
+
+    @register("ONE_TO_ALL")
+    def receive_weights(self) -> dict[str, float]:
+        """Load the actor's new weights; this rank's sync metrics."""
+        return self.receiver.receive(self.rollout)
+
+    @register("ONE_TO_ALL")
+    def close(self) -> None:
+        """Leave the channel and shut the engine down (a clean end of the run)."""
+        self.receiver.close()
+        if isinstance(self.rollout, Closeable):
+            self.rollout.close()

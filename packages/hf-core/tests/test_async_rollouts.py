@@ -1,0 +1,271 @@
+"""Asynchronous RL pieces without Ray: the staleness schedule, the weight channel, the
+truncated importance weights and the recipe checks."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from hf_core.batch import Batch
+from hf_core.config import TrainerConfig
+from hf_core.roles.losses import PolicyLoss, rollout_is_cap, rollout_is_weights
+from hf_core.roles.weight_channel import WeightChannel
+from hf_core.trainer.rollouts import StandaloneRollouts
+
+
+def _config(tmp_path: Path, **sections: Any) -> TrainerConfig:
+    doc: dict[str, Any] = {
+        "model": {"path": str(tmp_path)},
+        "reward": {"function": "digits_reverse"},
+        "placement": {"mode": "standalone"},
+        "run": {"total_steps": 8},
+    }
+    for key, value in sections.items():
+        doc[key] = {**doc.get(key, {}), **value}
+    return TrainerConfig.model_validate(doc)
+
+
+# ------------------------------------------------------------------ fakes
+
+
+class FakeFuture:
+    def __init__(self, value: Any, done: bool = True) -> None:
+        self.value, self.finished = value, done
+
+    def done(self) -> bool:
+        return self.finished
+
+    def result(self) -> Any:
+        self.finished = True
+        return self.value
+
+
+class Method:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args).result()
+
+
+@dataclass
+class FakeCluster:
+    """The actor group and rollout pool as the schedule sees them, with a call log."""
+
+    generation_done: bool = True
+    log: list[tuple[str, int]] = field(default_factory=list)
+    rollout_version: int = 0
+    actor_version: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        self.open_weight_channel = Method(lambda n: FakeFuture("address"))
+        self.join_weight_channel = Method(lambda *a: FakeFuture(None))
+        self.send_weights = Method(self._send)
+        self.receive_weights = Method(lambda: FakeFuture([{"reshard/bytes_received": 8.0}]))
+        self.generate = Method(self._generate)
+
+    def _send(self) -> FakeFuture:
+        self.rollout_version = self.actor_version
+        self.log.append(("sync", self.actor_version))
+        return FakeFuture([{"reshard/model_bytes": 8.0}])
+
+    def _generate(self, prompts: Batch, params: Any) -> FakeFuture:
+        self.log.append(("generate", int(prompts["input_ids"][0, 0])))
+        out = Batch({"version": torch.tensor([self.rollout_version])})
+        return FakeFuture(out, self.generation_done)
+
+
+class FakeLoader:
+    def __init__(self) -> None:
+        self.drawn = 0
+
+    def __next__(self) -> Batch:
+        self.drawn += 1
+        ids = torch.tensor([[self.drawn]])
+        return Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+    def state_dict(self) -> dict[str, int]:
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.drawn = state["drawn"]
+
+
+@dataclass
+class FakeGroups:
+    actor: FakeCluster
+    rollout: FakeCluster
+
+
+def _events(spec: str) -> list[tuple[str, int]]:
+    """``"g1 s1"`` -> ``[("generate", 1), ("sync", 1)]``: generations by step, syncs by the
+    version sent."""
+    kinds = {"g": "generate", "s": "sync"}
+    return [(kinds[item[0]], int(item[1:])) for item in spec.split()]
+
+
+def _run(tmp_path: Path, k: int, steps: int, generation_done: bool = True):
+    cluster = FakeCluster(generation_done=generation_done)
+    loader = FakeLoader()
+    config = _config(tmp_path, rollout={"max_staleness": k}, run={"total_steps": steps})
+    source = StandaloneRollouts(config, FakeGroups(cluster, cluster), loader)  # type: ignore[arg-type]
+    staleness, versions = [], []
+    for step in range(1, steps + 1):
+        samples = source.take(step)
+        assert int(samples.prompts["input_ids"][0, 0]) == step  # prompts in order
+        metrics = source.take_metrics()
+        staleness.append(metrics["async/staleness"])
+        histogram = [metrics[f"async/samples_at_staleness_{age}"] for age in range(k + 1)]
+        assert histogram == [staleness.count(age) for age in range(k + 1)]  # 1 sample a batch
+        versions.append(samples.version)
+        cluster.actor_version = step  # the update
+        source.after_update(step)
+    return cluster.log, staleness, versions, source
+
+
+# ------------------------------------------------------------------ schedule
+
+
+def test_staleness_zero_is_generate_train_sync(tmp_path: Path) -> None:
+    log, staleness, versions, _ = _run(tmp_path, k=0, steps=3)
+    assert log == _events("g1 s1 g2 s2 g3 s3")
+    assert staleness == [0, 0, 0] and versions == [0, 1, 2]
+
+
+def test_one_step_ahead_generates_the_next_batch_before_training(tmp_path: Path) -> None:
+    log, staleness, versions, _ = _run(tmp_path, k=1, steps=4)
+    # step 1 queues batch 2 on the initial weights; every later step syncs, then queues the
+    # next batch, then trains: the pool works while the actor trains.  After the last update
+    # nothing is in flight: those weights go out at once.
+    assert log == _events("g1 g2 s1 g3 s2 g4 s4")
+    assert staleness == [0, 1, 1, 1] and versions == [0, 0, 1, 2]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("generation_done", [True, False])
+def test_no_batch_is_older_than_max_staleness(
+    tmp_path: Path, k: int, generation_done: bool
+) -> None:
+    log, staleness, _, source = _run(tmp_path, k=k, steps=10, generation_done=generation_done)
+    assert max(staleness) <= k
+    assert source.dropped_samples == 0
+    assert [step for kind, step in log if kind == "generate"] == list(range(1, 11))
+
+
+def test_a_pending_generation_defers_the_sync(tmp_path: Path) -> None:
+    """With another batch still generating, a sync would make the actor wait for it: the
+    sync waits until that batch is the one needed (within the bound)."""
+    log, staleness, _, _ = _run(tmp_path, k=2, steps=4, generation_done=False)
+    # At step 2, batch 4 needs weights 1: deferred behind batch 3, sent at step 3 instead.
+    assert log == _events("g1 g2 g3 s2 g4 s4")
+    assert staleness == [0, 1, 2, 1]
+    finished, finished_staleness, _, _ = _run(tmp_path, k=2, steps=4, generation_done=True)
+    assert finished[3] == ("sync", 1)  # batch 3 already done: the sync costs no wait
+    assert finished_staleness == [0, 1, 2, 2]
+
+
+def test_a_checkpoint_keeps_the_loader_before_batches_in_flight(tmp_path: Path) -> None:
+    cluster, loader = FakeCluster(), FakeLoader()
+    config = _config(tmp_path, rollout={"max_staleness": 1})
+    source = StandaloneRollouts(config, FakeGroups(cluster, cluster), loader)  # type: ignore[arg-type]
+    source.take(1)  # draws prompts 1 and 2 (2 is in flight)
+    assert loader.drawn == 2
+    assert source.loader_state() == {"drawn": 1}  # a resumed run draws batch 2 again
+
+
+# ------------------------------------------------------------------ IS weights
+
+
+def test_importance_weights_are_truncated_and_masked() -> None:
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.9]]))
+    rollout = torch.log(torch.tensor([[0.5, 0.1, 0.3]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    weights, metrics = rollout_is_weights(old, rollout, mask, cap=2.0)
+    assert torch.allclose(weights, torch.tensor([[1.0, 2.0, 0.0]]))
+    assert metrics["is_weight_max"] == pytest.approx(5.0)
+    assert metrics["is_clip_frac"] == pytest.approx(0.5)
+    assert metrics["is_weight_mean"] == pytest.approx(1.5)
+
+
+def test_weighted_policy_loss_scales_each_tokens_gradient(tmp_path: Path) -> None:
+    config = _config(tmp_path, rollout={"max_staleness": 1})
+    cap = rollout_is_cap(config)
+    assert cap == 2.0
+    log_probs = torch.log(torch.tensor([[0.4, 0.6]])).requires_grad_()
+    rollout = torch.log(torch.tensor([[0.4, 0.2]]))  # token 2: weight 3 -> capped at 2
+    mb = Batch(
+        {
+            "response_mask": torch.ones(1, 2),
+            "advantages": torch.ones(1, 2),
+            "rollout_log_probs": rollout,
+        }
+    )
+    mb.meta.update(dp_size=1, global_response_tokens=2, global_batch_size=1)
+    loss, metrics = PolicyLoss(config.algorithm, is_cap=cap)({"log_probs": log_probs}, mb)
+    loss.backward()
+    assert log_probs.grad is not None
+    # On-policy ratio 1: d(-A w r)/d logp = -w / tokens
+    assert torch.allclose(log_probs.grad, torch.tensor([[-0.5, -1.0]]))
+    assert metrics["is_clip_frac"] == 0.5
+
+
+def test_importance_weights_follow_rollout_is(tmp_path: Path) -> None:
+    assert rollout_is_cap(_config(tmp_path)) is None  # auto, synchronous
+    assert rollout_is_cap(_config(tmp_path, algorithm={"rollout_is": "truncated"})) == 2.0
+    off = _config(tmp_path, rollout={"max_staleness": 1}, algorithm={"rollout_is": "none"})
+    assert rollout_is_cap(off) is None
+
+
+# ------------------------------------------------------------------ recipe checks
+
+
+def test_staleness_needs_a_rollout_pool(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=r"placement\.mode: standalone"):
+        _config(tmp_path, placement={"mode": "colocate"}, rollout={"max_staleness": 1})
+
+
+def test_a_standalone_pool_runs_whole_model_engines(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="tensor_parallel_size"):
+        _config(tmp_path, rollout={"tensor_parallel_size": 2})
+
+
+# ------------------------------------------------------------------ weight channel
+
+
+def _receiver(address: Any, rank: int, queue: Any) -> None:
+    channel = WeightChannel.connect(address, rank, torch.device("cpu"), 60.0)
+    queue.put([[(n, t.clone()) for n, t in bucket] for bucket in channel.receive()])
+
+
+def test_the_channel_delivers_every_bucket_to_every_receiver() -> None:
+    store, address = WeightChannel.listen("127.0.0.1", 3, 60.0)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    receivers = [ctx.Process(target=_receiver, args=(address, r, queue)) for r in (1, 2)]
+    for process in receivers:
+        process.start()
+    sender = WeightChannel(store, 0, 3, torch.device("cpu"), 60.0)
+    buckets = [
+        [("a.weight", torch.randn(3, 4)), ("b.bias", torch.arange(5, dtype=torch.int64))],
+        [("c.weight", torch.randn(2, 2).to(torch.bfloat16))],
+    ]
+    sent = sender.send(buckets)
+    got = [queue.get(timeout=60) for _ in receivers]
+    for process in receivers:
+        process.join(timeout=60)
+    assert sent == sum(t.numel() * t.element_size() for b in buckets for _, t in b)
+    for received in got:
+        assert [[n for n, _ in b] for b in received] == [[n for n, _ in b] for b in buckets]
+        for bucket, expected in zip(received, buckets, strict=True):
+            for (_, a), (_, b) in zip(bucket, expected, strict=True):
+                assert a.dtype == b.dtype and a.equal(b)

@@ -45,6 +45,8 @@ EXTRA = {
     "ppo_megatron": ["critic/vf_loss", "reshard/bytes_received", "reshard/zero_redundancy"],
     "grpo": ["actor/kl", "actor/kl_loss"],
     "grpo_vllm": ["actor/kl", "actor/kl_loss"],
+    "grpo_lora": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
+    "grpo_lora_vllm": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "remax": [],
     "rloo": ["actor/kl"],
     "reinforce_pp": ["actor/kl"],
@@ -90,7 +92,8 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     trainer.fit()
     assert [entry["step"] for entry in trainer.handover_log] == [1, 2, 3]
     standalone = config.placement.mode == "standalone"
-    offloaded = ["actor"] + (["reference"] if config.reference is not None else [])
+    lora = "lora" in config.actor.engine  # its reference is itself, adapters disabled
+    offloaded = ["actor"] + (["reference"] if config.reference is not None and not lora else [])
     if standalone:  # the rollout engine is in another process: nothing to hand over
         assert not [e for entry in trainer.handover_log for e in entry["events"]]
     else:
@@ -106,8 +109,13 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
             if isinstance(value, (int, float)):
                 assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
     on_policy = config.rollout.max_staleness == 0
-    if config.rollout.backend == "hf" and on_policy:  # float32: only summation order differs
+    if (config.rollout.backend == "hf" or lora) and on_policy:  # float32: only summation order
         assert max(row["rollout/logprob_abs_diff_max"] for row in rows) <= 1e-4
+    if lora:  # vLLM serves the adapters: only they move; the HF engine gets merged weights
+        adapters_only = config.rollout.backend == "vllm"
+        assert all(row["lora/adapters_only"] == adapters_only for row in rows)
+        sent = rows[-1]["lora/sync_bytes"]
+        assert sent < 1e6 if adapters_only else sent > 1e6
     assert "val/reward_mean" in rows[-1]
     assert (config.run.output_dir / "metrics.png").stat().st_size > 0
     assert (config.run.output_dir / "checkpoints" / "latest").read_text() == "step_3"

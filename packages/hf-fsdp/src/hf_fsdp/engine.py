@@ -18,6 +18,7 @@ import copy
 import logging
 import math
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,22 +34,31 @@ from hf_core.device import (
     resolve_device,
 )
 from hf_core.engines import (
+    LoRAConfig,
     LossFn,
     MicroBatch,
     NamedTensor,
     TrainingEngine,
     check_model_folder,
     combine_metric_rows,
+    is_adapter_name,
     iter_buckets,
     plan_micro_batches,
     restore_outputs,
     save_hf_folder,
+    write_peft_folder,
 )
-from hf_fsdp import checkpoint, heads
+from hf_fsdp import checkpoint, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
-from hf_fsdp.loading import build_empty_model, load_hf_config, materialize_and_load, shard_model
+from hf_fsdp.loading import (
+    HEAD_MODULES,
+    build_empty_model,
+    load_hf_config,
+    materialize_and_load,
+    shard_model,
+)
 from hf_fsdp.offload import model_bytes, move_model, move_optimizer, optimizer_bytes
 from hf_fsdp.optim import build_optimizer, build_scheduler, clip_grad_norm
 
@@ -56,6 +66,9 @@ if TYPE_CHECKING:
     from hf_core.resharding import RankPlan
 
 log = logging.getLogger(__name__)
+
+ADAPTER_FOLDER = "adapter"
+"""A LoRA engine's checkpoint holds its adapters in peft format in this sub-folder too."""
 
 
 class FSDPEngine(TrainingEngine):
@@ -73,6 +86,8 @@ class FSDPEngine(TrainingEngine):
         self.hf_config = load_hf_config(cfg, self.folder)
         model = build_empty_model(cfg, self.hf_config)
         self.architecture = type(model).__name__  # fully_shard swaps in an FSDP subclass
+        if cfg.lora is not None:
+            lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
         names = {native: canonical_name(native) for native, _ in model.named_parameters()}
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
         shard_model(model, self.mesh, cfg, self.device)
@@ -90,6 +105,7 @@ class FSDPEngine(TrainingEngine):
         self.param_shapes = {
             self.mapping.to_hf[n]: list(p.shape) for n, p in model.named_parameters()
         }
+        self._adapted = lora.adapted_weights(list(self.param_shapes))
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         if cfg.trainable:
@@ -276,7 +292,56 @@ class FSDPEngine(TrainingEngine):
             dtype=dtype,
             bucket_bytes=bucket_bytes // 2,
         )
+        return iter_buckets(self._merged(stream), bucket_bytes)
+
+    def _merged(self, stream: Iterator[NamedTensor]) -> Iterator[NamedTensor]:
+        """With LoRA, the adapters folded into their weights (what a plain model computes)."""
+        if self.config.lora is None:
+            return stream
+        return lora.merged(stream, self.config.lora.scaling, self._adapted)
+
+    # ------------------------------------------------------------------ adapters
+    def lora_config(self) -> LoRAConfig | None:
+        """The LoRA settings this engine trains with; ``None``: full fine-tuning."""
+        return self.config.lora
+
+    def _require_lora(self, what: str) -> LoRAConfig:
+        if self.config.lora is None:
+            raise NotImplementedError(f"{what}: this engine trains without LoRA adapters")
+        return self.config.lora
+
+    def adapters_disabled(self) -> AbstractContextManager[None]:
+        """Forwards inside compute the base model (the frozen weights alone)."""
+        if self.config.lora is None:
+            return nullcontext()
+        return lora.adapters_disabled(self.model)
+
+    def export_adapters(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
+        """Only the LoRA adapters, full tensors under canonical adapter names, in buckets;
+        every rank consumes the whole iterator (each bucket is an all-gather)."""
+        self._require_lora("export_adapters")
+        self._require_onloaded("export_adapters")
+        self._reshard()
+        dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
+        stream = stream_canonical(
+            self.model,
+            self.mapping,
+            device=self.device,
+            dtype=dtype,
+            bucket_bytes=bucket_bytes // 2,
+            only=is_adapter_name,
+        )
         return iter_buckets(stream, bucket_bytes)
+
+    def export_adapter_folder(self, path: Path) -> Path:
+        """Write the adapters as a peft folder (every rank calls; rank 0 writes)."""
+        config = self._require_lora("export_adapter_folder")
+        tensors = [item for bucket in self.export_adapters(64 * 2**20) for item in bucket]
+        if self.rank == 0:
+            write_peft_folder(path, config, tensors, base_model=self.folder)
+        if dist.is_initialized():
+            dist.barrier()
+        return Path(path)
 
     def export_hf(
         self,
@@ -293,7 +358,7 @@ class FSDPEngine(TrainingEngine):
         self._reshard()
         hf_config = copy.deepcopy(self.hf_config)
         hf_config.dtype = self.config.param_dtype
-        stream = stream_canonical(self.model, self.mapping, device=self.device)
+        stream = self._merged(stream_canonical(self.model, self.mapping, device=self.device))
         return save_hf_folder(
             stream,
             path,
@@ -320,6 +385,8 @@ class FSDPEngine(TrainingEngine):
             param_shapes=self.param_shapes,
             info=self._checkpoint_info(),
         )
+        if self.config.lora is not None:  # the adapters also as peft loads them
+            self.export_adapter_folder(Path(path) / ADAPTER_FOLDER)
 
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_onloaded("load_checkpoint")

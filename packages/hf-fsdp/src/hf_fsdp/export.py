@@ -16,7 +16,7 @@ order is the same on every rank).  At most one gathered bucket is alive at a tim
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -24,16 +24,18 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hf_core.engines import NamedTensor, WeightMapping
+from hf_fsdp.lora import canonical_lora_name
 
 WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 
 
 def canonical_name(native: str) -> str:
-    """The HF name of a (possibly wrapped) module parameter."""
+    """The HF name of a (possibly wrapped) module parameter; a LoRA-wrapped layer's weight
+    keeps its HF name, its adapters are ``<module>.lora_A.weight`` / ``lora_B.weight``."""
     parts = [p for p in native.split(".") if p not in WRAPPER_COMPONENTS]
     if parts and parts[0] == "module":  # DistributedDataParallel
         parts = parts[1:]
-    return ".".join(parts)
+    return canonical_lora_name(".".join(parts))
 
 
 class FSDPWeightMapping(WeightMapping):
@@ -98,12 +100,16 @@ def stream_canonical(
     device: torch.device | None = None,
     dtype: torch.dtype | None = None,
     bucket_bytes: int = 64 * 2**20,
+    only: Callable[[str], bool] | None = None,
 ) -> Iterator[NamedTensor]:
     """Every canonical ``(name, full tensor)`` of the model, gathered ``bucket_bytes`` of
-    full tensors at a time (parameters not sharded on dim 0 go alone)."""
+    full tensors at a time (parameters not sharded on dim 0 go alone).  ``only`` (a test of
+    the canonical name, the same on every rank) keeps a subset and leaves out the buffers."""
     pending: list[tuple[str, torch.Tensor]] = []
     size = 0
     for native, param in model.named_parameters():
+        if only is not None and not only(mapping.to_hf[native]):
+            continue
         if not _dim0_sharded(param):
             yield from _gathered(pending, mapping, device, dtype)
             pending, size = [], 0
@@ -117,6 +123,8 @@ def stream_canonical(
         pending.append((native, param))
         size += nbytes
     yield from _gathered(pending, mapping, device, dtype)
+    if only is not None:
+        return
     for native, buf in persistent_buffers(model):
         yield canonical_name(native), buf.detach().clone()
 

@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from hf_core.engines import check_model_folder, weight_files  # noqa: F401  (re-exported)
 from hf_core.errors import ModelLoadError
 from hf_fsdp.config import FSDPEngineConfig, HeadKind, to_dtype
+from hf_fsdp.lora import init_adapter_tensor
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -255,6 +256,7 @@ class LoadReport:
     loaded: list[str] = field(default_factory=list)
     initialized: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)
 
 
 def canonical_candidates(name: str, base_prefix: str) -> list[str]:
@@ -306,6 +308,11 @@ def materialize_and_load(
             candidates = canonical_candidates(canonical, base_prefix)
             key = next((k for k in candidates if k in reader), None)
             if key is None:
+                adapter = init_adapter_tensor(canonical, param.shape, seed)
+                if adapter is not None:  # LoRA: not in the base folder, new from the seed
+                    _local(param).copy_(adapter[index])
+                    report.adapters.append(canonical)
+                    continue
                 if canonical.split(".")[0] in head_modules:
                     full = _init_head_tensor(canonical, param.shape, std, seed)
                     _local(param).copy_(full[index])

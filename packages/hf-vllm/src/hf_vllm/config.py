@@ -64,6 +64,12 @@ class VLLMRolloutConfig(BaseModel):
         "spin-wait between its serial steps); None keeps the trainer's setting",
     )
     seed: int = Field(0, description="per-request sampling seeds when SamplingParams.seed is None")
+    max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="serve the LoRA actor's adapters (rank up to this; vLLM takes 1, 8, 16, "
+        "32, 64, ...): each weight sync then moves only the adapters; None: merged weights",
+    )
     check_lockstep: bool = Field(
         True, description="TP>1: verify all ranks of an engine got the same prompts"
     )

@@ -24,6 +24,7 @@ from hf_core.batch import Batch
 from hf_core.engines import (
     CanonicalSlice,
     GenerationRank,
+    LoRAConfig,
     NamedTensor,
     RecordsSyncs,
     ReleasesTaggedMemory,
@@ -38,6 +39,7 @@ from hf_core.engines import (
     strip_left_padding,
 )
 from hf_core.resharding import GenerationLayout
+from hf_vllm.adapters import AdapterFolders
 from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
 from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
 from hf_vllm.model_info import has_tokenizer
@@ -93,6 +95,8 @@ def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     if on_gpu:
         kwargs["enable_sleep_mode"] = True  # release_memory / resume_memory
+    if cfg.max_lora_rank is not None:  # one adapter at a time: the actor's latest
+        kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
     kwargs.update(cfg.engine_kwargs)
     return kwargs
 
@@ -136,6 +140,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             "kv_cache": self._kv_cache_bytes(),
         }
 
+        self.adapters = AdapterFolders(folder)
         self.weight_version = 0
         self.last_sync: VLLMSyncStats | None = None
         self._sync: VLLMSyncStats | None = None
@@ -161,6 +166,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         Inside a training group (``external_launcher``) the engine runs on the trainer's own
         process group, which vLLM's shutdown would destroy: there the trainer owns teardown.
         """
+        self.adapters.close()
         if self.executor != "external_launcher":
             self.llm.llm_engine.engine_core.shutdown()
 
@@ -225,6 +231,26 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         if ready:
             self._reload(ready)
             sync.reload_calls += 1
+        sync.engine_seconds += time.perf_counter() - now
+
+    def serves_adapters(self, config: LoRAConfig) -> bool:
+        """Built with LoRA serving (``max_lora_rank``) of at least this adapter's rank."""
+        return self.config.max_lora_rank is not None and config.rank <= self.config.max_lora_rank
+
+    def load_adapter(self, config: LoRAConfig, tensors: list[NamedTensor]) -> None:
+        """Generate with these adapters from now on (a new vLLM LoRA id: vLLM loads it
+        on the next generate and evicts the previous one); the base weights stay."""
+        if not self.serves_adapters(config):
+            raise ValueError(
+                f"this vLLM engine serves LoRA up to rank {self.config.max_lora_rank}; the "
+                f"adapter has rank {config.rank} (set rollout.engine.max_lora_rank)"
+            )
+        now = time.perf_counter()
+        sync = self._sync
+        if sync is None:
+            sync = self._sync = VLLMSyncStats(started=now)
+        sync.add(tensors)
+        self.adapters.write(config, tensors)
         sync.engine_seconds += time.perf_counter() - now
 
     def _reload(self, ready: list[ReadyTensor]) -> None:
@@ -322,7 +348,10 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         if token_lists:
             with torch_threads(self.config.torch_threads):
                 outputs = self.llm.generate(
-                    [{"prompt_token_ids": ids} for ids in token_lists], requests, use_tqdm=False
+                    [{"prompt_token_ids": ids} for ids in token_lists],
+                    requests,
+                    use_tqdm=False,
+                    lora_request=self.adapters.request(),
                 )
         responses, log_probs, response_mask = pack_completions(
             [output.outputs[0] for output in outputs],

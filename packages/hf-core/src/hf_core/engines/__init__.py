@@ -1,5 +1,6 @@
 """Engine interfaces: what a backend implements so core's role workers can drive it."""
 
+from hf_core.engines.adapters import LoRAConfig, is_adapter_name, write_peft_folder
 from hf_core.engines.capabilities import (
     Closeable,
     ExportsHF,
@@ -9,6 +10,8 @@ from hf_core.engines.capabilities import (
     LoadsTPSlices,
     Offloadable,
     ReshardsWeights,
+    ServesAdapters,
+    TrainsAdapters,
 )
 from hf_core.engines.decoding import (
     ResponseSteps,
@@ -53,6 +56,7 @@ __all__ = [
     "HasGenerationRank",
     "HasWorkerMesh",
     "HeadKind",
+    "LoRAConfig",
     "LoadsTPSlices",
     "LossFn",
     "MicroBatch",
@@ -64,17 +68,20 @@ __all__ = [
     "ResponseSteps",
     "RolloutEngine",
     "SamplingParams",
+    "ServesAdapters",
     "SpecialTokens",
     "SyncStats",
     "TaggedMemory",
     "TrainingEngine",
     "TrainingEngineConfig",
+    "TrainsAdapters",
     "WeightMapping",
     "assemble_rollout",
     "check_model_folder",
     "combine_metric_rows",
     "expand_prompts",
     "filter_logits",
+    "is_adapter_name",
     "iter_buckets",
     "lr_factor",
     "pack_responses",
@@ -89,4 +96,5 @@ __all__ = [
     "to_dtype",
     "token_ids",
     "weight_files",
+    "write_peft_folder",
 ]

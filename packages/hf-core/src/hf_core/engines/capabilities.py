@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from contextlib import AbstractContextManager
 
-    from hf_core.engines.weights import CanonicalSlice
+    from hf_core.engines.adapters import LoRAConfig
+    from hf_core.engines.weights import CanonicalSlice, NamedTensor
     from hf_core.protocols.mesh import WorkerMesh
     from hf_core.resharding import GenerationLayout, ParallelLayout, ReshardPlan, ReshardReport
 
@@ -112,3 +114,38 @@ class Closeable(Protocol):
     """An engine holding processes, process groups or files that must be released at the end."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class TrainsAdapters(Protocol):
+    """A training engine that can train LoRA adapters over frozen base weights.
+
+    ``lora_config`` is ``None`` when this engine was built without adapters (then the other
+    methods do not apply).  With adapters, ``export_weights`` streams *merged* weights,
+    ``export_adapters`` only the adapters (canonical adapter names, see
+    :mod:`hf_core.engines.adapters`), and inside ``adapters_disabled()`` every forward is
+    the base model's -- the reference policy without a second copy of the base weights.
+    Every rank calls the exports together (they gather shards).
+    """
+
+    def lora_config(self) -> LoRAConfig | None: ...
+
+    def adapters_disabled(self) -> AbstractContextManager[None]: ...
+
+    def export_adapters(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]: ...
+
+    def export_adapter_folder(self, path: Path) -> Path: ...
+
+
+@runtime_checkable
+class ServesAdapters(Protocol):
+    """A rollout engine that can generate with a LoRA adapter over its (unchanged) base weights.
+
+    ``serves_adapters`` says whether it was built to serve this adapter (vLLM needs LoRA
+    enabled and a large enough rank when it starts); if so, ``load_adapter`` replaces the
+    adapter every following ``generate`` uses and the weight sync moves only the adapters.
+    """
+
+    def serves_adapters(self, config: LoRAConfig) -> bool: ...
+
+    def load_adapter(self, config: LoRAConfig, tensors: list[NamedTensor]) -> None: ...

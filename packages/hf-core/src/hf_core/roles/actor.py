@@ -22,9 +22,22 @@ import torch
 from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.engines import ExportsHF, HasGenerationRank, RolloutEngine, SamplingParams
+from hf_core.engines import (
+    ExportsHF,
+    HasGenerationRank,
+    RolloutEngine,
+    SamplingParams,
+    TrainsAdapters,
+)
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
+from hf_core.roles.adapters import (
+    Sync,
+    base_model,
+    lora_of,
+    reference_is_actor_base,
+    weight_sync_for,
+)
 from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
@@ -37,7 +50,6 @@ from hf_core.roles.handover import MemoryHandover
 from hf_core.roles.losses import PolicyLoss, rollout_is_cap, sft_loss
 from hf_core.roles.standalone_sync import WeightSender
 from hf_core.roles.weight_channel import ChannelAddress
-from hf_core.roles.weight_sync import WeightSync
 from hf_core.worker import Worker
 
 
@@ -49,9 +61,11 @@ class ActorRolloutRefWorker(Worker):
         torch.set_num_threads(torch_threads(config))
         self.config = config
         self.actor = build_training_engine(config.actor, config, head="lm", trainable=True)
+        # a LoRA actor's base model is the reference: adapters disabled, no second copy
+        self.reference_is_base = reference_is_actor_base(config, self.actor)
         self.reference = (
             build_training_engine(config.reference, config, head="lm", trainable=False)
-            if config.reference is not None
+            if config.reference is not None and not self.reference_is_base
             else None
         )
         self.standalone = config.placement.mode == "standalone"
@@ -64,7 +78,7 @@ class ActorRolloutRefWorker(Worker):
         self.weight_sync = (
             None
             if self.rollout is None
-            else WeightSync(
+            else weight_sync_for(
                 self.actor,
                 self.rollout,
                 bucket_bytes=self._bucket_bytes,
@@ -84,7 +98,7 @@ class ActorRolloutRefWorker(Worker):
         factory = get_rollout_engine(config.rollout.backend)
         return factory(**rollout_engine_args(config), **config.rollout.engine)
 
-    def _hybrid(self) -> tuple[RolloutEngine, WeightSync]:
+    def _hybrid(self) -> tuple[RolloutEngine, Sync]:
         """The in-process rollout engine and its sync (not in a standalone placement)."""
         if self.rollout is None or self.weight_sync is None:
             raise RuntimeError(
@@ -191,9 +205,13 @@ class ActorRolloutRefWorker(Worker):
 
     @register("3D_PROTO")
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        self.handover.to_training()
+        if self.reference_is_base:
+            with base_model(self.actor):
+                out = self.actor.compute_log_probs(batch, temperature=self._temperature(batch))
+            return Batch({"ref_log_probs": out["log_probs"]})
         if self.reference is None:
             raise RuntimeError("no reference model configured (add a 'reference' section)")
-        self.handover.to_training()
         out = self.reference.compute_log_probs(batch, temperature=self._temperature(batch))
         return Batch({"ref_log_probs": out["log_probs"]})
 
@@ -241,7 +259,12 @@ class ActorRolloutRefWorker(Worker):
 
     @register("ONE_TO_ALL")
     def export_hf(self, path: str) -> str:
+        """The actor as an HF folder (a LoRA actor: merged weights, and its adapters in peft
+        format in ``<path>/adapter``)."""
         if not isinstance(self.actor, ExportsHF):
             raise NotImplementedError(f"{type(self.actor).__name__} cannot export an HF folder")
         self.handover.to_training()
-        return str(self.actor.export_hf(Path(path), tokenizer=str(self.config.tokenizer_path)))
+        out = self.actor.export_hf(Path(path), tokenizer=str(self.config.tokenizer_path))
+        if lora_of(self.actor) is not None and isinstance(self.actor, TrainsAdapters):
+            self.actor.export_adapter_folder(out / "adapter")
+        return str(out)

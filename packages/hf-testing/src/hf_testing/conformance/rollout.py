@@ -28,6 +28,7 @@ from hf_core.engines import (
     LoadsTPSlices,
     RolloutEngine,
     SamplingParams,
+    ServesAdapters,
 )
 from hf_core.plugins import get_rollout_engine
 from hf_testing.conformance.common import EngineConformance, check_bytes
@@ -43,7 +44,7 @@ from hf_testing.conformance.reference import (
 )
 from hf_testing.prompts import prompt_batch
 
-ROLLOUT_CAPABILITIES: tuple[type, ...] = (HasGenerationRank, LoadsTPSlices)
+ROLLOUT_CAPABILITIES: tuple[type, ...] = (HasGenerationRank, LoadsTPSlices, ServesAdapters)
 CAPABILITY_CHECKS: dict[type, str] = {
     HasGenerationRank: "test_generation_rank_covers_the_world",
 }

@@ -30,6 +30,7 @@ from hf_core.engines import (
     NamedTensor,
     Offloadable,
     TrainingEngine,
+    TrainsAdapters,
 )
 from hf_core.plugins import get_training_engine
 from hf_testing.conformance.common import EngineConformance, check_bytes
@@ -41,7 +42,13 @@ from hf_testing.conformance.reference import (
 )
 from hf_testing.workers import policy_loss, rollout_batch
 
-TRAINING_CAPABILITIES: tuple[type, ...] = (HasWorkerMesh, ExportsHF, Offloadable, Closeable)
+TRAINING_CAPABILITIES: tuple[type, ...] = (
+    HasWorkerMesh,
+    ExportsHF,
+    Offloadable,
+    Closeable,
+    TrainsAdapters,
+)
 CAPABILITY_CHECKS: dict[type, str] = {
     ExportsHF: "test_export_hf_loads_with_from_pretrained",
     Offloadable: "test_offload_and_onload_keep_the_model",

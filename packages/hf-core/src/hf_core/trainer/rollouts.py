@@ -125,6 +125,8 @@ class StandaloneRollouts(RolloutSource):
         self.actor_version = 0
         """Updates the actor has completed (set as steps are taken)."""
         self.dropped_samples = 0
+        self._syncs: list[tuple[GroupFuture, GroupFuture]] = []
+        """Broadcasts queued on both sides, not yet waited for."""
         self.staleness_counts: dict[int, int] = {}
         """Samples trained on so far, by staleness: the run's staleness histogram."""
         self._connect()
@@ -190,7 +192,7 @@ class StandaloneRollouts(RolloutSource):
     def _launch(self, step: int) -> None:
         """Draw step ``step``'s prompts and queue their generation (syncing first if needed)."""
         if self._needs_sync(step):
-            self._metrics.update(self.sync(self.actor_version))
+            self._start_sync(self.actor_version)  # the pool receives before it generates
         state = self.loader.state_dict()
         prompts = next(self.loader)
         future = self.pool.generate.remote(prompts.select(*PROMPT_TENSORS), self._params(step))
@@ -198,22 +200,42 @@ class StandaloneRollouts(RolloutSource):
 
     # ----------------------------------------------------------------- sync
     def after_update(self, step: int) -> dict[str, float]:
-        """With nothing in flight the pool is idle: send the new weights now (``k = 0``)."""
+        """The metrics of the syncs started this step; with nothing in flight the pool is
+        idle, so the new weights go out now (``k = 0``)."""
         self.actor_version = step
-        return {} if self.in_flight else self.sync(step)
+        metrics = self._finish_syncs()
+        if not self.in_flight:
+            metrics.update(self.sync(step))
+        return metrics
 
     def sync(self, version: int) -> dict[str, float]:
-        """Broadcast the actor's weights to the pool; waits for queued generations first
-        (the pool takes calls in order)."""
+        """Broadcast the actor's weights to the pool and wait for it (the pool first finishes
+        the generations queued before)."""
+        self._start_sync(version)
+        return self._finish_syncs()
+
+    def _start_sync(self, version: int) -> None:
+        """Queue the broadcast on both sides without waiting: each side takes calls in order,
+        so the actor sends before any update queued later, and the pool loads the weights
+        before any generation queued later.  The driver meanwhile scores the current batch."""
         send = self.groups.actor.send_weights.remote()
         receive = self.pool.receive_weights.remote()
-        try:
-            sent = send.result()
-        except WorkerError:
-            self._raise_if_pool_lost(receive)  # a dead receiver is the cause, not the sender
-            raise
-        rows = [*sent, *receive.result()]
+        self._syncs.append((send, receive))
         self.rollout_version = version
+
+    def _finish_syncs(self) -> dict[str, float]:
+        """Wait for the queued syncs; their metrics merged (empty if none)."""
+        syncs, self._syncs = self._syncs, []
+        rows: list[dict[str, float]] = []
+        for send, receive in syncs:
+            try:
+                rows.extend(send.result())
+            except WorkerError:
+                self._raise_if_pool_lost(receive)  # a dead receiver is the cause, not the sender
+                raise
+            rows.extend(receive.result())
+        if not rows:
+            return {}
         metrics = merge_rank_metrics(rows)
         # A whole-model rollout rank holds no training shard: it receives M / (t_g p_g) = M.
         metrics["reshard/bytes_expected"] = metrics.get("reshard/model_bytes", 0.0)

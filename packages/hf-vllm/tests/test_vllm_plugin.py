@@ -67,9 +67,15 @@ def test_bad_config_names_the_key(tmp_path: Path) -> None:
         factory(model_path=str(tmp_path))
 
 
-def test_tensor_parallel_outside_a_process_group_is_refused(models: dict[str, Path]) -> None:
+def test_tensor_parallel_outside_a_process_group_is_refused(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hf_vllm import parallel
     from hf_vllm.config import VLLMRolloutConfig
     from hf_vllm.parallel import resolve_executor
+
+    # A lone process, whatever group an earlier in-process test left behind.
+    monkeypatch.setattr(parallel, "_distributed", lambda: False)
 
     lone = VLLMRolloutConfig(model_path=models["llama"])
     assert resolve_executor(lone) == "uni"

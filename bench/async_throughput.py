@@ -5,9 +5,12 @@ The workload of ``bench/e2e_throughput.py`` (tiny Qwen2, GRPO, HF rollout, FSDP 
 and one rollout process, one torch thread each.  The twin runs with ``rollout.max_staleness:
 0`` (generate, then train, then sync: each process waits for the other); the asynchronous run
 with ``max_staleness: 1`` (the rollout process generates the next batch while the actor
-trains).  Same seed, same data, measured one after the other in one run: median seconds per
-step after the warm-up steps, tokens/s (prompt + response tokens per second of step wall
-time), the ratio, and the mean staleness and importance weight of the asynchronous run.
+trains).  Same seed, same data, measured in one run, the twins alternating over ``--rounds``
+rounds (this machine's speed drifts by tens of percent over minutes, so one run of each would
+compare different machines): per twin the median seconds per step over every round's steps
+after the warm-up, tokens/s (prompt + response tokens per second of step wall time), the
+ratio per round and overall, and the mean staleness and importance weight of the
+asynchronous run.
 
     python bench/async_throughput.py                  # print the table
     python bench/async_throughput.py --write          # also update bench/RESULTS.md
@@ -28,23 +31,33 @@ TITLE = "## Asynchronous RL vs its synchronous twin (`bench/async_throughput.py`
 TWINS = {"sync (max_staleness 0)": 0, "async (max_staleness 1)": 1}
 
 
-def run(model: Path, data: Path, out: Path, config: str, staleness: int, args) -> dict:
+def run(
+    model: Path, data: Path, out: Path, config: str, staleness: int, args: argparse.Namespace
+) -> list[dict]:
+    """The metrics rows after the warm-up of one run."""
     overrides = recipe_overrides(model, data, out, config, (1, 1), args.steps)
     overrides += [
         "placement.mode=standalone",
         "placement.rollout_processes=1",
         f"rollout.max_staleness={staleness}",
     ]
-    result = run_trainer(None, overrides, out, args.warmup)
+    run_trainer(None, overrides, out, args.warmup)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = rows[args.warmup :]
-    result["staleness"] = statistics.mean(r.get("async/staleness", 0.0) for r in rows)
+    return rows[args.warmup :]
+
+
+def summary(rows: list[dict]) -> dict:
+    step = statistics.median(r["perf/step_s"] for r in rows)
     weights = [r["actor/is_weight_mean"] for r in rows if "actor/is_weight_mean" in r]
-    result["is_weight"] = statistics.mean(weights) if weights else None
-    return result
+    return {
+        "step_s": step,
+        "tokens_per_s": statistics.median(r["perf/tokens"] for r in rows) / step,
+        "staleness": statistics.mean(r.get("async/staleness", 0.0) for r in rows),
+        "is_weight": statistics.mean(weights) if weights else None,
+    }
 
 
-def table(results: dict) -> str:
+def table(results: dict, rounds: dict) -> str:
     lines = [
         "| config | loop | s/step | tokens/s | mean staleness | mean IS weight |",
         "|---|---|---|---|---|---|",
@@ -61,7 +74,10 @@ def table(results: dict) -> str:
         if all(pair):
             sync, asynchronous = pair
             ratio = asynchronous["tokens_per_s"] / sync["tokens_per_s"]
-            lines.append(f"- {config}: async / sync tokens/s = {ratio:.2f}x")
+            per_round = ", ".join(f"{r:.2f}x" for r in rounds[config])
+            lines.append(
+                f"- {config}: async / sync tokens/s = {ratio:.2f}x (per round: {per_round})"
+            )
     return "\n".join(lines)
 
 
@@ -69,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=10, help="RL steps per run")
+    parser.add_argument("--rounds", type=int, default=2, help="sync/async pairs per config")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
@@ -76,15 +93,24 @@ def main() -> None:
     from hf_testing.tiny import build_tiny_model
 
     results: dict[tuple[str, str], dict] = {}
+    rounds: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hf-async-bench-") as tmp_name:
         tmp = Path(tmp_name)
         model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
         data = write_task(tmp / "train.jsonl", rows=4096)
         for config in args.configs.split(","):
-            for twin, staleness in TWINS.items():
-                out = tmp / f"{config}-k{staleness}"
-                results[config, twin] = run(model, data, out, config, staleness, args)
-                print(config, twin, json.dumps(results[config, twin]), flush=True)
+            rows: dict[str, list[dict]] = {twin: [] for twin in TWINS}
+            for i in range(args.rounds):
+                speed = {}
+                for twin, staleness in TWINS.items():
+                    out = tmp / f"{config}-k{staleness}-r{i}"
+                    rows[twin] += (got := run(model, data, out, config, staleness, args))
+                    speed[twin] = summary(got)["tokens_per_s"]
+                    print(config, twin, i, json.dumps(summary(got)), flush=True)
+                sync_speed, async_speed = speed.values()
+                rounds.setdefault(config, []).append(async_speed / sync_speed)
+            for twin in TWINS:
+                results[config, twin] = summary(rows[twin])
 
     prompts = ", ".join(
         f"{c}: {p} prompts x {n} samples, {t} new tokens" for c, (p, n, t) in CONFIGS.items()
@@ -97,13 +123,14 @@ def main() -> None:
             "process and one rollout process (one torch thread each), the workload of "
             f"`bench/e2e_throughput.py` ({prompts}); the synchronous twin has "
             "`rollout.max_staleness: 0`, the asynchronous run `1` (truncated importance "
-            f"weights, cap 2). Median of {args.steps - args.warmup} steps after "
-            f"{args.warmup} warm-up steps; tokens/s = prompt + response tokens per second of "
-            "step wall time.",
+            f"weights, cap 2). {args.rounds} rounds, each running the synchronous twin then the "
+            f"asynchronous run; per twin the median over all rounds of the "
+            f"{args.steps - args.warmup} steps after {args.warmup} warm-up steps; tokens/s = "
+            "prompt + response tokens per second of step wall time.",
             "",
             machine_line(load=True),
             "",
-            table(results),
+            table(results, rounds),
             "",
         ]
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -281,18 +281,24 @@ class FSDPEngine(TrainingEngine):
                 f"{plan.num_units} units belongs to a TP/PP backend"
             )
         self._require_onloaded("export_weights")
+        return iter_buckets(self._merged(self._gathered(bucket_bytes)), bucket_bytes)
+
+    def _gathered(
+        self, bucket_bytes: int, only: Callable[[str], bool] | None = None
+    ) -> Iterator[NamedTensor]:
+        """Full canonical tensors (those ``only`` keeps), gathered from the shards in the
+        export dtype.  A gather holds the ranks' pieces and the full tensors built from them:
+        half a bucket each keeps a sync's extra memory at about one bucket."""
         self._reshard()
         dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
-        # A gather holds the ranks' pieces and the full tensors built from them: half a
-        # bucket each keeps a sync's extra memory at about one bucket.
-        stream = stream_canonical(
+        return stream_canonical(
             self.model,
             self.mapping,
             device=self.device,
             dtype=dtype,
             bucket_bytes=bucket_bytes // 2,
+            only=only,
         )
-        return iter_buckets(self._merged(stream), bucket_bytes)
 
     def _merged(self, stream: Iterator[NamedTensor]) -> Iterator[NamedTensor]:
         """With LoRA, the adapters folded into their weights (what a plain model computes)."""
@@ -321,17 +327,7 @@ class FSDPEngine(TrainingEngine):
         every rank consumes the whole iterator (each bucket is an all-gather)."""
         self._require_lora("export_adapters")
         self._require_onloaded("export_adapters")
-        self._reshard()
-        dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
-        stream = stream_canonical(
-            self.model,
-            self.mapping,
-            device=self.device,
-            dtype=dtype,
-            bucket_bytes=bucket_bytes // 2,
-            only=is_adapter_name,
-        )
-        return iter_buckets(stream, bucket_bytes)
+        return iter_buckets(self._gathered(bucket_bytes, only=is_adapter_name), bucket_bytes)
 
     def export_adapter_folder(self, path: Path) -> Path:
         """Write the adapters as a peft folder (every rank calls; rank 0 writes)."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,6 +42,7 @@ from hf_core.batch import Batch
 from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.errors import ConfigError
+from hf_core.imports import import_object
 
 COUNTERS = ("agent_turns", "agent_tool_calls", "agent_tool_errors", "agent_tool_timeouts")
 """Per-sample counters the loop adds (int tensors [B])."""
@@ -86,9 +86,7 @@ def load_environment(spec: str) -> type:
     if not module_name or not attr:
         raise ConfigError(f"agent.environment {spec!r} must look like 'package.module:Class'")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj: Any = import_object(spec)
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"agent.environment {spec!r}: cannot import it: {e}") from e
     if not callable(obj):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib
 import inspect
 import math
 import operator
@@ -20,6 +19,7 @@ from typing import Any, Literal
 
 from hf_core.agents.sandbox import SandboxLimits, run_python_async
 from hf_core.errors import ConfigError
+from hf_core.imports import import_object
 from hf_core.registry import NamedRegistry, UnknownNameError
 
 ToolStatus = Literal["ok", "error", "timeout"]
@@ -149,18 +149,15 @@ def get_tool(spec: str) -> Tool:
     _collect_plugins()
     if ":" not in spec:
         return _REGISTRY.get(spec)
-    module_name, _, attr = spec.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj: Any = import_object(spec)
     except (ImportError, AttributeError) as e:
         raise UnknownToolError(f"tool {spec!r}: cannot import it: {e}") from e
     if isinstance(obj, Tool):
         return obj
     if not callable(obj):
         raise UnknownToolError(f"tool {spec!r} is a {type(obj).__name__}, not a callable")
-    return Tool(attr.split(".")[-1], obj, inspect.getdoc(obj) or "")
+    return Tool(spec.rpartition(":")[2].split(".")[-1], obj, inspect.getdoc(obj) or "")
 
 
 def resolve_tools(specs: Sequence[str]) -> dict[str, Tool]:

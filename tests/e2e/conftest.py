@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,3 +58,13 @@ def exported_weights(out: Path) -> dict:
     for file in sorted((out / "actor_hf").glob("*.safetensors")):
         tensors.update(load_file(file))
     return tensors
+
+
+def logged_step_reached(output_dir: Path, step: int) -> bool:
+    """Whether a run's metrics.jsonl already has a row of ``step`` or later (fault tests wait
+    for it before killing a worker)."""
+    try:
+        lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return False
+    return any(json.loads(line)["step"] >= step for line in lines if line.strip())

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, exported_weights, stable_metrics
+from conftest import RECIPES, exported_weights, logged_step_reached, stable_metrics
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.runtime import WorkerLostError
@@ -155,17 +155,14 @@ class KillRolloutAfterStep(threading.Thread):
         self.pids: list[int] = []
         self.stop = threading.Event()
 
-    def _reached(self) -> bool:
-        try:
-            lines = (self.trainer.output_dir / "metrics.jsonl").read_text().splitlines()
-        except FileNotFoundError:
-            return False
-        return any(json.loads(line)["step"] >= self.step for line in lines if line.strip())
-
     def run(self) -> None:
         while not self.stop.wait(0.1):
             roles = self.trainer.roles
-            if roles is not None and roles.rollout is not None and self._reached():
+            if (
+                roles is not None
+                and roles.rollout is not None
+                and logged_step_reached(self.trainer.output_dir, self.step)
+            ):
                 self.pids = [*roles.actor.pids, *roles.rollout.pids]
                 self.killed_at = time.monotonic()
                 os.kill(roles.rollout.pids[0], signal.SIGKILL)

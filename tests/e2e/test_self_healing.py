@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RECIPES, exported_weights, stable_metrics
+from conftest import RECIPES, exported_weights, logged_step_reached, stable_metrics
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.runtime import WorkerError, WorkerLostError
@@ -65,18 +65,10 @@ class KillAfterStep(threading.Thread):
         self.killed: int | None = None
         self.stop = threading.Event()
 
-    def _reached(self) -> bool:
-        path = self.trainer.output_dir / "metrics.jsonl"
-        try:
-            lines = path.read_text().splitlines()
-        except FileNotFoundError:
-            return False
-        return any(json.loads(line)["step"] >= self.step for line in lines if line.strip())
-
     def run(self) -> None:
         while not self.stop.wait(0.2):
             roles = self.trainer.roles
-            if roles is not None and self._reached():
+            if roles is not None and logged_step_reached(self.trainer.output_dir, self.step):
                 self.killed = roles.actor.pids[self.rank]
                 os.kill(self.killed, signal.SIGKILL)
                 return

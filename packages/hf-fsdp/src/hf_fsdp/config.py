@@ -8,7 +8,7 @@ whose lines name each bad key, the value given and what was expected.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,6 +21,14 @@ from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
     TrainingEngineConfig,
     to_dtype,
 )
+
+CPULinear = Annotated[
+    Literal["onednn", "aten"],
+    Field(
+        description="CPU float32 linear layers of training/prefill size: oneDNN's AVX-512 "
+        "GEMM, or aten (MKL); see hf_fsdp.onednn_linear"
+    ),
+]
 
 
 class FSDPEngineConfig(TrainingEngineConfig):
@@ -58,6 +66,7 @@ class FSDPEngineConfig(TrainingEngineConfig):
     gradient_checkpointing: bool = False
     disable_dropout: bool = Field(True, description="RL needs the same function in every pass")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'eager'")
+    cpu_linear: CPULinear = "onednn"
     lora: LoRAConfig | None = Field(
         None,
         description="train LoRA adapters (rank, alpha, dropout, target_modules) over frozen "
@@ -92,8 +101,11 @@ class HFRolloutConfig(BaseModel):
     model_path: Path
     dtype: DTypeName = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_batch_size: int = Field(64, ge=1, description="sequences decoded together")
+    max_batch_size: int = Field(
+        256, ge=1, description="sequences decoded together (vLLM's max_num_seqs default)"
+    )
     attn_implementation: str | None = None
+    cpu_linear: CPULinear = "onednn"
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
 
 

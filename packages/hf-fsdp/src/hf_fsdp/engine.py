@@ -60,6 +60,7 @@ from hf_fsdp.loading import (
     shard_model,
 )
 from hf_fsdp.offload import model_bytes, move_model, move_optimizer, optimizer_bytes
+from hf_fsdp.onednn_linear import use_onednn_linear
 from hf_fsdp.optim import build_optimizer, build_scheduler, clip_grad_norm
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class FSDPEngine(TrainingEngine):
             names,
             shard_device=torch.device("cpu") if host_shards else None,
         )
+        if self.device.type == "cpu" and cfg.cpu_linear == "onednn":
+            use_onednn_linear(model)
         self.model = model
         self.mapping = FSDPWeightMapping(model)
         self.param_shapes = {

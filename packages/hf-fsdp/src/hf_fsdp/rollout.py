@@ -35,6 +35,7 @@ from hf_core.engines import (
 from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
 from hf_fsdp.export import persistent_buffers
 from hf_fsdp.offload import model_bytes
+from hf_fsdp.onednn_linear import use_onednn_linear
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class HFRolloutEngine(RolloutEngine):
             kwargs["attn_implementation"] = cfg.attn_implementation
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device)
         self.model.eval().requires_grad_(False)
+        if self.device.type == "cpu" and cfg.cpu_linear == "onednn":
+            use_onednn_linear(self.model)
         _own_storage(self.model)
         self._targets: dict[str, torch.Tensor] = {}
         self._index_targets()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.protocols import register
@@ -11,7 +9,7 @@ from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
     role_path,
-    torch_threads,
+    setup_worker_process,
     training_mesh,
 )
 from hf_core.roles.losses import ValueLoss
@@ -23,7 +21,7 @@ class CriticWorker(Worker):
         super().__init__()
         if config.critic is None:
             raise ValueError("CriticWorker needs a 'critic' section in the config")
-        torch.set_num_threads(torch_threads(config))
+        setup_worker_process(config)
         self.config = config
         self.critic = build_training_engine(config.critic, config, head="value", trainable=True)
         self.loss = ValueLoss(config.algorithm)

@@ -1,0 +1,109 @@
+"""float32 linear layers through oneDNN on the CPU, for the row counts of training and prefill.
+
+Why: torch's CPU ``linear`` calls MKL's sgemm, which on CPUs it does not tune for (AMD with
+AVX-512, the development VM among them) runs its AVX2 kernels, ~85 GFLOP/s per core; oneDNN's
+JIT matmul (already inside torch, the kernel torch.compile's CPU backend uses) runs AVX-512
+and reaches ~190-200 GFLOP/s on the same float32 GEMMs.  On the actor update this is ~15-20%
+of the step (``docs/performance.md``).  The arithmetic stays float32 (no reduced-precision
+mode), so results agree with aten's to float32 rounding.
+
+Only calls with at least :data:`MIN_ROWS` rows (tokens) take the oneDNN path: decode-sized
+calls gain nothing there.  The forward and the input gradient are oneDNN GEMMs; the weight
+gradient (a reduction over the rows, which oneDNN's linear would need transposed copies for)
+stays on aten.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+MIN_ROWS = 64
+"""Fewer rows than this (decode steps, small micro-batches) stay on aten."""
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build has oneDNN and its fused linear op."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _onednn_mm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """``rows @ weight.T + bias`` for a contiguous 2-D ``rows``."""
+    return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+
+
+class _OneDNNLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        ctx.save_for_backward(rows, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_mm(rows, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        rows, weight = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_rows = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_rows = _onednn_mm(grad_out, weight.t().contiguous(), None)
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_out.t().mm(rows)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_out.sum(0)
+        return grad_rows, grad_weight, grad_bias
+
+
+def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and type(weight) in (torch.Tensor, nn.Parameter)  # not a DTensor shard
+        and x.numel() >= MIN_ROWS * x.shape[-1]
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear``, through oneDNN when the call is large enough to gain from it."""
+    if not _takes_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        out = _OneDNNLinearFunction.apply(rows, weight, bias)
+    else:
+        out = _onednn_mm(rows, weight, bias)
+    # not a view (as aten's matmul): FSDP warns on a view returned from a wrapped module
+    return torch.ops.aten._unsafe_view(out, (*x.shape[:-1], weight.shape[0]))
+
+
+class OneDNNLinear(nn.Linear):
+    """An ``nn.Linear`` whose large float32 CPU calls run on oneDNN (same parameters,
+    names and state dict; :func:`use_onednn_linear` swaps the class in place)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return linear(input, self.weight, self.bias)
+
+
+def use_onednn_linear(model: nn.Module) -> int:
+    """Swap every plain ``nn.Linear`` of ``model`` to :class:`OneDNNLinear`; returns how many
+    (0 when this torch has no oneDNN).  Subclasses (LoRA wrappers, quantised layers) keep
+    their own forward; their inner plain layers are swapped."""
+    if not onednn_linear_available():
+        log.info("torch has no oneDNN linear: linear layers stay on aten")
+        return 0
+    swapped = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = OneDNNLinear
+            swapped += 1
+    return swapped

@@ -164,7 +164,10 @@ def raw_generation(model: Path, data: Path, config: str, layout: tuple[int, int]
     """Seconds to generate one step's batch with the rollout engine alone on ``layout``:
     each process its share, all at once (the slowest process counts)."""
     procs, threads = layout
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    from hf_core.runtime.process_env import worker_process_env
+
+    # the environment the trainer's worker processes start with (huge pages for CPU tensors)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **worker_process_env())
     cmd = [sys.executable, __file__, "--child-generate", "--model", str(model)]
     cmd += ["--data", str(data), "--config", config, "--procs", str(procs)]
     cmd += ["--threads", str(threads), "--repeats", str(repeats)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -178,3 +179,12 @@ def test_non_blocking_calls_on_two_groups_overlap(group2: WorkerGroup, group4: W
     latest_start = max(start for start, _ in intervals)
     earliest_end = min(end for _, end in intervals)
     assert latest_start < earliest_end  # every rank of both groups was running at once
+
+
+def test_worker_processes_start_with_the_process_environment(group2: WorkerGroup) -> None:
+    """Set by Ray before the interpreter starts (torch reads it at its first allocation)."""
+    from hf_core.runtime.process_env import WORKER_DEFAULTS, worker_process_env
+
+    for name, value in WORKER_DEFAULTS.items():
+        assert group2.environment([name] * 2) == [os.environ.get(name, value)] * 2
+    assert worker_process_env() == {k: v for k, v in WORKER_DEFAULTS.items() if k not in os.environ}

@@ -34,6 +34,11 @@ class ProbeWorker(Worker):
         return self.rank, value
 
     @register("ALL_TO_ALL")
+    def environment(self, name: str) -> str | None:  # ALL_TO_ALL: one name per rank
+        """This process's value of an environment variable."""
+        return os.environ.get(name)
+
+    @register("ALL_TO_ALL")
     def all_to_all(self, value: object) -> tuple[int, object]:
         self.received.append(("all_to_all", value))
         return self.rank, value

@@ -55,12 +55,6 @@ class RunConfig(_Strict):
         description="torch threads per worker process; None: the node's cores shared "
         "evenly by the run's processes",
     )
-    cpu_retain_freed_mb: int = Field(
-        1024,
-        ge=0,
-        description="CPU workers keep up to this much freed host memory for reuse (large "
-        "tensors off fresh pages: no page fault per 4 KiB); 0: the C library's default",
-    )
 
 
 class ClusterConfig(_Strict):

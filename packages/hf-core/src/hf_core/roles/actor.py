@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import torch
+
 from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
@@ -41,7 +43,7 @@ from hf_core.roles.common import (
     mini_batch_updates,
     role_path,
     rollout_engine_args,
-    setup_worker_process,
+    torch_threads,
     training_mesh,
 )
 from hf_core.roles.handover import MemoryHandover
@@ -56,7 +58,7 @@ class ActorRolloutRefWorker(Worker):
 
     def __init__(self, config: TrainerConfig) -> None:
         super().__init__()
-        setup_worker_process(config)
+        torch.set_num_threads(torch_threads(config))
         self.config = config
         self.actor = build_training_engine(config.actor, config, head="lm", trainable=True)
         # a LoRA actor's base model is the reference: adapters disabled, no second copy

@@ -10,8 +10,6 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
-from hf_core.cpu_allocator import retain_freed_memory
-from hf_core.device import default_device
 from hf_core.engines import HasWorkerMesh, LossFn, TrainingEngine, combine_metric_rows
 from hf_core.plugins import get_engine_parallelism, get_training_engine
 from hf_core.protocols import WorkerMesh
@@ -83,14 +81,6 @@ def mini_batch_updates(
 def training_mesh(engine: TrainingEngine, default: WorkerMesh) -> WorkerMesh:
     """The engine's own TP/PP/DP coordinates if it has model parallelism, else ``default``."""
     return engine.worker_mesh() if isinstance(engine, HasWorkerMesh) else default
-
-
-def setup_worker_process(config: TrainerConfig) -> None:
-    """A role's process-wide settings, before it builds an engine: torch threads and, on a
-    CPU-only process, the host allocator's retain policy (``run.cpu_retain_freed_mb``)."""
-    torch.set_num_threads(torch_threads(config))
-    if default_device().type == "cpu":
-        retain_freed_memory(config.run.cpu_retain_freed_mb << 20)
 
 
 def torch_threads(config: TrainerConfig) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.protocols import register
@@ -9,7 +11,7 @@ from hf_core.roles.common import (
     build_training_engine,
     mini_batch_updates,
     role_path,
-    setup_worker_process,
+    torch_threads,
     training_mesh,
 )
 from hf_core.roles.losses import ValueLoss
@@ -21,7 +23,7 @@ class CriticWorker(Worker):
         super().__init__()
         if config.critic is None:
             raise ValueError("CriticWorker needs a 'critic' section in the config")
-        setup_worker_process(config)
+        torch.set_num_threads(torch_threads(config))
         self.config = config
         self.critic = build_training_engine(config.critic, config, head="value", trainable=True)
         self.loss = ValueLoss(config.algorithm)

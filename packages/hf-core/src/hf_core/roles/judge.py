@@ -8,13 +8,15 @@ responses, the judge's own tokenizer encodes the judge prompts.
 
 from __future__ import annotations
 
+import torch
+
 from hf_core.batch import Batch
 from hf_core.config import JudgeConfig, TrainerConfig
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
 from hf_core.rewards import RuleReward
 from hf_core.rewards.judge import DEFAULT_TEMPLATE, GenerativeJudge
-from hf_core.roles.common import setup_worker_process
+from hf_core.roles.common import torch_threads
 from hf_core.worker import Worker
 
 #: The non-tensor keys a judge reads beside the response tensors.
@@ -28,7 +30,7 @@ class JudgeWorker(Worker):
         from transformers import AutoTokenizer
 
         super().__init__()
-        setup_worker_process(config)
+        torch.set_num_threads(torch_threads(config))
         engine = get_rollout_engine(judge.backend)(
             **{"model_path": str(judge.model_path), **judge.engine}
         )

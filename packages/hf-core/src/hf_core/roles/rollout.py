@@ -9,13 +9,15 @@ the prompts (data parallel).
 
 from __future__ import annotations
 
+import torch
+
 from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import Closeable, SamplingParams
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
-from hf_core.roles.common import rollout_engine_args, setup_worker_process
+from hf_core.roles.common import rollout_engine_args, torch_threads
 from hf_core.roles.standalone_sync import WeightReceiver
 from hf_core.roles.weight_channel import ChannelAddress
 from hf_core.worker import Worker
@@ -26,7 +28,7 @@ class RolloutWorker(Worker):
 
     def __init__(self, config: TrainerConfig) -> None:
         super().__init__()
-        setup_worker_process(config)
+        torch.set_num_threads(torch_threads(config))
         self.config = config
         factory = get_rollout_engine(config.rollout.backend)
         self.rollout = factory(**rollout_engine_args(config), **config.rollout.engine)

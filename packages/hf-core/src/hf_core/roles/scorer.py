@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import torch
+
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
 from hf_core.protocols import register
-from hf_core.roles.common import build_training_engine, setup_worker_process
+from hf_core.roles.common import build_training_engine, torch_threads
 from hf_core.worker import Worker
 
 
@@ -14,7 +16,7 @@ class ScoreModelWorker(Worker):
 
     def __init__(self, config: TrainerConfig, model: ModelRoleConfig, kind: str) -> None:
         super().__init__()
-        setup_worker_process(config)
+        torch.set_num_threads(torch_threads(config))
         self.kind = kind
         self.model = build_training_engine(model, config, head="score", trainable=False)
 

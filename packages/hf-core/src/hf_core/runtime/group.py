@@ -39,6 +39,7 @@ from hf_core.protocols.transfer import GroupContext, TransferProtocol
 from hf_core.runtime.errors import GroupBrokenError, WorkerError, WorkerLostError
 from hf_core.runtime.host import CONTROL_GROUP, RoleSpec, WorkerHost
 from hf_core.runtime.pool import ResourcePool
+from hf_core.runtime.process_env import worker_process_env
 from hf_core.worker import StaleMeshError, Worker
 
 _POLL_S = 0.2
@@ -74,6 +75,8 @@ class HostSet:
             os.path.join(self.stacks_dir, f"{name}_{uid}_rank{rank}.txt")
             for rank in range(len(slots))
         ]
+        env_vars = worker_process_env()
+        process_env = {"runtime_env": {"env_vars": env_vars}} if env_vars else {}
         self.actors = [
             remote_host.options(
                 **pool.actor_resources(),
@@ -82,6 +85,7 @@ class HostSet:
                     placement_group_bundle_index=slot.bundle_index,
                 ),
                 name=f"{name}_{uid}_rank{rank}",
+                **process_env,
             ).remote(
                 roles,
                 rank,

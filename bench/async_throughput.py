@@ -105,8 +105,9 @@ def main() -> None:
                 for twin, staleness in TWINS.items():
                     out = tmp / f"{config}-k{staleness}-r{i}"
                     rows[twin] += (got := run(model, data, out, config, staleness, args))
-                    speed[twin] = summary(got)["tokens_per_s"]
-                    print(config, twin, i, json.dumps(summary(got)), flush=True)
+                    this_run = summary(got)
+                    speed[twin] = this_run["tokens_per_s"]
+                    print(config, twin, i, json.dumps(this_run), flush=True)
                 sync_speed, async_speed = speed.values()
                 rounds.setdefault(config, []).append(async_speed / sync_speed)
             for twin in TWINS:

@@ -181,10 +181,16 @@ def test_non_blocking_calls_on_two_groups_overlap(group2: WorkerGroup, group4: W
     assert latest_start < earliest_end  # every rank of both groups was running at once
 
 
-def test_worker_processes_start_with_the_process_environment(group2: WorkerGroup) -> None:
-    """Set by Ray before the interpreter starts (torch reads it at its first allocation)."""
+def test_worker_processes_start_with_the_process_environment(
+    group2: WorkerGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set by Ray before the interpreter starts (torch reads it at its first allocation); a
+    value the driver sets itself is left alone."""
     from hf_core.runtime.process_env import WORKER_DEFAULTS, worker_process_env
 
     for name, value in WORKER_DEFAULTS.items():
         assert group2.environment([name] * 2) == [os.environ.get(name, value)] * 2
-    assert worker_process_env() == {k: v for k, v in WORKER_DEFAULTS.items() if k not in os.environ}
+        monkeypatch.delenv(name, raising=False)
+        assert worker_process_env()[name] == value
+        monkeypatch.setenv(name, "0")
+        assert name not in worker_process_env()

@@ -25,8 +25,8 @@ from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
 CPULinear = Annotated[
     Literal["onednn", "aten"],
     Field(
-        description="CPU float32 linear layers of training/prefill size: oneDNN's AVX-512 "
-        "GEMM, or aten (MKL); see hf_fsdp.onednn_linear"
+        description="CPU float32 linear layers of 64 rows and more: oneDNN's AVX-512 GEMM, "
+        "or aten (MKL); see hf_fsdp.onednn_linear"
     ),
 ]
 

@@ -1,4 +1,4 @@
-"""float32 linear layers through oneDNN on the CPU, for the row counts of training and prefill.
+"""float32 linear layers through oneDNN on the CPU, for calls of 64 rows (tokens) and more.
 
 Why: torch's CPU ``linear`` calls MKL's sgemm, which on CPUs it does not tune for (AMD with
 AVX-512, the development VM among them) runs its AVX2 kernels, ~85 GFLOP/s per core; oneDNN's
@@ -7,8 +7,9 @@ and reaches ~190-200 GFLOP/s on the same float32 GEMMs.  On the actor update thi
 of the step (``docs/performance.md``).  The arithmetic stays float32 (no reduced-precision
 mode), so results agree with aten's to float32 rounding.
 
-Only calls with at least :data:`MIN_ROWS` rows (tokens) take the oneDNN path: decode-sized
-calls gain nothing there.  The forward and the input gradient are oneDNN GEMMs; the weight
+Only calls with at least :data:`MIN_ROWS` rows take the oneDNN path: below that it is slower
+than aten on most shapes (0.75x at 16 rows; 1.4-1.9x faster at 64, ~2x from 256 rows;
+``docs/platform.md``).  The forward and the input gradient are oneDNN GEMMs; the weight
 gradient (a reduction over the rows, which oneDNN's linear would need transposed copies for)
 stays on aten.
 """
@@ -25,7 +26,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 MIN_ROWS = 64
-"""Fewer rows than this (decode steps, small micro-batches) stay on aten."""
+"""Fewer rows than this (decode steps of small batches) stay on aten."""
 
 
 def onednn_linear_available() -> bool:

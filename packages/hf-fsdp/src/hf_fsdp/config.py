@@ -106,6 +106,11 @@ class HFRolloutConfig(BaseModel):
     )
     attn_implementation: str | None = None
     cpu_linear: CPULinear = "onednn"
+    decoder: Literal["auto", "transformers"] = Field(
+        "auto",
+        description="auto: the lean Llama-family decoder (llama, qwen2, mistral; "
+        "hf_fsdp.decoder) where it applies, transformers' forward otherwise",
+    )
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
 
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from hf_core.algorithms import token_log_probs_and_entropy
 from hf_core.batch import Batch
 from hf_fsdp.config import HeadKind
 
@@ -59,15 +60,9 @@ def token_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``tokens`` (and entropy) under ``softmax(logits / temperature)``."""
     logits = logits.float()
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    log_z = torch.logsumexp(logits, dim=-1)
-    log_probs = torch.gather(logits, -1, tokens.unsqueeze(-1)).squeeze(-1) - log_z
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = log_z - (probs * logits).sum(-1)
-    return log_probs, entropy
+    return token_log_probs_and_entropy(logits, tokens, with_entropy)
 
 
 def lm_forward(

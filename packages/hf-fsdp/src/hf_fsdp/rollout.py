@@ -4,7 +4,8 @@ It needs nothing beyond transformers, so it is the rollout backend that always w
 reference other backends are checked against).  Each rank holds a whole, unsharded copy of the
 model and decodes its own prompts (generation DP = training DP).
 
-Decoding is a small loop over the model's forward with a ``DynamicCache`` rather than
+Decoding is a small loop over a KV-cached decode session (hf_fsdp.decoder: the lean
+Llama-family decoder where it applies, transformers' forward otherwise) rather than
 ``model.generate``: it samples with its own ``torch.Generator`` (so rollouts do not disturb
 the training RNG), and it returns the log-prob of every sampled token under
 ``softmax(logits / temperature)`` (raw logits when greedy), the quantity the training engine
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from hf_core.batch import Batch
 from hf_core.device import release_cached_memory, resolve_device
@@ -33,8 +35,15 @@ from hf_core.engines import (
     special_tokens,
 )
 from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
+from hf_fsdp.decoder import (
+    DecodeSession,
+    LlamaFamilyDecoder,
+    TransformersSession,
+    lean_decoder_unsupported,
+)
 from hf_fsdp.export import persistent_buffers
 from hf_fsdp.offload import model_bytes
+from hf_fsdp.onednn_linear import linear as onednn_linear
 from hf_fsdp.onednn_linear import use_onednn_linear
 
 log = logging.getLogger(__name__)
@@ -66,9 +75,11 @@ class HFRolloutEngine(RolloutEngine):
             kwargs["attn_implementation"] = cfg.attn_implementation
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device)
         self.model.eval().requires_grad_(False)
-        if self.device.type == "cpu" and cfg.cpu_linear == "onednn":
+        onednn = self.device.type == "cpu" and cfg.cpu_linear == "onednn"
+        if onednn:
             use_onednn_linear(self.model)
         _own_storage(self.model)
+        self._lean = self._lean_decoder(onednn)
         self._targets: dict[str, torch.Tensor] = {}
         self._index_targets()
 
@@ -78,6 +89,15 @@ class HFRolloutEngine(RolloutEngine):
         self.weight_version = 0
         self._tensors_this_sync = 0
         self._released = False
+
+    def _lean_decoder(self, onednn: bool) -> LlamaFamilyDecoder | None:
+        if self.config.decoder == "transformers":
+            return None
+        reason = lean_decoder_unsupported(self.model)
+        if reason is not None:
+            log.info("decoding with transformers' forward: %s", reason)
+            return None
+        return LlamaFamilyDecoder(self.model, onednn_linear if onednn else F.linear)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -114,6 +134,8 @@ class HFRolloutEngine(RolloutEngine):
         moved = model_bytes(self.model, grads=False)
         if self.device.type != "cpu":
             self.model.to(device)
+            if self._lean is not None:
+                self._lean.refresh()  # the move gave each fused view its own storage
             self._index_targets()
         return moved
 
@@ -156,6 +178,13 @@ class HFRolloutEngine(RolloutEngine):
         )
         return assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
 
+    def _session(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+    ) -> DecodeSession:
+        if self._lean is not None:
+            return self._lean.open(input_ids, attention_mask, max_new_tokens)
+        return TransformersSession(self.model, input_ids, attention_mask, max_new_tokens)
+
     @torch.no_grad()
     def _decode(
         self,
@@ -165,39 +194,17 @@ class HFRolloutEngine(RolloutEngine):
         generator: torch.Generator,
         stops: list[int],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        from transformers import DynamicCache
-
         ids = input_ids.to(self.device)
-        rows, prompt_len = ids.shape
         new_tokens = params.max_new_tokens
-        # One mask for the whole decode: each step attends to a longer prefix of it (a view),
-        # instead of concatenating a new column (a new allocation) every step.
-        mask = torch.ones(rows, prompt_len + new_tokens, dtype=torch.long, device=self.device)
-        mask[:, :prompt_len] = attention_mask.to(self.device)
-        positions = (mask[:, :prompt_len].cumsum(-1) - 1).clamp(min=0)
-        first_new_position = positions[:, -1:] + 1
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(
-            input_ids=ids,
-            attention_mask=mask[:, :prompt_len],
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,  # the LM head runs on the last prompt position only
-        ).logits[:, -1]
-        steps = ResponseSteps(rows, stops, self.pad_token_id, self.device)
+        session = self._session(ids, attention_mask.to(self.device), new_tokens)
+        logits = session.prefill()
+        steps = ResponseSteps(ids.shape[0], stops, self.pad_token_id, self.device)
         # On an accelerator "all rows stopped?" is a host sync: ask every few steps only.
         check_every = 1 if self.device.type == "cpu" else 8
         for step in range(new_tokens):
             tokens, _ = steps.add(*select_tokens(logits, params, generator))
             if step == new_tokens - 1 or (step % check_every == 0 and steps.done):
                 break
-            logits = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask[:, : prompt_len + step + 1],
-                position_ids=first_new_position + step,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
+            logits = session.step(tokens)
         responses, log_probs, response_mask = steps.tensors(new_tokens)
         return responses.cpu(), log_probs.cpu(), response_mask.cpu()

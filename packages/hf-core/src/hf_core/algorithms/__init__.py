@@ -76,6 +76,7 @@ from hf_core.algorithms.registry import (
     policy_loss,
 )
 from hf_core.algorithms.safe_rlhf import LagrangeMultiplier, safe_rlhf_advantage
+from hf_core.algorithms.token_log_probs import token_log_probs_and_entropy
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -133,5 +134,6 @@ __all__ = [
     "safe_rlhf_advantage",
     "sequence_scores",
     "token_level_rewards",
+    "token_log_probs_and_entropy",
     "value_loss",
 ]

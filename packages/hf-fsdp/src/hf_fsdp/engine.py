@@ -59,7 +59,7 @@ from hf_fsdp.loading import (
     materialize_and_load,
     shard_model,
 )
-from hf_fsdp.offload import model_bytes, move_model, move_optimizer, optimizer_bytes
+from hf_fsdp.offload import DryMoveCounter, move_model, move_optimizer
 from hf_fsdp.onednn_linear import use_onednn_linear
 from hf_fsdp.optim import build_optimizer, build_scheduler, clip_grad_norm
 
@@ -120,6 +120,7 @@ class FSDPEngine(TrainingEngine):
         self._collective_device = collective_device()
         self._offloaded = False
         self._said_cpu_offload = False
+        self._dry_counts = DryMoveCounter(self.model, self.optimizer)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -415,11 +416,9 @@ class FSDPEngine(TrainingEngine):
         dry = self._cpu_only()
         moved = 0
         if self.config.offload_params and not self.config.cpu_offload:
-            moved += model_bytes(self.model) if dry else move_model(self.model, device)
+            moved += self._dry_counts.model() if dry else move_model(self.model, device)
         if self.config.offload_optimizer and self.optimizer is not None:
-            moved += (
-                optimizer_bytes(self.optimizer) if dry else move_optimizer(self.optimizer, device)
-            )
+            moved += self._dry_counts.optimizer() if dry else move_optimizer(self.optimizer, device)
         if not dry:
             release_cached_memory(self.device)
         return moved

@@ -73,6 +73,10 @@ def full_tensor(param: torch.Tensor, device: torch.device | None = None) -> torc
     if not isinstance(param, DTensor):
         return param.detach()
     local = param.to_local()
+    if param.device_mesh.size() == 1 and local.shape == param.shape:
+        # one rank holds the whole tensor: no redistribute (DTensor dispatch per tensor was
+        # most of a small model's one-process weight sync)
+        return (local.to(device) if device is not None else local).detach()
     if device is not None and local.device != device:  # shard kept in host memory
         param = DTensor.from_local(
             local.to(device),

@@ -89,6 +89,7 @@ class HFRolloutEngine(RolloutEngine):
         self.weight_version = 0
         self._tensors_this_sync = 0
         self._released = False
+        self._model_bytes: int | None = None
 
     def _lean_decoder(self, onednn: bool) -> LlamaFamilyDecoder | None:
         if self.config.decoder == "transformers":
@@ -131,7 +132,9 @@ class HFRolloutEngine(RolloutEngine):
     def _move(self, device: torch.device) -> int:
         """Move the model (on a CPU-only engine: nothing) and say what that moves: weights
         and buffers.  No KV cache is held between generations (each decode builds its own)."""
-        moved = model_bytes(self.model, grads=False)
+        if self._model_bytes is None:  # shapes never change: count once
+            self._model_bytes = model_bytes(self.model, grads=False)
+        moved = self._model_bytes
         if self.device.type != "cpu":
             self.model.to(device)
             if self._lean is not None:

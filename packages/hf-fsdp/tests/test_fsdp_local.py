@@ -173,6 +173,17 @@ def test_offload_bytes_follow_the_config(models: dict) -> None:
     assert _trained(models, offload_optimizer=False).offload() == params
 
 
+def test_offload_counts_follow_state_that_appears_later(models: dict) -> None:
+    """The CPU-only counts are sizes taken once: the optimiser's moments, which only exist
+    after the first step, must still be counted once they do."""
+    engine = FSDPEngine({"model_path": str(models["llama"])})
+    params = _nbytes([*engine.model.parameters(), *engine.model.buffers()])
+    assert engine.offload() == params  # no step yet: AdamW holds no state
+    engine.onload()
+    engine.train_step(rollout_batch(4, 5, 6, VOCAB, seed=4), policy_loss)
+    assert engine.offload() == params + 2 * 4 * engine.num_params
+
+
 def test_export_hf_in_shards_loads_with_from_pretrained(models: dict, tmp_path: Path) -> None:
     path = models["llama"]
     engine = FSDPEngine({"model_path": str(path), "tokenizer_path": str(path)})

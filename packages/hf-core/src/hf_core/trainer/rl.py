@@ -383,9 +383,11 @@ class RLTrainer:
                 keys.append("ref_log_probs")
             update = batch.select(*keys)
             update.meta.update(batch.meta)
-            metrics.update(_rank_zero_metrics(roles.actor.update_actor(update), "actor"))
+            updated = roles.actor.update_actor.remote(update)
+            finish_sync = self.rollouts.queue_after_update(self.step)
+            metrics.update(_rank_zero_metrics(updated.result(), "actor"))
         with Timer("weight_sync", metrics):
-            metrics.update(self.rollouts.after_update(self.step))
+            metrics.update(finish_sync())
         handover = roles.actor.take_handover_log()
         self.handover_log.append({"step": self.step, "events": handover[0]["events"]})
         metrics.update(handover_metrics(handover))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,13 @@ class RolloutSource(ABC):
     def after_update(self, step: int) -> dict[str, float]:
         """The actor finished update ``step``; the metrics of any weight sync it started."""
 
+    def queue_after_update(self, step: int) -> Callable[[], dict[str, float]]:
+        """Called right after update ``step`` was sent to the actor, before waiting for it:
+        queue what can run behind the update on the actor (its calls run in order), and
+        return the wait for it, which gives :meth:`after_update`'s metrics.  By default
+        nothing is queued: the returned call runs :meth:`after_update` then."""
+        return lambda: self.after_update(step)
+
     @abstractmethod
     def sync(self, version: int) -> dict[str, float]:
         """Send the actor's weights (policy version ``version``) to the rollout engine now."""
@@ -101,6 +109,11 @@ class HybridRollouts(RolloutSource):
 
     def after_update(self, step: int) -> dict[str, float]:
         return self.sync(step)
+
+    def queue_after_update(self, step: int) -> Callable[[], dict[str, float]]:
+        # the sync's dispatch overlaps the update instead of a round trip after it
+        future = self.groups.actor.sync_weights.remote()
+        return lambda: merge_rank_metrics(future.result())
 
     def sync(self, version: int) -> dict[str, float]:
         return merge_rank_metrics(self.groups.actor.sync_weights())

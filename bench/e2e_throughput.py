@@ -206,6 +206,16 @@ def baseline_tree(rev: str):
 # ----------------------------------------------------------------------------- report
 
 
+def over_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's figures from several rounds: medians, and the stage shares' means."""
+    shares = {
+        stage: statistics.fmean(r["shares"].get(stage, 0.0) for r in runs)
+        for stage in runs[0]["shares"]
+    }
+    keys = ("step_s", "tokens_per_s", "tokens", "raw_generate_s")
+    return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "shares": shares}
+
+
 def table(results: dict, baseline: str | None) -> str:
     head = "| config | side | layout | s/step | tokens/s | raw generate s | step / generate |"
     head += " " + " | ".join(f"{s} %" for s in STAGES) + " |"
@@ -247,6 +257,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="RL steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out")
     parser.add_argument("--repeats", type=int, default=3, help="raw generation repeats")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat every run this many times, alternating which side goes first; each "
+        "figure is the median over rounds (the shared VM drifts between runs)",
+    )
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     parser.add_argument("--child-generate", action="store_true", help=argparse.SUPPRESS)
     for name in ("--model", "--data", "--config"):
@@ -262,7 +279,7 @@ def main() -> None:
 
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
 
-    results: dict[tuple[str, str, tuple[int, int]], dict[str, Any]] = {}
+    rounds: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="hf-e2e-bench-") as tmp_name:
         tmp = Path(tmp_name)
         model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
@@ -271,16 +288,21 @@ def main() -> None:
         with contextmanager_or_none(args.baseline) as tree:
             if tree is not None:
                 sides.append((args.baseline, tree))
-            for config in args.configs.split(","):
-                for layout in layouts:
-                    raw = raw_generation(model, data, config, layout, args.repeats)
-                    for side, src in sides:
-                        out = tmp / f"{config}-{side}-{layout[0]}x{layout[1]}"
-                        overrides = recipe_overrides(model, data, out, config, layout, args.steps)
-                        res = run_trainer(src, overrides, out, args.warmup)
-                        res["raw_generate_s"] = raw
-                        results[config, side, layout] = res
-                        print(config, side, layout, json.dumps(res), flush=True)
+            for round_index in range(args.rounds):
+                order = sides if round_index % 2 == 0 else sides[::-1]
+                for config in args.configs.split(","):
+                    for layout in layouts:
+                        raw = raw_generation(model, data, config, layout, args.repeats)
+                        for side, src in order:
+                            out = tmp / f"{config}-{side}-{layout[0]}x{layout[1]}-{round_index}"
+                            overrides = recipe_overrides(
+                                model, data, out, config, layout, args.steps
+                            )
+                            res = run_trainer(src, overrides, out, args.warmup)
+                            res["raw_generate_s"] = raw
+                            rounds.setdefault((config, side, layout), []).append(res)
+                            print(round_index, config, side, layout, json.dumps(res), flush=True)
+    results = {key: over_rounds(runs) for key, runs in rounds.items()}
 
     prompts = ", ".join(
         f"{c}: {p} prompts x {n} samples, {t} new tokens" for c, (p, n, t) in CONFIGS.items()
@@ -294,7 +316,9 @@ def main() -> None:
             f"float32); {prompts}. Median of {args.steps - args.warmup} steps after "
             f"{args.warmup} warm-up steps; raw generate = the same batch through the rollout "
             f"engine alone on the same layout (median of {args.repeats}). tokens/s = prompt + "
-            "response tokens per second of step wall time. Stage shares are of the step.",
+            "response tokens per second of step wall time. Stage shares are of the step. "
+            f"{args.rounds} round(s), the sides' order alternating; each figure is the median "
+            "over rounds.",
             "",
             machine_line(load=True),
             "",

@@ -227,13 +227,16 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """The end-to-end RL step throughput bench (not in the default matrix: minutes of timing).
+    """The end-to-end RL step throughput bench (not in the default matrix: minutes of timing),
+    with the HF and the vLLM rollout.
 
     ``nox -s bench -- --baseline 1c772fe --write`` measures a past commit side by side and
     updates bench/RESULTS.md.
     """
     _install_base(session)
-    session.install(*_constraints(), *_editable("hf-fsdp"))
+    session.install(*_constraints(), *_editable("hf-fsdp", "hf-vllm[cpu]"))
+    _remove_cuda_only_extras(session)
+    session.env.update(VLLM_CPU_ENV)
     session.run("python", str(ROOT / "bench" / "e2e_throughput.py"), *session.posargs)
 
 

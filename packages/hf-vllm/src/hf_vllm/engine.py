@@ -42,7 +42,7 @@ from hf_core.resharding import GenerationLayout
 from hf_vllm.adapters import AdapterFolders
 from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
 from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
-from hf_vllm.model_info import has_tokenizer
+from hf_vllm.model_info import has_tokenizer, max_positions
 from hf_vllm.outputs import pack_completions
 from hf_vllm.parallel import (
     check_lockstep,
@@ -95,10 +95,33 @@ def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     if on_gpu:
         kwargs["enable_sleep_mode"] = True  # release_memory / resume_memory
+    else:
+        kwargs.update(whole_prefill_kwargs(cfg, folder))
     if cfg.max_lora_rank is not None:  # one adapter at a time: the actor's latest
         kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
     kwargs.update(cfg.engine_kwargs)
     return kwargs
+
+
+CPU_TOKEN_BUDGET = 4096
+"""vLLM's own CPU default of ``max_num_batched_tokens`` (one engine, offline ``LLM``)"""
+
+
+def whole_prefill_kwargs(cfg: VLLMRolloutConfig, folder: Path) -> dict[str, Any]:
+    """On CPU, schedule every prompt's prefill whole (no chunked prefill).
+
+    A request whose prefill vLLM cuts into chunks samples a token at each partial chunk and
+    throws it away, rewinding the request's seeded sampling generator; a CPU generator cannot
+    be rewound, so vLLM fails with "CPU Generator does not use offset".  Every request of this
+    engine is seeded (reproducible rollouts), so any batch whose prompts outgrow one step's
+    token budget (4096 tokens by default: 256 sequences of 16 prompt tokens) used to crash.
+    Without chunking a prompt that does not fit waits for the next step; the budget must then
+    hold the longest sequence, which vLLM checks against ``max_model_len``.  (On GPU the
+    generator rewinds and chunking stays on.)
+    """
+    longest = cfg.max_model_len or max_positions(folder) or CPU_TOKEN_BUDGET
+    budget = cfg.max_num_batched_tokens or max(CPU_TOKEN_BUDGET, longest, cfg.max_num_seqs)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
 class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):

@@ -63,6 +63,12 @@ ROLLOUT_SETTINGS: dict[str, dict[str, Any]] = {
     "vllm": {"kv_cache_bytes": VLLM_KV_CACHE_BYTES},
 }
 """rollout backend -> its engine settings in the trainer (``rollout.engine.*``) and alone"""
+BASELINE_ROLLOUT_SETTINGS: dict[str, dict[str, Any]] = {
+    "vllm": {"engine_kwargs.enable_chunked_prefill": "false"},
+}
+"""What a baseline side adds to run at all: before 37f18a6 the vLLM engine left chunked
+prefill on, and on CPU vLLM fails on a seeded request whose prefill it chunks (the large
+step's 256 prompts outgrow one 4096-token scheduler step); this is that commit's default."""
 
 
 def installed_backends() -> list[str]:
@@ -95,9 +101,13 @@ def recipe_overrides(
     layout: tuple[int, int],
     steps: int,
     backend: str = "hf",
+    baseline: bool = False,
 ) -> list[str]:
     prompts, n, new_tokens = CONFIGS[config]
     procs, threads = layout
+    engine = dict(ROLLOUT_SETTINGS[backend])
+    if baseline:
+        engine.update(BASELINE_ROLLOUT_SETTINGS.get(backend, {}))
     return [
         f"model.path={model}",
         f"data.train_files=[{data}]",
@@ -111,7 +121,7 @@ def recipe_overrides(
         f"run.torch_threads={threads}",
         f"placement.processes={procs}",
         f"rollout.backend={backend}",
-        *(f"rollout.engine.{k}={v}" for k, v in ROLLOUT_SETTINGS[backend].items()),
+        *(f"rollout.engine.{k}={v}" for k, v in engine.items()),
         f"rollout.n={n}",
         "rollout.temperature=1.0",
         f"rollout.max_new_tokens={new_tokens}",
@@ -354,7 +364,14 @@ def main() -> None:
                                 name = f"{config}-{backend}-{side}-{layout[0]}x{layout[1]}"
                                 out = tmp / f"{name}-{round_index}"
                                 overrides = recipe_overrides(
-                                    model, data, out, config, layout, args.steps, backend
+                                    model,
+                                    data,
+                                    out,
+                                    config,
+                                    layout,
+                                    args.steps,
+                                    backend,
+                                    baseline=src is not None,
                                 )
                                 res = run_trainer(src, overrides, out, args.warmup)
                                 res["raw_generate_s"] = raw

@@ -241,6 +241,15 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench_decode(session: nox.Session) -> None:
+    """The HF rollout engine's decode loop against transformers' generate on the e2e bench's
+    batches (not in the default matrix); ``-- --write`` updates bench/RESULTS.md."""
+    _install_base(session)
+    session.install(*_constraints(), *_editable("hf-fsdp"))
+    session.run("python", str(ROOT / "bench" / "hf_decode.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def bench_async(session: nox.Session) -> None:
     """Asynchronous RL (max_staleness 1) against its synchronous twin on one actor + one
     rollout process (not in the default matrix: minutes of timing); ``-- --write`` updates

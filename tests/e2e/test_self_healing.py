@@ -66,7 +66,7 @@ class KillAfterStep(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.wait(0.2):
+        while not self.stop.wait(0.05):  # a step takes ~0.1 s: kill within one
             roles = self.trainer.roles
             if roles is not None and logged_step_reached(self.trainer.output_dir, self.step):
                 self.killed = roles.actor.pids[self.rank]

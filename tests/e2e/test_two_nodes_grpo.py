@@ -23,6 +23,9 @@ from conftest import RECIPES
 from hf_testing.ray_nodes import RAY_CLI, two_ray_nodes
 
 TIMEOUT_S = 10.0
+STEPS = 100_000
+"""More steps than the run can take before the test kills the worker node (it takes ~15 steps
+a second here): a run that could finish first would race the kill and exit 0."""
 
 
 @pytest.mark.skipif(not RAY_CLI.exists(), reason="the ray CLI is not installed")
@@ -37,7 +40,7 @@ def test_grpo_runs_across_two_nodes_and_a_lost_node_is_reported(
         "run",
         str(RECIPES / "grpo.yaml"),
         f"run.output_dir={out}",
-        "run.total_steps=40",
+        f"run.total_steps={STEPS}",
         "run.val_every=0",
         "run.progress=false",
         "run.save_every=0",
@@ -74,6 +77,7 @@ def test_grpo_runs_across_two_nodes_and_a_lost_node_is_reported(
                 driver.wait(timeout=30)
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows][:3] == [1, 2, 3]
+    assert len(rows) < STEPS, "the run ended before the node was lost"
     assert all(r["reward/mean"] == r["reward/mean"] for r in rows)  # finite, logged
     assert driver.returncode == 1, text[-4000:]
     assert re.search(r"rank \d was lost during", text), text[-4000:]

@@ -267,6 +267,11 @@ def rollout_table_rows(
 # -------------------------------------------------------------------------- RESULTS.md
 
 
+def section(title: str, description: str, body: str) -> str:
+    """A RESULTS.md section: title, what was measured, the machine line, then the figures."""
+    return "\n".join([title, "", description, "", machine_line(load=True), "", body, ""])
+
+
 def publish(title: str, section: str, write: bool) -> None:
     """Print the section; with ``write`` (the scripts' ``--write``) also put it in RESULTS.md."""
     print(section)

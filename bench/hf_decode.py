@@ -21,17 +21,15 @@ warm-up call each, then ``--repeats`` rounds; the median call counts.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import machine_line, print_result, publish
+from _common import print_result, publish, run_child, section
+from e2e_throughput import MODEL, task_prompts, worker_env, write_task
 
 TITLE = "## HF decode loop vs transformers' generate (`bench/hf_decode.py`)"
 CASES = (("small", 8, 4, 32, 2), ("large share", 32, 4, 64, 1))
@@ -46,21 +44,18 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from hf_core.batch import Batch
-    from hf_core.engines import SamplingParams
+    from hf_core.engines import SamplingParams, special_tokens
     from hf_fsdp.rollout import HFRolloutEngine
 
-    rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()]
-    tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
-    enc = tokenizer([r["prompt"] for r in rows[: args.prompts]], return_tensors="pt", padding=True)
-    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    prompts = task_prompts(args.model, args.data, 0, args.prompts)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, n=args.n, seed=1)
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    ids = enc["input_ids"].repeat_interleave(args.n, 0)
-    mask = enc["attention_mask"].repeat_interleave(args.n, 0)
+    ids = prompts["input_ids"].repeat_interleave(args.n, 0)
+    mask = prompts["attention_mask"].repeat_interleave(args.n, 0)
+    pad_token_id = special_tokens(Path(args.model)).pad_token_id
 
     def transformers_generate() -> int:
         with torch.inference_mode():
@@ -73,7 +68,7 @@ def child(args: argparse.Namespace) -> None:
                 top_p=1.0,
                 max_new_tokens=args.new_tokens,
                 min_new_tokens=args.new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
+                pad_token_id=pad_token_id,
             )
         return int(out[:, ids.shape[1] :].numel())
 
@@ -102,18 +97,11 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_case(model: Path, data: Path, case: tuple, repeats: int) -> dict[str, Any]:
-    from hf_core.runtime.process_env import worker_process_env
-
-    _, prompts, n, new_tokens, threads = case
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **worker_process_env())
+    name, prompts, n, new_tokens, threads = case
     cmd = [sys.executable, __file__, "--child", "--model", str(model), "--data", str(data)]
     cmd += ["--prompts", str(prompts), "--n", str(n), "--new-tokens", str(new_tokens)]
     cmd += ["--threads", str(threads), "--repeats", str(repeats)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return run_child(cmd, worker_env(threads), f"hf_decode {name}")
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -154,8 +142,6 @@ def main() -> None:
         child(args)
         return
 
-    from e2e_throughput import MODEL, write_task
-
     from hf_testing.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="hf-decode-bench-") as tmp_name:
@@ -163,24 +149,16 @@ def main() -> None:
         model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
         data = write_task(tmp / "train.jsonl", rows=64)
         results = {case[0]: run_case(model, data, case, args.repeats) for case in CASES}
-    section = "\n".join(
-        [
-            TITLE,
-            "",
-            "The bench model of `bench/e2e_throughput.py` (tiny Qwen2, 0.85 M parameters, "
-            "float32) and its prompts, each repeated for its samples, decoded to exactly the "
-            "new tokens shown at temperature 1.0 by transformers' `generate(do_sample=True)` "
-            "and by the HF rollout engine (EOS list emptied) with either decoder; one process "
-            f"per batch, the contenders taking turns, median of {args.repeats} calls after a "
-            "warm-up each.",
-            "",
-            machine_line(load=True),
-            "",
-            table(results),
-            "",
-        ]
+    description = (
+        "The bench model of `bench/e2e_throughput.py` (tiny Qwen2, 0.85 M parameters, "
+        "float32) and its prompts, each repeated for its samples, decoded to exactly the "
+        "new tokens shown at temperature 1.0 by transformers' `generate(do_sample=True)` "
+        "and by the HF rollout engine (EOS list emptied) with either decoder; one process "
+        f"per batch, the contenders taking turns, median of {args.repeats} calls after a "
+        "warm-up each."
     )
-    publish(TITLE, section, args.write)
+    text = section(TITLE, description, table(results))
+    publish(TITLE, text, args.write)
 
 
 if __name__ == "__main__":

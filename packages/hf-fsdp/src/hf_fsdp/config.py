@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hf_core.algorithms.chunked_head import DEFAULT_LOGITS_BUDGET_BYTES
 from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401  (re-exported)
 from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
     DTypeName,
@@ -47,6 +48,12 @@ class FSDPEngineConfig(TrainingEngineConfig):
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="at most this many samples per forward/backward; None: no cap"
+    )
+    logits_budget_bytes: int = Field(
+        DEFAULT_LOGITS_BUDGET_BYTES,
+        ge=1,
+        description="float32 logits the LM head may hold at once; a micro-batch whose logits "
+        "exceed it computes log-probs and entropy in token chunks from the hidden states",
     )
     param_dtype: DTypeName = Field("float32", description="dtype of the sharded master weights")
     mixed_precision: Literal["auto", "none", "bfloat16", "float16"] = Field(

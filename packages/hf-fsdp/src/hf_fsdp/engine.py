@@ -168,7 +168,14 @@ class FSDPEngine(TrainingEngine):
         outputs: list[dict[str, torch.Tensor]] = []
         for i in range(count):
             part = micro[min(i, len(micro) - 1)].batch
-            out = heads.forward(self.config.head, self.model, part, self.device, **kwargs)
+            out = heads.forward(
+                self.config.head,
+                self.model,
+                part,
+                self.device,
+                logits_budget_bytes=self.config.logits_budget_bytes,
+                **kwargs,
+            )
             if i < len(micro):
                 outputs.append({k: out[k].detach().cpu() for k in keys})
         self._reshard()
@@ -242,7 +249,14 @@ class FSDPEngine(TrainingEngine):
             real = i < len(micro)
             mb = micro[i].batch if real else micro[0].batch
             mb.meta.update(meta, micro_batch_index=i, micro_batch_size=len(mb))
-            outputs = heads.forward(self.config.head, self.model, mb, self.device, temperature)
+            outputs = heads.forward(
+                self.config.head,
+                self.model,
+                mb,
+                self.device,
+                temperature,
+                logits_budget_bytes=self.config.logits_budget_bytes,
+            )
             loss, metrics = loss_fn(outputs, mb)
             if not real:
                 loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing

@@ -5,7 +5,9 @@ All per-token outputs cover the response tokens only, shape ``[B, response_len]`
 * ``lm``: ``log_probs`` of each response token under ``softmax(logits / temperature)`` (raw
   logits when ``temperature == 0``, the greedy convention of ``SamplingParams``) and the
   ``entropy`` of that distribution; position ``t`` is predicted from the logits one step
-  earlier.
+  earlier.  When the micro-batch's float32 logits would exceed ``logits_budget_bytes`` the
+  head runs in token chunks on the hidden states
+  (:mod:`hf_core.algorithms.chunked_head`), so memory does not grow with vocab x tokens.
 * ``value``: ``values[:, t]`` is the value head at the position just before response token
   ``t`` (the state in which the token was chosen), the usual PPO/GAE alignment.
 * ``score``: one ``scores`` value per sequence, read at its last non-pad token (the last 1 of
@@ -16,11 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
 
 from hf_core.algorithms import token_log_probs_and_entropy
+from hf_core.algorithms.chunked_head import (
+    DEFAULT_LOGITS_BUDGET_BYTES,
+    chunked_head_log_probs_and_entropy,
+    logits_chunk_tokens,
+)
 from hf_core.batch import Batch
 from hf_fsdp.config import HeadKind
 
@@ -65,15 +73,74 @@ def token_log_probs(
     return token_log_probs_and_entropy(logits, tokens, with_entropy)
 
 
+CHUNKABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
+"""Families whose causal-LM forward returns the head's output untouched (no logit soft-capping
+or scaling after ``lm_head``), so the head may be replaced by the chunked log-prob node."""
+
+
+def _chunkable_head(model: nn.Module) -> nn.Module | None:
+    """The model's bias-free output projection, when its family allows chunking."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in CHUNKABLE_MODEL_TYPES:
+        return None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "bias", None) is not None:
+        return None
+    return head if isinstance(getattr(head, "weight", None), torch.Tensor) else None
+
+
+@contextmanager
+def _head_as_log_probs(
+    head: nn.Module, tokens: torch.Tensor, temperature: float, with_entropy: bool, chunk: int
+) -> Iterator[None]:
+    """Make ``head`` return ``[B, R, 2]`` (log-prob, entropy) of ``tokens`` instead of logits.
+
+    The result goes out as the model's ``logits``, so it stays an output of the model's
+    forward: FSDP's backward hooks, registered on forward outputs, see it as they saw logits.
+    """
+
+    def forward(hidden: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
+        log_probs, entropy = chunked_head_log_probs_and_entropy(
+            hidden[:, :-1],
+            head.weight,
+            tokens,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk=chunk,
+        )
+        return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1)
+
+    head.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 def lm_forward(
-    model: nn.Module, batch: Batch, device: torch.device, temperature: float, with_entropy: bool
+    model: nn.Module,
+    batch: Batch,
+    device: torch.device,
+    temperature: float,
+    with_entropy: bool,
+    logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
 ) -> dict[str, torch.Tensor]:
     length = response_length(batch)
-    out = model(**_model_inputs(batch, device), use_cache=False, logits_to_keep=length + 1)
+    responses = batch["responses"].to(device)
+    inputs = _model_inputs(batch, device)
+    head = _chunkable_head(model)
+    vocab = int(head.weight.shape[0]) if head is not None else 0
+    chunk = logits_chunk_tokens(responses.numel(), vocab, logits_budget_bytes) if vocab else None
+    if head is not None and chunk is not None:
+        with _head_as_log_probs(head, responses, temperature, with_entropy, chunk):
+            pairs = model(**inputs, use_cache=False, logits_to_keep=length + 1).logits
+        result = {"log_probs": pairs[..., 0]}
+        if with_entropy:
+            result["entropy"] = pairs[..., 1]
+        return result
+    out = model(**inputs, use_cache=False, logits_to_keep=length + 1)
     logits = out.logits[:, :-1, :]
-    log_probs, entropy = token_log_probs(
-        logits, batch["responses"].to(device), temperature, with_entropy
-    )
+    log_probs, entropy = token_log_probs(logits, responses, temperature, with_entropy)
     result = {"log_probs": log_probs}
     if entropy is not None:
         result["entropy"] = entropy
@@ -124,10 +191,11 @@ def forward(
     device: torch.device,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
 ) -> dict[str, torch.Tensor]:
     """The head kind's outputs for one micro-batch (with autograd if enabled)."""
     if head == "lm":
-        return lm_forward(model, batch, device, temperature, with_entropy)
+        return lm_forward(model, batch, device, temperature, with_entropy, logits_budget_bytes)
     if head == "value":
         return value_forward(model, batch, device)
     return score_forward(model, batch, device)

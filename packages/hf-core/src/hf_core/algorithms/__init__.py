@@ -31,6 +31,7 @@ from hf_core.algorithms.advantages import (
     sequence_scores,
 )
 from hf_core.algorithms.aggregation import aggregate_loss
+from hf_core.algorithms.chunked_head import chunked_head_log_probs_and_entropy
 from hf_core.algorithms.groups import group_ids
 from hf_core.algorithms.kl import (
     AdaptiveKLController,
@@ -97,6 +98,7 @@ __all__ = [
     "aggregation_mode",
     "apply_kl_penalty",
     "broadcast_to_tokens",
+    "chunked_head_log_probs_and_entropy",
     "compute_advantage",
     "dr_grpo_advantage",
     "dual_clip_ppo_loss",

@@ -1,0 +1,158 @@
+"""Token log-probs and entropy straight from hidden states and the LM head, in token chunks.
+
+Why: at a real vocabulary the logits dominate a micro-batch's memory.  16,384 tokens x
+151,936 (Qwen2.5) is 9.96 GB of float32 logits, and the log-softmax backward wants a
+second tensor that size.  Here the head's matmul runs over ``chunk`` tokens at a time: the
+forward keeps only per-token scalars (log-normaliser, entropy), and the backward recomputes
+each chunk's logits, turns them into the logits' gradient in place and folds it into the
+hidden states' and head weight's gradients before the next chunk.  Extra memory is about two
+chunks of logits plus the weight's gradient, whatever the token count.
+
+The price is one more head matmul per token in the backward (the recompute), which is why
+:func:`logits_chunk_tokens` returns ``None`` -- use the plain full-logits path -- when the
+whole micro-batch's logits fit the budget: small vocabularies keep their speed.
+
+Gradients, with ``z = h W^T / T``, ``p = softmax(z)``, ``H = -sum p log p``:
+``d log p_y / dz = onehot(y) - p``, ``dH / dz = -p (log p + H)``, then ``dh = dz W / T`` and
+``dW = dz^T h / T``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+DEFAULT_LOGITS_BUDGET_BYTES = 256 * 1024 * 1024
+"""Float32 logits one chunk may hold (the recompute keeps about two such tensors)."""
+
+
+def logits_chunk_tokens(tokens: int, vocab: int, budget_bytes: int) -> int | None:
+    """Tokens per chunk so that a chunk's float32 logits fit ``budget_bytes``, or ``None``
+    when all ``tokens`` fit at once (then full logits are cheaper: no recompute)."""
+    per_token = vocab * 4
+    if tokens * per_token <= budget_bytes:
+        return None
+    return max(1, budget_bytes // per_token)
+
+
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, inverse_temperature: float
+) -> torch.Tensor:
+    logits = (hidden @ weight.t()).float()
+    if inverse_temperature != 1.0:
+        logits.mul_(inverse_temperature)
+    return logits
+
+
+class _ChunkedHeadLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        tokens: torch.Tensor,
+        inverse_temperature: float,
+        with_entropy: bool,
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        count = hidden.shape[0]
+        log_probs = hidden.new_empty(count, dtype=torch.float32)
+        log_z = hidden.new_empty(count, dtype=torch.float32)
+        entropy = hidden.new_empty(count if with_entropy else 0, dtype=torch.float32)
+        for start in range(0, count, chunk):
+            stop = min(start + chunk, count)
+            logits = _chunk_logits(hidden[start:stop], weight, inverse_temperature)
+            norm = torch.logsumexp(logits, dim=-1)
+            log_z[start:stop] = norm
+            picked = logits.gather(-1, tokens[start:stop, None])[:, 0]
+            log_probs[start:stop] = picked - norm
+            if with_entropy:
+                # H = log_z - sum p z; softmax in place over the chunk's logits
+                weighted = torch.linalg.vecdot(torch.softmax(logits, dim=-1), logits)
+                entropy[start:stop] = norm - weighted
+            del logits
+        ctx.save_for_backward(hidden, weight, tokens, log_z, entropy)
+        ctx.inverse_temperature = inverse_temperature
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(tokens)
+        if not with_entropy:
+            entropy = log_z.new_zeros(())
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
+        hidden, weight, tokens, log_z, entropy = ctx.saved_tensors
+        if grad_log_probs is None and grad_entropy is None:
+            return None, None, None, None, None, None
+        scale = ctx.inverse_temperature
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        # accumulate the head's gradient in float32 whatever the compute dtype
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
+        count = hidden.shape[0]
+        for start in range(0, count, ctx.chunk):
+            stop = min(start + ctx.chunk, count)
+            part = hidden[start:stop]
+            grad = _chunk_logits(part, weight, scale)
+            grad.sub_(log_z[start:stop, None])  # log p
+            if grad_entropy is not None:
+                # -p (log p + H) g_H  (minus p g_lp below), in place over log p
+                log_p = grad
+                probs = log_p.exp()
+                log_p.add_(entropy[start:stop, None]).mul_(probs)
+                log_p.mul_(-grad_entropy[start:stop, None])
+                if grad_log_probs is not None:
+                    log_p.sub_(probs.mul_(grad_log_probs[start:stop, None]))
+                del probs
+            else:
+                assert grad_log_probs is not None
+                grad.exp_().mul_(-grad_log_probs[start:stop, None])
+            if grad_log_probs is not None:
+                grad.scatter_add_(
+                    -1, tokens[start:stop, None], grad_log_probs[start:stop, None].float()
+                )
+            if scale != 1.0:
+                grad.mul_(scale)
+            grad = grad.to(hidden.dtype)
+            if grad_hidden is not None:
+                torch.matmul(grad, weight, out=grad_hidden[start:stop])
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t().float(), part.float())
+            del grad
+        if grad_weight is not None and grad_weight.dtype != weight.dtype:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def chunked_head_log_probs_and_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(h W^T / T)[tokens]`` and (when ``with_entropy``) its entropy, for
+    ``hidden`` ``[..., H]`` and a bias-free head ``weight`` ``[V, H]``; outputs have
+    ``hidden.shape[:-1]``, float32, differentiable in ``hidden`` and ``weight``.
+
+    ``temperature`` 0 (greedy) or 1 uses the raw logits.  Logits never exist for more than
+    ``chunk`` tokens at a time (see the module docstring).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 token, got {chunk}")
+    lead = hidden.shape[:-1]
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_tokens = tokens.reshape(-1)
+    inverse = 1.0 / temperature if temperature > 0 else 1.0
+    log_probs, entropy = _ChunkedHeadLogProbs.apply(
+        flat_hidden, weight, flat_tokens, inverse, with_entropy, chunk
+    )
+    if not with_entropy:
+        return log_probs.reshape(lead), None
+    return log_probs.reshape(lead), entropy.reshape(lead)

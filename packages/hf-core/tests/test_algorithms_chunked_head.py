@@ -1,0 +1,131 @@
+"""The chunked LM-head log-prob node against plain autograd over full logits, and its memory."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from hf_core.algorithms import entropy_from_logits
+from hf_core.algorithms.chunked_head import (
+    chunked_head_log_probs_and_entropy,
+    logits_chunk_tokens,
+)
+from hf_testing.memory import peak_rss_extra
+
+
+def reference(
+    hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = hidden @ weight.t()
+    if temperature > 0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+    return log_probs, entropy_from_logits(logits)
+
+
+@pytest.mark.parametrize("use", ["log_probs", "entropy", "both"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("chunk", [1, 4, 7, 100])
+def test_values_and_gradients_match_full_logits(use: str, temperature: float, chunk: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    base_hidden = torch.randn(3, 5, 8, generator=gen, dtype=torch.float64)
+    base_weight = torch.randn(23, 8, generator=gen, dtype=torch.float64)
+    tokens = torch.randint(0, 23, (3, 5), generator=gen)
+    weights = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64)
+
+    def ours(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, temp: float) -> tuple:
+        return chunked_head_log_probs_and_entropy(h, w, t, temperature=temp, chunk=chunk)
+
+    results = []
+    for fn in (reference, ours):
+        hidden = base_hidden.clone().requires_grad_()
+        weight = base_weight.clone().requires_grad_()
+        log_probs, entropy = fn(hidden, weight, tokens, temperature)
+        loss = torch.zeros((), dtype=torch.float64)
+        if use in ("log_probs", "both"):
+            loss = loss + (log_probs * weights[0]).sum()
+        if use in ("entropy", "both"):
+            loss = loss + (entropy * weights[1]).sum()
+        loss.backward()
+        results.append((log_probs.detach().double(), entropy.detach().double()))
+        results[-1] += (hidden.grad, weight.grad)
+    for theirs, mine in zip(results[0], results[1], strict=True):
+        # the node computes in float32 (as the engines do), the reference in float64
+        torch.testing.assert_close(mine.double(), theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_without_entropy_returns_none() -> None:
+    hidden = torch.randn(6, 4)
+    weight = torch.randn(9, 4)
+    tokens = torch.randint(0, 9, (6,))
+    log_probs, entropy = chunked_head_log_probs_and_entropy(
+        hidden, weight, tokens, with_entropy=False, chunk=4
+    )
+    assert entropy is None
+    expected = torch.log_softmax(hidden @ weight.t(), -1)[torch.arange(6), tokens]
+    torch.testing.assert_close(log_probs, expected)
+
+
+def test_bfloat16_inputs_get_gradients_in_their_dtype() -> None:
+    hidden = torch.randn(10, 16, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(32, 16, dtype=torch.bfloat16, requires_grad=True)
+    tokens = torch.randint(0, 32, (10,))
+    log_probs, _ = chunked_head_log_probs_and_entropy(hidden, weight, tokens, chunk=3)
+    assert log_probs.dtype == torch.float32
+    log_probs.sum().backward()
+    assert hidden.grad is not None and hidden.grad.dtype == torch.bfloat16
+    assert weight.grad is not None and weight.grad.dtype == torch.bfloat16
+    full = torch.log_softmax((hidden.detach() @ weight.detach().t()).float(), -1)
+    torch.testing.assert_close(log_probs.detach(), full[torch.arange(10), tokens])
+
+
+def test_chunk_size_follows_the_budget() -> None:
+    assert logits_chunk_tokens(100, 1000, budget_bytes=100 * 1000 * 4) is None
+    assert logits_chunk_tokens(101, 1000, budget_bytes=100 * 1000 * 4) == 100
+    assert logits_chunk_tokens(16384, 151_936, budget_bytes=256 * 2**20) == 441
+    assert logits_chunk_tokens(5, 10**9, budget_bytes=1) == 1
+    with pytest.raises(ValueError, match="chunk"):
+        chunked_head_log_probs_and_entropy(
+            torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long), chunk=0
+        )
+
+
+def _policy_step_peak(tokens: int, vocab: int, hidden_size: int, chunk: int | None) -> int:
+    """Peak extra RSS of a PPO-style loss forward + backward over ``tokens`` tokens."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, hidden_size, generator=gen).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, generator=gen) * 0.02).requires_grad_()
+    ids = torch.randint(0, vocab, (tokens,), generator=gen)
+    advantages = torch.randn(tokens, generator=gen)
+    gc.collect()
+    with peak_rss_extra() as peak:
+        if chunk is None:
+            logits = hidden @ weight.t()
+            log_probs = torch.log_softmax(logits, -1).gather(-1, ids[:, None])[:, 0]
+            del logits
+        else:
+            log_probs, _ = chunked_head_log_probs_and_entropy(
+                hidden, weight, ids, chunk=chunk, with_entropy=True
+            )
+        ratio = torch.exp(log_probs - log_probs.detach())
+        loss = -(torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)).mean()
+        loss.backward()
+    return peak["bytes"]
+
+
+def test_memory_does_not_grow_with_tokens_at_a_real_vocabulary() -> None:
+    """At Qwen2.5's vocabulary the chunked node's extra memory is the head's gradient plus a
+    couple of chunks, the same for 4x the tokens; full logits grow with the tokens."""
+    vocab, width, chunk = 151_936, 64, 256
+    weight_bytes = vocab * width * 4
+    chunk_bytes = chunk * vocab * 4
+    small = _policy_step_peak(512, vocab, width, chunk)
+    large = _policy_step_peak(2048, vocab, width, chunk)
+    full = _policy_step_peak(2048, vocab, width, None)
+    budget = weight_bytes + 3 * chunk_bytes + 64 * 2**20
+    assert small <= budget and large <= budget, (small, large, budget)
+    assert large < small * 1.25 + 16 * 2**20
+    # full logits hold tokens x vocab floats, and their gradient as much again
+    assert full >= 2 * 2048 * vocab * 4

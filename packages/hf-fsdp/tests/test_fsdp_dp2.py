@@ -157,6 +157,8 @@ MICRO_BATCHING = {
     # gradients are reduced only if the head's output still reaches FSDP's backward hooks
     "chunked-head": CHUNKED_HEAD,
     "chunked-head-per-layer": {**CHUNKED_HEAD, "fsdp_unit": "layer"},
+    # recomputed activations (what gradient_checkpointing: auto turns on at real sizes)
+    "gradient-checkpointing": {"gradient_checkpointing": True, "fsdp_unit": "layer"},
 }
 
 

@@ -40,3 +40,8 @@ class ModelFolderError(HybridFlowError, FileNotFoundError):
 
 class ModelLoadError(HybridFlowError, ValueError):
     """The model folder exists but its weights do not fit the model asked for."""
+
+
+class MemoryFitError(HybridFlowError, MemoryError):
+    """A run or an update cannot fit the memory its processes have: the message gives the
+    estimate, its parts and the budget, and what would make it fit."""

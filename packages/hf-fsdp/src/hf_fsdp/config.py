@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hf_core.algorithms.chunked_head import DEFAULT_LOGITS_BUDGET_BYTES
 from hf_core.config import EngineConfigError, parse_engine_config  # noqa: F401  (re-exported)
@@ -40,11 +40,11 @@ class FSDPEngineConfig(TrainingEngineConfig):
     keys here are FSDP's numerics, sharding and offload switches.
     """
 
-    max_tokens_per_micro_batch: int | None = Field(
-        16384,
-        ge=1,
+    max_tokens_per_micro_batch: int | Literal["auto"] | None = Field(
+        "auto",
         description="token budget of a micro-batch: samples grouped by length, each "
-        "micro-batch trimmed to its longest prompt and response; None: micro_batch_size chunks",
+        "micro-batch trimmed to its longest prompt and response; auto: as many as the "
+        "process's memory affords, at most 16384 (hf_fsdp.fit); None: micro_batch_size chunks",
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="at most this many samples per forward/backward; None: no cap"
@@ -70,7 +70,11 @@ class FSDPEngineConfig(TrainingEngineConfig):
     )
     offload_params: bool = Field(True, description="offload() moves parameters to CPU")
     offload_optimizer: bool = Field(True, description="offload() moves optimiser state to CPU")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="recompute layer activations in the backward; auto: on when fewer than "
+        "4096 tokens a micro-batch would fit without it (hf_fsdp.fit)",
+    )
     disable_dropout: bool = Field(True, description="RL needs the same function in every pass")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'eager'")
     cpu_linear: CPULinear = "onednn"
@@ -94,6 +98,13 @@ class FSDPEngineConfig(TrainingEngineConfig):
                 "batch would go through one forward"
             )
         return self
+
+    @field_validator("max_tokens_per_micro_batch")
+    @classmethod
+    def _positive_tokens(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be >= 1, 'auto' or None, got {value}")
+        return value
 
     @property
     def torch_param_dtype(self) -> torch.dtype:

@@ -15,6 +15,7 @@ gradient of the loss over the global batch, e.g. a sample mean over the global b
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -48,13 +49,15 @@ from hf_core.engines import (
     save_hf_folder,
     write_peft_folder,
 )
-from hf_fsdp import checkpoint, heads, lora
+from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
+from hf_fsdp import checkpoint, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
 from hf_fsdp.loading import (
     HEAD_MODULES,
     build_empty_model,
+    enable_gradient_checkpointing,
     load_hf_config,
     materialize_and_load,
     shard_model,
@@ -121,6 +124,9 @@ class FSDPEngine(TrainingEngine):
         self._offloaded = False
         self._said_cpu_offload = False
         self._dry_counts = DryMoveCounter(self.model, self.optimizer)
+        self.fit: MicroBatchFit | None = None
+        self._checkpointing = cfg.gradient_checkpointing is True
+        """The ``auto`` micro-batch budget and checkpointing, chosen at the first update."""
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -144,7 +150,34 @@ class FSDPEngine(TrainingEngine):
             if isinstance(module, FSDPModule):
                 module.reshard()
 
-    def _micro_batches(self, batch: Batch) -> tuple[list[MicroBatch], int]:
+    def _token_budget(self, batch: Batch, training: bool) -> int | None:
+        """``max_tokens_per_micro_batch``, with ``auto`` resolved: for an update, what the
+        process's memory affords (:mod:`hf_fsdp.fit`, decided once, at the first update, with
+        gradient checkpointing); for forward-only passes (no activations kept), the default."""
+        tokens = self.config.max_tokens_per_micro_batch
+        if training and self.fit is None and "auto" in (tokens, self.config.gradient_checkpointing):
+            self._choose_fit(batch)
+        if tokens != "auto":
+            return tokens
+        return self.fit.max_tokens if training and self.fit is not None else DEFAULT_MAX_TOKENS
+
+    def _choose_fit(self, batch: Batch) -> None:
+        longest = int(batch["attention_mask"].sum(-1).max()) if len(batch) else 1
+        longest = all_reduce_int(longest, dist.ReduceOp.MAX)
+        self.fit = fit.resolve_fit(
+            self.config, self.hf_config, self.model, self.world_size, self.rank, longest
+        )
+        # ranks must agree: each measured its own memory
+        tokens = all_reduce_int(-self.fit.max_tokens, dist.ReduceOp.MAX)
+        recompute = all_reduce_int(int(self.fit.gradient_checkpointing), dist.ReduceOp.MAX)
+        self.fit = dataclasses.replace(
+            self.fit, max_tokens=-tokens, gradient_checkpointing=bool(recompute)
+        )
+        if self.fit.gradient_checkpointing and not self._checkpointing:
+            enable_gradient_checkpointing(self.model)
+            self._checkpointing = True
+
+    def _micro_batches(self, batch: Batch, training: bool = False) -> tuple[list[MicroBatch], int]:
         """This rank's micro-batches (length-grouped, padding trimmed; see
         :mod:`hf_core.engines.micro_batches`) and the largest count on any rank.
 
@@ -152,7 +185,7 @@ class FSDPEngine(TrainingEngine):
         one and drop the result: FSDP's collectives need every rank in every pass.
         """
         cfg = self.config
-        micro = plan_micro_batches(batch, cfg.max_tokens_per_micro_batch, cfg.micro_batch_size)
+        micro = plan_micro_batches(batch, self._token_budget(batch, training), cfg.micro_batch_size)
         count = all_reduce_int(len(micro), dist.ReduceOp.MAX)
         if count and not micro:
             raise ValueError(
@@ -239,7 +272,7 @@ class FSDPEngine(TrainingEngine):
                 "train_step on a frozen engine (trainable=False: reference / reward model)"
             )
         self._require_onloaded("train_step")
-        micro, count = self._micro_batches(batch)
+        micro, count = self._micro_batches(batch, training=True)
         meta = self._loss_meta(batch, len(micro))
         temperature = float(batch.meta.get("temperature", 1.0))
         self.model.train()
@@ -281,6 +314,15 @@ class FSDPEngine(TrainingEngine):
         metrics_out.update(
             grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
         )
+        if self.fit is not None:
+            metrics_out.update(
+                {
+                    "fit/micro_batch_tokens": float(self.fit.max_tokens),
+                    "fit/gradient_checkpointing": float(self.fit.gradient_checkpointing),
+                    "fit/estimate_gib": self.fit.total_bytes / 2**30,
+                    "fit/budget_gib": self.fit.budget_bytes / 2**30,
+                }
+            )
         return metrics_out
 
     # ------------------------------------------------------------ weight export

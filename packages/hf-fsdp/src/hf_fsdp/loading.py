@@ -132,9 +132,20 @@ def build_empty_model(cfg: FSDPEngineConfig, hf_config: PretrainedConfig) -> nn.
         for module in model.modules():
             if isinstance(module, nn.Dropout):
                 module.p = 0.0
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.gradient_checkpointing is True:  # "auto" decides at the first update (hf_fsdp.fit)
+        enable_gradient_checkpointing(model)
     return model
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward (non-reentrant, so FSDP's
+    hooks run again in the recompute); only layer inputs are kept.  Works before or after
+    sharding: transformers only flags the layers."""
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

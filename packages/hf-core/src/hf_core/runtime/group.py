@@ -92,7 +92,7 @@ class HostSet:
                 rank,
                 len(slots),
                 slot.local_rank,
-                dict(env or {}),
+                {"LOCAL_WORLD_SIZE": str(pool.processes_per_node[slot.node_index]), **(env or {})},
                 stacks_file=self.stack_files[rank],
                 watchdog_s=failure_timeout_s * _WATCHDOG_SHARE,
             )

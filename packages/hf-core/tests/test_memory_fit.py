@@ -1,0 +1,100 @@
+"""The training-process memory estimate and the micro-batch it chooses."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_core.engines.memory_fit import (
+    GIB,
+    TrainingFootprint,
+    activation_elements_per_token_layer,
+    available_bytes,
+    fit_micro_batch,
+    node_memory_bytes,
+    process_budget_bytes,
+)
+from hf_core.planner.models import from_hf_config
+
+QWEN_05B = from_hf_config(
+    {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151_936,
+        "tie_word_embeddings": True,
+    }
+)
+
+
+def footprint(ranks: int = 2, **kw: object) -> TrainingFootprint:
+    return TrainingFootprint(QWEN_05B, ranks=ranks, param_bytes=4, compute_bytes=4, **kw)  # type: ignore[arg-type]
+
+
+def test_state_is_sharded_and_counts_adam() -> None:
+    assert QWEN_05B.num_params == pytest.approx(494e6, rel=0.01)
+    two = footprint(2)
+    assert two.state_bytes() == 4 * 4 * QWEN_05B.num_params // 2
+    frozen = TrainingFootprint(QWEN_05B, ranks=2, param_bytes=2, compute_bytes=2, trainable=False)
+    assert frozen.state_bytes() == 2 * QWEN_05B.num_params // 2
+    assert footprint(1).gathered_bytes() == 0
+    whole = footprint(2, per_layer_units=False).gathered_bytes()
+    assert footprint(2).gathered_bytes() < whole == 4 * QWEN_05B.num_params
+
+
+def test_checkpointing_keeps_layer_inputs_only() -> None:
+    fp = footprint()
+    per_layer = activation_elements_per_token_layer(QWEN_05B)
+    assert fp.activation_bytes_per_token(False) == 4 * 24 * per_layer
+    assert fp.activation_bytes_per_token(True) == 4 * (24 * 896 + per_layer)
+    assert fp.activation_bytes_per_token(True) * 5 < fp.activation_bytes_per_token(False)
+
+
+def test_loss_memory_is_bounded_by_the_chunked_head() -> None:
+    fp = footprint()
+    head_grad = 4 * 151_936 * 896
+    assert fp.loss_bytes(16_384) == 2 * fp.logits_budget_bytes + head_grad
+    assert fp.loss_bytes(16) == 2 * 4 * 16 * 151_936  # small: full logits are cheaper
+
+
+def test_fit_prefers_no_checkpointing_when_enough_tokens_fit() -> None:
+    fp = footprint()
+    roomy = fit_micro_batch(fp, 200 * GIB)
+    assert roomy.max_tokens == 16_384 and not roomy.gradient_checkpointing
+    assert roomy.total_bytes <= roomy.budget_bytes
+
+
+def test_fit_turns_checkpointing_on_when_few_tokens_fit() -> None:
+    fp = footprint()
+    fixed = sum(fp.peak_bytes(0, False).values()) + fp.loss_bytes(16_384)
+    budget = fixed + 1000 * fp.activation_bytes_per_token(False)  # ~1000 tokens without
+    fit = fit_micro_batch(fp, budget)
+    assert fit.gradient_checkpointing
+    assert fit.max_tokens > 4096
+    assert fit.total_bytes <= budget
+    forced = fit_micro_batch(fp, budget, checkpointing=False)
+    assert not forced.gradient_checkpointing and 900 < forced.max_tokens <= 1000
+
+
+def test_a_process_that_cannot_fit_one_sample_is_over_budget() -> None:
+    fp = footprint(1)
+    fit = fit_micro_batch(fp, 4 * GIB, min_tokens=512)
+    assert fit.total_bytes > fit.budget_bytes
+    text = fit.describe()
+    assert "budget of 4.00 GiB" in text and "state" in text and "activations" in text
+
+
+def test_resident_memory_leaves_fewer_tokens() -> None:
+    fp = footprint()
+    base = fit_micro_batch(fp, 8 * GIB, checkpointing=True)
+    less = fit_micro_batch(fp, 8 * GIB, resident_bytes=2 * GIB, checkpointing=True)
+    assert less.max_tokens < base.max_tokens
+    assert less.parts["resident"] == 2 * GIB
+
+
+def test_machine_memory_is_read() -> None:
+    total = node_memory_bytes()
+    assert GIB < total < 2**50
+    assert 0 < available_bytes() <= total
+    assert process_budget_bytes(2, node_bytes=10 * GIB) == 4 * GIB

@@ -136,8 +136,11 @@ def save(
     step: int,
     param_shapes: dict[str, list[int]],
     info: dict[str, Any],
+    record: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint of this engine; every rank calls this."""
+    """Write a checkpoint of this engine; every rank calls this.  ``info`` must match at
+    load (:func:`check_compatible`); ``record`` is kept in the manifest for the engine to
+    read back (e.g. the micro-batch budget it chose)."""
     path = Path(path)
     rank = _rank()
     tmp = path.parent / f".{path.name}.tmp-ckpt"
@@ -169,6 +172,7 @@ def save(
             "params": param_shapes,
             "files": _file_sizes(tmp),
             "saved_at": time.time(),
+            **(record or {}),
             **info,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -314,13 +314,11 @@ class FSDPEngine(TrainingEngine):
         metrics_out.update(
             grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
         )
-        if self.fit is not None:
+        if self.fit is not None:  # the choice only: its memory figures are logged once
             metrics_out.update(
                 {
                     "fit/micro_batch_tokens": float(self.fit.max_tokens),
                     "fit/gradient_checkpointing": float(self.fit.gradient_checkpointing),
-                    "fit/estimate_gib": self.fit.total_bytes / 2**30,
-                    "fit/budget_gib": self.fit.budget_bytes / 2**30,
                 }
             )
         return metrics_out
@@ -440,6 +438,7 @@ class FSDPEngine(TrainingEngine):
             step=self.step,
             param_shapes=self.param_shapes,
             info=self._checkpoint_info(),
+            record=fit.record(self.fit),
         )
         if self.config.lora is not None:  # the adapters also as peft loads them
             self.export_adapter_folder(Path(path) / ADAPTER_FOLDER)
@@ -455,6 +454,11 @@ class FSDPEngine(TrainingEngine):
             param_shapes=self.param_shapes,
             info=self._checkpoint_info(),
         )
+        # the resumed run splits batches as the saved one did (bit-exact resume)
+        self.fit = fit.restored(checkpoint.read_manifest(path)[1], self.fit)
+        if self.fit is not None and self.fit.gradient_checkpointing and not self._checkpointing:
+            enable_gradient_checkpointing(self.model)
+            self._checkpointing = True
 
     # ------------------------------------------------------------------ offload
     def _cpu_only(self) -> bool:

@@ -11,6 +11,7 @@ raises :class:`~hf_core.errors.MemoryFitError` with the estimate instead of bein
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -101,6 +102,35 @@ def resolve_fit(
         fit.describe(),
     )
     return fit
+
+
+RECORD_KEY = "micro_batch_fit"
+
+
+def record(chosen: MicroBatchFit | None) -> dict[str, Any]:
+    """What a checkpoint keeps of the choice (nothing when it was never made)."""
+    if chosen is None:
+        return {}
+    return {
+        RECORD_KEY: {
+            "max_tokens": chosen.max_tokens,
+            "gradient_checkpointing": chosen.gradient_checkpointing,
+        }
+    }
+
+
+def restored(manifest: dict[str, Any], current: MicroBatchFit | None) -> MicroBatchFit | None:
+    """The choice a checkpoint recorded, so a resumed run splits batches into the same
+    micro-batches (their summation order is part of the numbers); ``current`` otherwise."""
+    saved = manifest.get(RECORD_KEY)
+    if not saved:
+        return current
+    return MicroBatchFit(
+        max_tokens=int(saved["max_tokens"]),
+        gradient_checkpointing=bool(saved["gradient_checkpointing"]),
+        parts={},
+        budget_bytes=0,
+    )
 
 
 def spec_name(prints: TrainingFootprint) -> str:

@@ -192,3 +192,8 @@ def latest_checkpoint(output_dir: Path) -> Path:
         raise CheckpointError(f"{root / 'latest'} names {folder}, which does not exist")
     read_manifest(folder, KIND)
     return folder
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (a checkpoint's size on disk)."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())

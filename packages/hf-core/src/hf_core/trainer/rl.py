@@ -52,6 +52,7 @@ from hf_core.runtime import Cluster, WorkerLostError
 from hf_core.trainer.auto_placement import place_roles
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
 from hf_core.trainer.checkpoint import (
+    folder_bytes,
     latest_checkpoint,
     load_trainer_state,
     save_run_checkpoint,
@@ -245,7 +246,15 @@ class RLTrainer:
         return minutes is not None and time.monotonic() - self._last_save >= minutes * 60
 
     def _checkpoint(self) -> None:
-        self.save()
+        start = time.perf_counter()
+        folder = self.save()
+        log.info(
+            "checkpoint of step %d saved in %.2f s (%d bytes): %s",
+            self.step,
+            time.perf_counter() - start,
+            folder_bytes(folder),
+            folder,
+        )
         self._checkpoint_step = self.step
         self._last_save = time.monotonic()
 
@@ -513,6 +522,7 @@ class RLTrainer:
         )
 
     def _restore(self) -> int:
+        start = time.perf_counter()
         folder = latest_checkpoint(self.output_dir)
         state = load_trainer_state(folder)
         self._groups.actor.load_checkpoint(str(folder))
@@ -525,5 +535,10 @@ class RLTrainer:
         if self.lagrange is not None and state["lagrange"] is not None:
             self.lagrange.load_state_dict(state["lagrange"])
         set_rng_state(state["rng"])
-        log.info("resumed from %s at step %d", folder, self.step)
+        log.info(
+            "resumed from %s at step %d, restored in %.2f s",
+            folder,
+            self.step,
+            time.perf_counter() - start,
+        )
         return self.step

@@ -14,7 +14,12 @@ from pydantic import ValidationError
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.roles.losses import PolicyLoss, rollout_is_cap, rollout_is_weights
+from hf_core.roles.losses import (
+    PolicyLoss,
+    rollout_is_cap,
+    rollout_is_mode,
+    rollout_is_weights,
+)
 from hf_core.roles.weight_channel import WeightChannel
 from hf_core.trainer.rollouts import StandaloneRollouts
 
@@ -224,6 +229,36 @@ def test_importance_weights_follow_rollout_is(tmp_path: Path) -> None:
     assert rollout_is_cap(_config(tmp_path, algorithm={"rollout_is": "truncated"})) == 2.0
     off = _config(tmp_path, rollout={"max_staleness": 1}, algorithm={"rollout_is": "none"})
     assert rollout_is_cap(off) is None
+
+
+@pytest.mark.parametrize(
+    ("sections", "mode"),
+    [
+        ({"actor": {"engine": {"param_dtype": "bfloat16"}}}, "truncated"),
+        ({"rollout": {"engine": {"dtype": "bfloat16"}}}, "truncated"),
+        ({"actor": {"engine": {"mixed_precision": "float16"}}}, "truncated"),
+        ({"actor": {"engine": {"param_dtype": "float32"}}}, None),
+        ({"actor": {"engine": {"param_dtype": "bfloat16"}}, "algorithm": {"rollout_is": "none"}},
+         None),
+        ({"algorithm": {"rollout_is": "masked"}}, "masked"),
+    ],
+)  # fmt: skip
+def test_auto_correction_turns_on_in_half_precision(
+    tmp_path: Path, sections: dict, mode: str | None
+) -> None:
+    """Synchronous runs too: bf16 engines disagree by rounding, not only summation order."""
+    assert rollout_is_mode(_config(tmp_path, **sections)) == mode
+
+
+def test_masked_correction_drops_tokens_outside_the_band() -> None:
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.1, 0.9]]))
+    rollout = torch.log(torch.tensor([[0.4, 0.1, 0.5, 0.3]]))  # ratios 1.25, 5, 0.2, (3)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    weights, metrics = rollout_is_weights(old, rollout, mask, cap=2.0, mode="masked")
+    assert torch.equal(weights, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    assert metrics["is_masked_frac"] == pytest.approx(2 / 3)
+    truncated, _ = rollout_is_weights(old, rollout, mask, cap=2.0)
+    assert torch.allclose(truncated, torch.tensor([[1.25, 2.0, 0.2, 0.0]]))
 
 
 # ------------------------------------------------------------------ recipe checks

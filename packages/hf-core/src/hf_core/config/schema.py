@@ -136,12 +136,16 @@ class AlgorithmConfig(_Strict):
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
     kl: KLConfig = Field(default_factory=KLConfig)
-    rollout_is: Literal["auto", "truncated", "none"] = Field(
+    rollout_is: Literal["auto", "truncated", "masked", "none"] = Field(
         "auto",
-        description="importance weights pi_old / pi_rollout on the policy loss, truncated at "
-        "rollout_is_cap; auto: on when rollout.max_staleness > 0",
+        description="rollout correction on the policy loss, per token: truncated: importance "
+        "weights pi_old / pi_rollout capped at rollout_is_cap; masked: tokens whose ratio "
+        "leaves [1/cap, cap] are dropped from the loss; auto: truncated when "
+        "rollout.max_staleness > 0 or the actor or rollout engine runs in 16-bit floats",
     )
-    rollout_is_cap: float = Field(2.0, gt=0.0, description="truncation of the rollout IS weights")
+    rollout_is_cap: float = Field(
+        2.0, gt=1.0, description="truncation cap (and masking band) of the rollout IS ratio"
+    )
     # Safe-RLHF
     cost_limit: float = 0.0
     lagrange_init: float = Field(1.0, ge=0.0)

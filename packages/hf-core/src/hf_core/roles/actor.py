@@ -47,7 +47,7 @@ from hf_core.roles.common import (
     training_mesh,
 )
 from hf_core.roles.handover import MemoryHandover
-from hf_core.roles.losses import PolicyLoss, rollout_is_cap, sft_loss
+from hf_core.roles.losses import PolicyLoss, rollout_is_cap, rollout_is_mode, sft_loss
 from hf_core.roles.standalone_sync import WeightSender
 from hf_core.roles.weight_channel import ChannelAddress
 from hf_core.worker import Worker
@@ -72,7 +72,11 @@ class ActorRolloutRefWorker(Worker):
         self.rollout = None if self.standalone else self._build_rollout(config)
         self.agent = None if self.rollout is None else build_agent_loop(config, self.rollout)
         """Multi-turn tool-using rollouts around the rollout engine (None: single-turn)."""
-        self.loss = PolicyLoss(config.algorithm, is_cap=rollout_is_cap(config))
+        self.loss = PolicyLoss(
+            config.algorithm,
+            is_cap=rollout_is_cap(config),
+            is_mode=rollout_is_mode(config) or "truncated",
+        )
         self.needs_sync = False
         self._report_mesh()
         self.weight_sync = (

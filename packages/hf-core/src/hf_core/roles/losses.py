@@ -11,6 +11,7 @@ The engine provides the totals in ``micro_batch.meta`` (``dp_size``, ``global_ba
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 
@@ -40,16 +41,35 @@ def global_share(micro_batch: Batch, loss_agg_mode: str) -> float:
     return len(micro_batch) * meta["dp_size"] / max(1, int(meta["global_batch_size"]))
 
 
-def rollout_is_cap(config: TrainerConfig) -> float | None:
-    """The truncation cap of the rollout importance weights, or ``None`` when they are off.
+HALF_PRECISION = ("bfloat16", "float16", "bf16", "fp16", "half")
+DTYPE_KEYS = ("param_dtype", "mixed_precision", "dtype")
+"""Engine settings naming a dtype, in every backend's ``engine:`` block."""
 
-    ``algorithm.rollout_is: auto`` turns them on exactly when samples may come from an older
-    policy than the one being updated (``rollout.max_staleness`` > 0).
+
+def runs_in_half_precision(config: TrainerConfig) -> bool:
+    """Whether the actor's or the rollout engine's settings name a 16-bit float: their
+    log-probs then differ by rounding, not only by summation order."""
+    blocks = (config.actor.engine, config.rollout.engine)
+    return any(str(block.get(key)) in HALF_PRECISION for block in blocks for key in DTYPE_KEYS)
+
+
+def rollout_is_mode(config: TrainerConfig) -> Literal["truncated", "masked"] | None:
+    """The rollout correction in force, or ``None`` when it is off.
+
+    ``algorithm.rollout_is: auto`` turns truncated weights on when the samples may come from
+    an older policy than the one being updated (``rollout.max_staleness`` > 0) or when the
+    engines run in 16-bit floats (the training / inference mismatch).
     """
     mode = config.algorithm.rollout_is
-    if mode == "none" or (mode == "auto" and config.rollout.max_staleness == 0):
-        return None
-    return config.algorithm.rollout_is_cap
+    if mode == "auto":
+        needed = config.rollout.max_staleness > 0 or runs_in_half_precision(config)
+        return "truncated" if needed else None
+    return None if mode == "none" else mode
+
+
+def rollout_is_cap(config: TrainerConfig) -> float | None:
+    """The cap of the rollout importance ratio, or ``None`` when the correction is off."""
+    return None if rollout_is_mode(config) is None else config.algorithm.rollout_is_cap
 
 
 def rollout_is_weights(
@@ -57,21 +77,31 @@ def rollout_is_weights(
     rollout_log_probs: torch.Tensor,
     mask: torch.Tensor,
     cap: float,
+    mode: Literal["truncated", "masked"] = "truncated",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance weights ``min(pi_behaviour / pi_rollout, cap)`` per token.
+    """Per-token weights from the ratio ``pi_behaviour / pi_rollout``.
 
-    The samples came from the rollout engine's (possibly older) policy; the PPO ratio is
-    taken against the policy before this update.  Weighting each token's loss by this ratio
-    corrects the gradient for the gap, truncated so one unlikely token cannot dominate.
+    The samples came from the rollout engine's policy (possibly older, or the same weights
+    in another precision); the PPO ratio is taken against the training engine's policy
+    before this update.  ``truncated``: weight each token's loss by the ratio, capped so one
+    unlikely token cannot dominate.  ``masked``: keep tokens whose ratio is inside
+    ``[1/cap, cap]`` at weight 1 and drop the others (the engines disagree too much there).
     """
     ratio = torch.exp((behaviour_log_probs - rollout_log_probs).detach().clamp(max=20.0))
-    weights = ratio.clamp(max=cap) * mask
     tokens = mask.bool()
+    outside = (ratio > cap) | (ratio < 1.0 / cap)
+    if mode == "masked":
+        weights = (~outside).to(mask.dtype) * mask
+    else:
+        weights = ratio.clamp(max=cap) * mask
     kept = ratio[tokens]
     return weights, {
         "is_weight_mean": float(weights[tokens].mean()) if kept.numel() else 1.0,
         "is_weight_max": float(kept.max()) if kept.numel() else 1.0,
         "is_clip_frac": float((kept > cap).float().mean()) if kept.numel() else 0.0,
+        "is_masked_frac": float(outside[tokens].float().mean())
+        if mode == "masked" and kept.numel()
+        else 0.0,
     }
 
 
@@ -79,9 +109,16 @@ class PolicyLoss:
     """Clipped policy loss − entropy bonus (+ KL-to-reference when ``kl.mode == in_loss``),
     with truncated importance weights against the rollout policy when ``is_cap`` is set."""
 
-    def __init__(self, algo: AlgorithmConfig, *, is_cap: float | None = None) -> None:
+    def __init__(
+        self,
+        algo: AlgorithmConfig,
+        *,
+        is_cap: float | None = None,
+        is_mode: Literal["truncated", "masked"] = "truncated",
+    ) -> None:
         self.algo = algo
         self.is_cap = is_cap
+        self.is_mode = is_mode
         self.policy_loss = get_policy_loss(algo.policy_loss)
         self.config = PolicyLossConfig(
             clip_ratio_low=algo.clip_ratio_low,
@@ -107,7 +144,7 @@ class PolicyLoss:
             # Scaling the advantage by w >= 0 scales every term of the (dual-)clipped
             # objective by w: the same as weighting each token's loss.
             weights, is_metrics = rollout_is_weights(
-                old_log_probs, mb["rollout_log_probs"], mask, self.is_cap
+                old_log_probs, mb["rollout_log_probs"], mask, self.is_cap, self.is_mode
             )
             advantages = advantages * weights
             metrics.update(is_metrics)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from hf_core.batch import Batch
 from hf_core.device import collective_device, ensure_process_group, resolve_device
@@ -139,6 +140,7 @@ class MegatronEngine(TrainingEngine):
         )
         if self.on_gpu:
             module.cuda(self.device)
+        _params_in(module, self.dtype)
         self.module = module
         self._check_parameters()
         mark_tensor_parallel(module, self.mapping.params)
@@ -583,3 +585,14 @@ class MegatronEngine(TrainingEngine):
     @property
     def offloaded(self) -> bool:
         return self._offloaded
+
+
+def _params_in(module: nn.Module, dtype: torch.dtype) -> None:
+    """Every parameter in ``dtype``.  The local (non-Transformer-Engine) layer spec builds its
+    norms with torch's default float32 whatever ``params_dtype`` says; Transformer Engine's
+    norms and HF's bf16 checkpoints hold them in the model dtype, and the reshard gathers a
+    training unit as one flat tensor of one dtype."""
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.dtype != dtype:
+                param.data = param.data.to(dtype)

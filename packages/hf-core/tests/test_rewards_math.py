@@ -93,6 +93,74 @@ def test_format_rewards() -> None:
     assert _score("format_think", think, [None] * 4) == [1.0, 0.0, 0.0, 0.0]
 
 
+# ------------------------------------------------------------------- hedging the answer
+# A response that lists candidate answers must not get credit for the one that is right.
+
+HEDGES = {
+    "several_boxed": "\\boxed{1} \\boxed{2} \\boxed{3} \\boxed{-2} \\boxed{50}",
+    "a_list_in_a_box": "\\boxed{1, 2, 3, -2, 50}",
+    "or_in_a_box": "\\boxed{1 \\text{ or } 2 \\text{ or } 3}",
+    "a_set": "\\boxed{\\{1, 2, 3, -2, 50\\}}",
+    "solutions_listed": "$x = 1$, $x = 2$, $x = 3$, $x = -2$, $x = 50$",
+    "plus_minus": "\\boxed{\\pm 2}",
+    "an_interval": "\\boxed{(-100, 100)}",
+    "an_inequality": "\\boxed{x > -100}",
+    "all_reals": "\\boxed{\\mathbb{R}}",
+}
+
+
+@pytest.mark.parametrize("response", list(HEDGES.values()), ids=list(HEDGES))
+def test_a_hedge_gets_no_credit(response: str) -> None:
+    truths = ["1", "2", "3", "-2", "50"]
+    assert _score("math_verify", [response] * len(truths), truths) == [0.0] * len(truths)
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "\\boxed{x = 1 = 2 = 3}",
+        "\\boxed{3 \\text{ (or maybe } 2 \\text{ or } 1)}",
+        "\\boxed{\\begin{cases} 1 \\\\ 2 \\\\ 3 \\end{cases}}",
+        "It is 1 or 2 or 3.",
+        "1 2 3",
+        "$1$ $2$ $3$",
+    ],
+)
+def test_a_list_that_is_not_a_set_counts_as_one_answer(response: str) -> None:
+    assert sum(_score("math_verify", [response] * 3, ["1", "2", "3"])) <= 1.0
+
+
+@pytest.mark.parametrize(
+    "response", ["#### 71 72 73", "#### 71, 72, 73", "#### 71 or 72 or 73", "#### 71\n#### 72"]
+)
+def test_gsm8k_reads_one_answer_after_the_mark(response: str) -> None:
+    assert sum(_score("gsm8k", [response] * 3, ["71", "72", "73"])) <= 1.0
+    assert _score("gsm8k", ["#### 72 \\pm 1", "#### 70 \\le x \\le 80"], ["72", "72"]) == [0, 0]
+
+
+def test_a_response_matching_every_pattern_is_not_correct() -> None:
+    """Think block, several boxed answers and a '####': the format it hedges fails, and no
+    candidate is the answer."""
+    response = "<think>1, 2 or 3?</think>\n\\boxed{1} \\boxed{2} \\boxed{3}\n#### 1 2 3"
+    assert _score("math_verify", [response] * 3, ["1", "2", "3"]) == [0.0] * 3
+    assert _score("format_boxed", [response], [None]) == [0.0]
+
+
+def test_format_boxed_wants_one_answer() -> None:
+    responses = ["\\boxed{1} or \\boxed{2}", "\\fbox{1} \\boxed{2}", "\\boxed{1}", "so \\fbox{1}"]
+    assert _score("format_boxed", responses, [None] * 4) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_format_think_wants_one_block() -> None:
+    responses = [
+        "<think>a</think>b</think>c",  # two candidate answers: "b" or "c"?
+        "<think>a<think>b</think>c",
+        "<think>a</think>b<think>c</think>d",
+        "<think>a</think> b",
+    ]
+    assert _score("format_think", responses, [None] * 4) == [0.0, 0.0, 0.0, 1.0]
+
+
 def test_judge_prompt_and_score_parsing() -> None:
     judge = GenerativeJudge(engine=None, tokenizer=None)  # type: ignore[arg-type]
     text = judge.judge_prompt(

@@ -1,18 +1,68 @@
-"""``code_tests``: run a response's Python against ground-truth tests in the sandbox.
+"""``code_tests``: run a response's Python against ground-truth tests, in a way it cannot game.
 
 The code is the last fenced block of the response (```` ```python ... ``` ```` or a bare
 ```` ``` ```` fence), or the whole response when it has none.  The ground truth is test code
-(a string, e.g. ``assert add(2, 3) == 5``) or a list of such tests; each test runs in its own
-sandboxed process after the code (:func:`hf_core.agents.sandbox.run_python`), and the reward is
-the fraction of tests that exit cleanly.  A test that hangs, burns CPU or memory is killed at
-the sandbox's limits and counts as failed; the batch's tests run in parallel threads.
+(a string, e.g. ``assert add(2, 3) == 5``) or a list of such tests; the reward is the fraction
+of tests passed.  Each test gets its own sandbox run (:func:`hf_core.agents.sandbox.run_python`:
+CPU, memory, output and wall limits, the file-system lock); a test that hangs, burns CPU or
+memory fails; the batch's tests run in parallel threads.
+
+Why the verdict cannot be forged.  Running code and test as one script and counting exit code 0
+as a pass is gameable by anything that ends the process with 0 before or after a failing
+``assert`` (``os._exit(0)``, ``sys.exit(0)``, an ``atexit`` or ``sys.excepthook`` hook), by an
+object whose ``__eq__`` is always true, by patched builtins or modules: code in the test's
+process controls everything the test relies on.  So no part of the verdict comes from a
+process that runs the response:
+
+* The sandbox runs a judge of ours (``_judge``) that never executes the response.  It forks the
+  *solution process*, which imports the code as module ``solution`` and from then on only
+  answers the judge's requests over a pipe pair (call this, get that attribute, next item...).
+* The test runs in the judge, against the solution's top-level names.  What comes back is data:
+  JSON the judge decodes into genuine ``int``, ``str``, ``list``, ``dict``... (so ``==`` and
+  ``assert`` are Python's own), or a handle to an object in the solution process.  Handles
+  compare, hash and test membership by the plain value they derive from (an ``IntEnum``'s int,
+  a ``Counter``'s dict, a namedtuple's tuple), never through the solution's ``__eq__``; without
+  one, by identity.  Top-level names that shadow a builtin (``sorted``, ``AssertionError``) are
+  not passed on, and the judge's builtins and modules are out of the solution's reach.
+* The verdict is the judge's exit status: a random code per run, given only when the test ran
+  to its end and the solution process answered every request.  The solution process cannot set
+  it: killing the judge or a process group, or sleeping, fails the run (the judge stops the
+  test at 80% of the wall limit); a solution that exits, dies or garbles a reply fails the test
+  even when the test catches exceptions, and ``StopIteration`` out of a call cannot end a
+  test's ``map`` early.  Output and files are never read.  The solution process enters a
+  Landlock domain nested in the sandbox's, so the kernel denies it tracing the judge or reading
+  its memory whatever its capabilities; where Landlock is missing, the judge is not dumpable,
+  which leaves that only to a holder of ``CAP_SYS_PTRACE``.
+* What the solution process does to itself (patched builtins, ``sys.modules``, the harness code
+  it inherited, the pass code it can read in the sandbox's ``main.py``) only changes the
+  answers it sends, which it controls anyway.
+
+What a test can do with the solution's objects: call them, get and set attributes, index,
+iterate, ``len``, ``str``, ``bool``, compare; arguments are plain data or the solution's objects
+(a list, dict or set argument the solution mutates is copied back).  A test cannot hand the
+solution a function or an instance of a class of its own, nor capture what the solution prints
+(stdin/stdout problems need a harness of their own), and it imports the modules it uses (a name
+it takes from the solution is the solution's).  A descendant of the solution process
+that leaves its session (``setsid``) outlives the run, but the verdict is given by then.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import ctypes
+import functools
+import inspect
+import json
+import os
 import re
+import secrets
+import signal
+import sys
+import types
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 from hf_core.agents.sandbox import SandboxLimits, run_python
 from hf_core.rewards.registry import reward_function
@@ -42,17 +92,411 @@ def code_tests(
     responses: list[str], ground_truths: list[Any], extras: dict[str, list[Any]]
 ) -> list[float]:
     """Fraction of each sample's tests its code passes (0.0 for a sample with no tests)."""
+    limits = CODE_TEST_LIMITS
     jobs = [
-        (i, extract_code(response) + "\n\n" + test)
+        (i, extract_code(response), test)
         for i, (response, truth) in enumerate(zip(responses, ground_truths, strict=True))
         for test in _tests(truth)
     ]
     passed = [0] * len(responses)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = pool.map(lambda job: run_python(job[1], CODE_TEST_LIMITS).ok, jobs)
-        for (i, _), ok in zip(jobs, results, strict=True):
+        results = pool.map(lambda job: _passes(job[1], job[2], limits), jobs)
+        for (i, _, _), ok in zip(jobs, results, strict=True):
             passed[i] += int(ok)
     return [
         passed[i] / len(_tests(truth)) if _tests(truth) else 0.0
         for i, truth in enumerate(ground_truths)
     ]
+
+
+def _passes(code: str, test: str, limits: SandboxLimits) -> bool:
+    """One test in one sandbox run: passed when the judge exits with this run's pass code."""
+    pass_code = 10 + secrets.randbelow(100)  # not 0, 1 or 2: what any other exit gives
+    seconds = 0.8 * limits.wall_seconds
+    main = f"{_judge_source()}\n_judge({code!r}, {test!r}, {pass_code}, {seconds!r})\n"
+    return run_python(main, limits).exit_code == pass_code
+
+
+# ---------------------------------------------------------------------------- in the sandbox
+# The definitions from here to _SANDBOX_PARTS run in the sandbox only (the standard library
+# only, no module constants): they are shipped there as source, so lint and types cover them.
+
+
+def _encode(value: Any, other: Callable[[Any], Any]) -> Any:
+    """``value`` as JSON: None, bools, floats, strings and small ints as themselves, the rest of
+    plain data (exact built-in types only) as ``[kind, body]``; ``other`` encodes the rest."""
+    kind = type(value)
+    if value is None or kind in (bool, float, str):
+        return value
+    if kind is int:
+        return value if value.bit_length() < 63 else ["int", format(value, "x")]
+    if kind in (list, tuple, set, frozenset):
+        return [kind.__name__, [_encode(item, other) for item in value]]
+    if kind is dict:
+        return ["dict", [[_encode(k, other), _encode(v, other)] for k, v in value.items()]]
+    if kind is bytes:
+        return ["bytes", value.hex()]
+    if kind is complex:
+        return ["complex", [value.real, value.imag]]
+    return other(value)
+
+
+def _decode(tree: Any, ref: Callable[[Any], Any]) -> Any:
+    """The inverse of :func:`_encode`: builds plain data only, and ``ref(n)`` for ``["ref", n]``;
+    raises on anything else (the judge decodes what the solution process sends with it)."""
+    if tree is None or type(tree) in (bool, int, float, str):
+        return tree
+    kind, body = tree
+    if kind in ("list", "tuple", "set", "frozenset") and type(body) is list:
+        return getattr(builtins, kind)(_decode(item, ref) for item in body)
+    if kind == "dict" and type(body) is list:
+        return {_decode(k, ref): _decode(v, ref) for k, v in body}
+    if kind == "int" and type(body) is str:
+        return int(body, 16)
+    if kind == "bytes" and type(body) is str:
+        return bytes.fromhex(body)
+    if kind == "complex" and type(body) is list:
+        return complex(*(float(part) for part in body))
+    if kind == "ref":
+        return ref(body)
+    raise ValueError(f"not an encoded value: {kind!r}")
+
+
+def _plain_form(value: Any) -> Any:
+    """The plain value an object derives from (a namedtuple's tuple, a Counter's dict)."""
+    kinds: tuple[type, ...] = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+    for kind in kinds:
+        if isinstance(value, kind):
+            return kind(value)
+    raise TypeError(f"a {type(value).__name__} is not plain data")
+
+
+def _serve(code: str, requests: Any, replies: Any) -> NoReturn:
+    """The solution process: import ``code`` as module ``solution``, send its top-level names,
+    then answer the judge's requests until it hangs up.  Everything here is the solution's to
+    tamper with; the judge trusts none of it."""
+    objects: list[Any] = []
+    numbers: dict[int, int] = {}
+
+    def ref(value: Any) -> list[Any]:
+        if id(value) not in numbers:  # objects stay alive in the list: ids are not reused
+            numbers[id(value)] = len(objects)
+            objects.append(value)
+        return ["ref", numbers[id(value)]]
+
+    def send(*message: Any) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    def send_error(error: BaseException) -> None:
+        try:
+            text = str(error)[:2000]
+        except BaseException:
+            text = ""
+        send("raise", type(error).__name__, text)
+
+    module = types.ModuleType("solution")
+    sys.modules["solution"] = module
+    try:
+        exec(compile(code, "solution.py", "exec"), vars(module))
+    except BaseException as error:
+        send_error(error)
+        os._exit(1)
+    names = {}
+    for name, value in list(vars(module).items()):
+        if not name.startswith("__"):
+            try:
+                names[name] = _encode(value, ref)
+            except Exception:  # e.g. a list that contains itself
+                names[name] = ref(value)
+    send("ok", names)
+    ops: dict[str, Callable[..., Any]] = {
+        "call": lambda f, args, kwargs: [f(*args, **kwargs), args],
+        "getattr": getattr,
+        "setattr": setattr,
+        "getitem": lambda obj, key: obj[key],
+        "setitem": lambda obj, key, value: obj.__setitem__(key, value),
+        "len": len,
+        "iter": iter,
+        "next": next,
+        "bool": bool,
+        "str": str,
+        "plain": _plain_form,
+    }
+    while line := requests.readline():
+        try:
+            op, body = json.loads(line)
+            send("ok", _encode(ops[op](*_decode(body, objects.__getitem__)), ref))
+        except BaseException as error:
+            send_error(error)
+    os._exit(0)
+
+
+def _nested_landlock() -> bool:
+    """Enter a Landlock domain nested in the sandbox's (forbidding only to make block devices):
+    the kernel then denies this process, whatever its capabilities, tracing or reading the
+    memory of a process outside it -- the judge.  False where Landlock is missing."""
+    if os.uname().machine not in ("x86_64", "aarch64"):  # the syscall numbers below
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    handled = ctypes.c_uint64(1 << 11)  # LANDLOCK_ACCESS_FS_MAKE_BLOCK
+    ruleset = libc.syscall(444, ctypes.byref(handled), 8, 0)  # landlock_create_ruleset
+    return bool(ruleset >= 0 and libc.syscall(446, ruleset, 0) == 0)  # landlock_restrict_self
+
+
+class _Broken(BaseException):
+    """The solution process stopped answering sensibly (or time ran out): the test fails,
+    whatever it catches."""
+
+
+class _SolutionError(Exception):
+    """An exception of the solution's that is not one of Python's own (or not one a test may
+    see from a call, like StopIteration)."""
+
+
+class _Channel:
+    """The judge's end of the pipes to the solution process."""
+
+    def __init__(self, requests: Any, replies: Any) -> None:
+        self.requests, self.replies = requests, replies
+        self.handles: dict[int, _Handle] = {}
+        self.broken = ""
+
+    def fail(self, reason: str) -> _Broken:
+        self.broken = self.broken or reason
+        return _Broken(self.broken)
+
+    def handle(self, number: Any) -> _Handle:
+        if type(number) is not int:
+            raise ValueError("not an object number")
+        if number not in self.handles:
+            self.handles[number] = _Handle(self, number)
+        return self.handles[number]
+
+    def encode_other(self, value: Any) -> Any:
+        """A handle of this channel as its reference; a subclass of a plain type (the test's
+        namedtuple) as plain data; nothing else may go to the solution."""
+        if isinstance(value, _Handle) and value._channel is self:
+            return ["ref", value._number]
+        return _encode(_plain_form(value), self.encode_other)
+
+    def names(self) -> dict[str, Any]:
+        """The solution's top-level names, once its code has run to its end."""
+        try:
+            kind, names = json.loads(self.replies.readline())
+            if kind == "ok" and type(names) is dict:
+                return {str(k): _decode(v, self.handle) for k, v in names.items()}
+        except Exception:
+            pass
+        raise self.fail("the solution's code did not run to its end")
+
+    def ask(self, op: str, *args: Any) -> Any:
+        """Have the solution process do ``op`` on ``args``; its answer as plain data or handles,
+        or its exception."""
+        if self.broken:
+            raise _Broken(self.broken)
+        request = json.dumps([op, _encode(list(args), self.encode_other)]) + "\n"
+        try:
+            self.requests.write(request)
+            self.requests.flush()
+            kind, *rest = json.loads(self.replies.readline())
+            if kind == "ok" and len(rest) == 1:
+                return _decode(rest[0], self.handle)
+            name, text = rest
+            if kind != "raise" or type(name) is not str or type(text) is not str:
+                raise ValueError(f"not a reply: {kind!r}")
+        except Exception as error:
+            raise self.fail(f"the solution process stopped answering: {error!r}") from None
+        raise self.error(op, name, text)
+
+    def error(self, op: str, name: str, text: str) -> BaseException:
+        """The solution's exception as the test sees it: Python's own exception classes by name,
+        except those that would end a loop (StopIteration from anything but ``next``) or the
+        test itself (SystemExit, KeyboardInterrupt: the solution left, so the test fails)."""
+        kind = getattr(builtins, name, None)
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            return _SolutionError(f"{name}: {text}")
+        if not issubclass(kind, Exception):
+            return self.fail(f"the solution raised {name}")
+        if issubclass(kind, StopIteration | StopAsyncIteration) and op != "next":
+            return _SolutionError(f"{name}: {text}")
+        try:
+            return kind(text)
+        except Exception:  # an exception class that takes other arguments
+            return _SolutionError(f"{name}: {text}")
+
+
+class _Handle:
+    """An object living in the solution process.  Calls, attributes, items, iteration, ``len``,
+    ``str`` and ``bool`` go there; comparisons, hashing and ``in`` use the plain value it
+    derives from (sent as data), never its own ``__eq__``; without one, its identity."""
+
+    __slots__ = ("_channel", "_number")
+
+    def __init__(self, channel: _Channel, number: int) -> None:
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_number", number)
+
+    def __repr__(self) -> str:
+        return f"<solution object {self._number}>"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._channel.ask("getattr", self, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._channel.ask("setattr", self, name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        reply = self._channel.ask("call", self, list(args), kwargs)
+        if type(reply) is not list or len(reply) != 2 or type(reply[1]) is not list:
+            raise self._channel.fail("the solution process sent a malformed reply")
+        result, after = reply
+        for before, now in zip(args, after, strict=False):  # what the call did to its arguments
+            if type(before) is list and type(now) is list:
+                before[:] = now
+            elif type(before) in (dict, set) and type(now) is type(before):
+                before.clear()
+                before.update(now)
+        return result
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._channel.ask("getitem", self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._channel.ask("setitem", self, key, value)
+
+    def __len__(self) -> int:
+        length: int = self._channel.ask("len", self)
+        return length
+
+    def __iter__(self) -> Any:
+        return self._channel.ask("iter", self)
+
+    def __next__(self) -> Any:
+        return self._channel.ask("next", self)
+
+    def __str__(self) -> str:
+        text: str = self._channel.ask("str", self)
+        return text
+
+    def __bool__(self) -> bool:
+        return self._channel.ask("bool", self) is True
+
+    def _plain(self) -> Any:
+        try:
+            plain = self._channel.ask("plain", self)
+        except TypeError:
+            return NotImplemented
+        return NotImplemented if isinstance(plain, _Handle) else plain
+
+    def __eq__(self, other: object) -> Any:
+        plain = self._plain()
+        return plain if plain is NotImplemented else plain == other
+
+    def __ne__(self, other: object) -> Any:
+        plain = self._plain()
+        return plain if plain is NotImplemented else plain != other
+
+    def __lt__(self, other: object) -> Any:
+        plain = self._plain()
+        return plain if plain is NotImplemented else plain < other
+
+    def __le__(self, other: object) -> Any:
+        plain = self._plain()
+        return plain if plain is NotImplemented else plain <= other
+
+    def __gt__(self, other: object) -> Any:
+        plain = self._plain()
+        return plain if plain is NotImplemented else plain > other
+
+    def __ge__(self, other: object) -> Any:
+        plain = self._plain()
+        return plain if plain is NotImplemented else plain >= other
+
+    def __hash__(self) -> int:
+        plain = self._plain()
+        return id(self) if plain is NotImplemented else hash(plain)
+
+    def __contains__(self, item: object) -> bool:
+        plain = self._plain()
+        if plain is NotImplemented:
+            return any(x is item or x == item for x in self)
+        return item in plain
+
+
+def _judge(code: str, test: str, pass_code: int, seconds: float) -> NoReturn:
+    """The sandbox's main program: fork the solution process, run ``test`` here against its
+    names, and exit with ``pass_code`` only when the test ran to its end with every request
+    answered.  Never runs ``code`` itself."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a signal kills the judge: no handler to game
+    with contextlib.suppress(Exception):  # PR_SET_DUMPABLE 0: no ptrace, no /proc/<pid>/mem
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    from_judge, to_solution = os.pipe()
+    from_solution, to_judge = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)
+        _nested_landlock()
+        os.close(to_solution)
+        os.close(from_solution)
+        requests = os.fdopen(from_judge, encoding="utf-8")
+        _serve(code, requests, os.fdopen(to_judge, "w", encoding="utf-8"))
+    os.close(from_judge)
+    os.close(to_judge)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
+    channel = _Channel(
+        os.fdopen(to_solution, "w", encoding="utf-8"), os.fdopen(from_solution, encoding="utf-8")
+    )
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise channel.fail("time ran out")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    passed = False
+    try:
+        names = channel.names()
+        module = types.ModuleType("solution")  # for a test that imports it
+        vars(module).update(names)
+        sys.modules["solution"] = module
+        namespace = {"__name__": "__test__", "__builtins__": builtins}
+        namespace.update(
+            (k, v) for k, v in names.items() if not k.startswith("__") and not hasattr(builtins, k)
+        )
+        exec(compile(test, "test.py", "exec"), namespace)
+        passed = True
+    except BaseException:
+        passed = False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(pid, signal.SIGKILL)
+    os._exit(pass_code if passed and not channel.broken else 1)
+
+
+_SANDBOX_IMPORTS = ("builtins", "contextlib", "ctypes", "json", "os", "signal", "sys", "types")
+_SANDBOX_PARTS = (
+    _encode,
+    _decode,
+    _plain_form,
+    _serve,
+    _nested_landlock,
+    _Broken,
+    _SolutionError,
+    _Channel,
+    _Handle,
+    _judge,
+)
+
+
+@functools.cache
+def _judge_source() -> str:
+    """The judge's program: the sandbox-side definitions above, as source."""
+    imports = "".join(f"import {name}\n" for name in _SANDBOX_IMPORTS)
+    body = "\n\n\n".join(inspect.getsource(part) for part in _SANDBOX_PARTS)
+    return f"from __future__ import annotations\n\n{imports}\n\n{body}"

@@ -10,6 +10,11 @@ dependency: ``pip install 'hf-core[math]'``.
 * ``gsm8k``: the same check on what follows the response's last ``####`` (the format a GSM8K
   prompt asks for); 0.0 when the response has no ``####``.
 
+A response states one answer, so listing candidates never earns credit for each of them:
+several ``\\boxed{}``, or one holding ``1, 2, 3``, ``1 \\text{ or } 2`` or ``\\pm 2``, are read
+as one set; an interval or an inequality is not a number; a chain (``x = 1 = 2 = 3``) or text
+listing numbers counts as one of them only (tests: ``test_rewards_math.py``).
+
 A ground truth that is a list counts as any of its items.  The library bounds its parsing and
 comparison time with SIGALRM, which only the main thread may use; elsewhere (a reward called in
 a worker thread) the limits are off.

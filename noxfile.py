@@ -241,6 +241,45 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench_scale(session: nox.Session) -> None:
+    """Each cost of a GRPO step against model size, 0.85M to the Qwen2.5-0.5B shape, for
+    FSDP->HF, FSDP->vLLM and megatron->vLLM in float32 and bfloat16 (not in the default
+    matrix: an hour or more); ``-- --write`` updates bench/RESULTS.md, ``-- --sizes 0.85M``
+    picks rows."""
+    _install_base(session)
+    session.install(*_constraints(), *_editable("hf-fsdp", "hf-megatron", "hf-vllm[cpu]"))
+    _remove_cuda_only_extras(session)
+    session.install("matplotlib")
+    session.env.update(VLLM_CPU_ENV)
+    session.run("python", str(ROOT / "bench" / "scale.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def gpu(session: nox.Session) -> None:
+    """On a GPU machine (``HF_TORCH_CONSTRAINTS= nox -s gpu``, its own CUDA torch kept):
+    every ``gpu``-marked test of the FSDP and megatron backends, then GRPO on the
+    Qwen2.5-0.5B shape in bfloat16 (FSDP -> HF).  See docs/gpu.md for what has run where."""
+    _install_base(session)
+    session.install(*_constraints(), *_editable("hf-fsdp", "hf-megatron"))
+    session.run(
+        "python",
+        "-c",
+        "import sys, torch; torch.cuda.is_available() or sys.exit("
+        "'nox -s gpu needs a CUDA GPU and its torch (HF_TORCH_CONSTRAINTS= keeps it)')",
+    )
+    tests = [str(_tests_of(p)) for p in ("hf-core", "hf-fsdp", "hf-megatron")]
+    session.run("python", "-m", "pytest", *tests, "-m", "gpu", "-ra", *session.posargs)
+    session.run(
+        "python",
+        str(ROOT / "bench" / "scale.py"),
+        "--sizes=0.5B",
+        "--pairs=fsdp-hf",
+        "--dtypes=bfloat16",
+        "--no-lora",
+    )
+
+
+@nox.session(python=PYTHON)
 def bench_decode(session: nox.Session) -> None:
     """The HF rollout engine's decode loop against transformers' generate on the e2e bench's
     batches (not in the default matrix); ``-- --write`` updates bench/RESULTS.md."""

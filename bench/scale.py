@@ -137,6 +137,11 @@ def median(rows: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def peak_rss(rows: list[dict]) -> float:
+    """The largest per-process peak RSS the rows report (GiB)."""
+    return max((float(v) for r in rows for k, v in r.items() if PEAK.fullmatch(k)), default=0.0)
+
+
 def floor_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict:
     """One rank of the floor: the run's own engines, bare, on one step's batch."""
     import torch
@@ -195,7 +200,7 @@ def measure_row(size: str, pair: str, dtype: str, work: Path, data: Path) -> dic
     wall = time.perf_counter() - began
     measured = rows[WARMUP:]
     saved = SAVED.findall(log)
-    _, resume_log = hybridflow([*args, f"run.total_steps={STEPS + 1}"], out, resume=True)
+    resumed, resume_log = hybridflow([*args, f"run.total_steps={STEPS + 1}"], out, resume=True)
     restored = RESTORED.findall(resume_log)
     step = median(measured, "perf/step_s") or float("nan")
     result: dict[str, Any] = {
@@ -203,9 +208,8 @@ def measure_row(size: str, pair: str, dtype: str, work: Path, data: Path) -> dic
         "step_s": step,
         "tokens_per_s": median(measured, "perf/throughput"),
         "stages": {s: median(measured, f"timing/{s}") for s in STAGES},
-        "peak_rss_gib": max(
-            (float(v) for r in rows for k, v in r.items() if PEAK.fullmatch(k)), default=0.0
-        ),
+        "peak_rss_gib": peak_rss(rows),
+        "resumed_peak_rss_gib": peak_rss([r for r in resumed if r["step"] > STEPS]),
         "memory": {k: median(measured, k) for k in measured[-1] if k.startswith("memory/")},
         "sync": {
             k: median(measured, k) for k in measured[-1] if k.startswith(("sync/", "reshard/"))
@@ -231,8 +235,8 @@ def parameter_count(model: Path) -> int:
 def table(results: dict[tuple[str, str, str], dict[str, Any]]) -> str:
     head = (
         "| model | params | pair | dtype | step s | floor x | tokens/s | generate s | update s "
-        "| sync s | peak RSS GiB | save s | restore s | ckpt GiB | |logp diff| |\n"
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| sync s | peak RSS GiB | resumed peak | save s | restore s | ckpt GiB | |logp diff| |\n"
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
 
     def cell(value: float | None, fmt: str = ".2f") -> str:
@@ -247,6 +251,7 @@ def table(results: dict[tuple[str, str, str], dict[str, Any]]) -> str:
             f"| {cell(r['floor_ratio'])} | {cell(r['tokens_per_s'], '.0f')} "
             f"| {cell(stages['generate'])} | {cell(stages['update_actor'])} "
             f"| {cell(stages['weight_sync'], '.3f')} | {cell(r['peak_rss_gib'])} "
+            f"| {cell(r['resumed_peak_rss_gib'])} "
             f"| {cell(r['save_s'])} | {cell(r['restore_s'])} | {cell(ckpt)} "
             f"| {cell(r['mismatch'], '.1e')} |"
         )

@@ -49,16 +49,22 @@ def test_tight_process_recomputes_and_shrinks_micro_batches(
     monkeypatch.setattr(
         fit, "growth_budget_bytes", lambda _n: room - fit.local_weight_bytes(engine.model)
     )
-    batch = rollout_batch(8, 5, 6, VOCAB, seed=2)
+    batch = rollout_batch(16, 5, 6, VOCAB, seed=2)  # one micro-batch of 16 x 11 tokens
     reference = _engine(models["qwen2_tied"], gradient_checkpointing=False)
     expected = reference.train_step(batch, policy_loss)
     metrics = engine.train_step(batch, policy_loss)
     assert engine.fit is not None and engine.fit.gradient_checkpointing
-    assert 100 < engine.fit.max_tokens < 16384  # more than the ~100 that fit without
+    assert 90 < engine.fit.tokens_without_checkpointing <= 100
+    assert 176 <= engine.fit.max_tokens < 16384  # more than the ~100 that fit without
+    assert metrics["fit/gradient_checkpointing"] == 1.0
     assert _checkpointed_layers(engine) > 0
     # recomputing changes no number
     assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
     assert metrics["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-7)
+    # an update whose micro-batches fit without recompute runs without it
+    small = engine.train_step(rollout_batch(4, 5, 6, VOCAB, seed=3), policy_loss)
+    assert small["fit/gradient_checkpointing"] == 0.0
+    assert _checkpointed_layers(engine) == 0
 
 
 def test_explicit_settings_are_kept(models: dict) -> None:
@@ -97,4 +103,4 @@ def test_a_resumed_engine_keeps_the_saved_choice(
     assert resumed.fit is not None
     assert resumed.fit.max_tokens == chosen.max_tokens
     assert resumed.fit.gradient_checkpointing == chosen.gradient_checkpointing
-    assert _checkpointed_layers(resumed) == _checkpointed_layers(engine)
+    assert resumed.fit.tokens_without_checkpointing == chosen.tokens_without_checkpointing

@@ -1,12 +1,21 @@
 """The oneDNN linear path agrees with aten's float32 linear, in values and gradients, alone and
-inside the FSDP engine; small calls stay on aten."""
+inside the FSDP engine; small calls stay on aten.
+
+Every comparison has aten (``F.linear``, ``cpu_linear: aten``) on one side, and counts the
+oneDNN op's calls on the other: two oneDNN sides would agree on a shared bug, and a swapped
+class whose calls never reach oneDNN would compare aten with itself."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from hf_core.batch import Batch
+from hf_core.engines import SamplingParams
 from hf_fsdp.engine import FSDPEngine
 from hf_fsdp.onednn_linear import MIN_ROWS, OneDNNLinear, linear, onednn_linear_available
 from hf_fsdp.rollout import HFRolloutEngine
@@ -15,6 +24,40 @@ from hf_testing.workers import policy_loss, rollout_batch
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="torch without oneDNN")
 
 VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def biased_qwen2(models: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 with random q/k/v biases: freshly built ones are all zero, which no
+    bias handling could get wrong."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = models["qwen2_tied"]
+    model = AutoModelForCausalLM.from_pretrained(source)
+    gen = torch.Generator().manual_seed(11)
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    assert biases
+    with torch.no_grad():
+        for bias in biases:
+            bias.copy_(torch.randn(bias.shape, generator=gen) * 0.5)
+    folder = tmp_path_factory.mktemp("biased") / "qwen2_biased"
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The row count of every call of the oneDNN op (``torch.ops.mkldnn._linear_pointwise``)."""
+    calls: list[int] = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def counting(*args):  # type: ignore[no-untyped-def]
+        calls.append(args[0].shape[0])
+        return real(*args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    yield calls
 
 
 def _grads(fn, x, w, b):  # type: ignore[no-untyped-def]
@@ -34,15 +77,30 @@ def test_values_and_gradients_match_aten(rows: int) -> None:
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-4, msg=name)
 
 
-def test_small_and_non_float32_calls_stay_on_aten(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = torch.ops.mkldnn._linear_pointwise
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "frozen"])
+def test_calls_without_autograd_match_aten(bias: bool, mode: str, onednn_calls: list[int]) -> None:
+    """The forward-only path (log-probs, generation; Qwen2's q/k/v carry a bias) runs oneDNN
+    directly, outside the autograd function the gradient test goes through."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 2 * MIN_ROWS // 3 + 1, 96, generator=gen)
+    w = torch.randn(160, 96, generator=gen)
+    b = torch.randn(160, generator=gen) if bias else None
+    if mode == "no_grad":
+        with torch.no_grad():
+            ours = linear(x, w, b)
+    elif mode == "inference_mode":
+        with torch.inference_mode():
+            ours = linear(x, w, b)
+    else:  # grad mode on, nothing requires it (a frozen reference model)
+        ours = linear(x, w, b)
+    assert onednn_calls == [x.shape[0] * x.shape[1]]  # one oneDNN call over all the rows
+    assert not ours.requires_grad and ours.shape == (*x.shape[:-1], 160)
+    torch.testing.assert_close(ours, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
 
-    def counting(*args):  # type: ignore[no-untyped-def]
-        calls.append(args[0].shape[0])
-        return real(*args)
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+def test_small_and_non_float32_calls_stay_on_aten(onednn_calls: list[int]) -> None:
+    calls = onednn_calls
     w = torch.randn(32, 16)
     linear(torch.randn(MIN_ROWS - 1, 16), w, None)
     linear(torch.randn(MIN_ROWS, 16, dtype=torch.float64), w.double(), None)
@@ -51,21 +109,54 @@ def test_small_and_non_float32_calls_stay_on_aten(monkeypatch: pytest.MonkeyPatc
     assert calls == [MIN_ROWS]
 
 
-def test_engines_swap_their_linear_layers_and_train_the_same(models: dict) -> None:
-    path = str(models["llama"])
+@pytest.mark.parametrize("folder", ["llama", "qwen2_biased"])  # no biases; q/k/v biases
+def test_engines_swap_their_linear_layers_and_train_the_same(
+    models: dict, biased_qwen2: Path, folder: str, onednn_calls: list[int]
+) -> None:
+    path = str(biased_qwen2 if folder == "qwen2_biased" else models[folder])
     batch = rollout_batch(64, 12, 20, VOCAB, seed=3)  # 64 x 32 tokens: the oneDNN path
     results = {}
     for kind in ("onednn", "aten"):
         engine = FSDPEngine({"model_path": path, "seed": 0, "cpu_linear": kind})
         linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
         assert linears and all(isinstance(m, OneDNNLinear) == (kind == "onednn") for m in linears)
+        onednn_calls.clear()
         metrics = [engine.train_step(batch, policy_loss) for _ in range(2)]
+        trained = len(onednn_calls)
         log_probs = engine.compute_log_probs(batch)["log_probs"]
+        recomputed = len(onednn_calls) - trained
+        if kind == "onednn":  # the op ran, in the update and in the forward-only pass
+            assert trained >= 2 * len(linears) and recomputed >= len(linears)
+        else:
+            assert onednn_calls == []
         results[kind] = (metrics, log_probs)
     (ours, ours_lp), (ref, ref_lp) = results["onednn"], results["aten"]
     for a, r in zip(ours, ref, strict=True):
         assert a["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-5)
         assert a["loss"] == pytest.approx(r["loss"], rel=1e-5, abs=1e-7)
     torch.testing.assert_close(ours_lp, ref_lp, rtol=0, atol=1e-5)
-    rollout = HFRolloutEngine({"model_path": path})
+
+
+def test_onednn_rollout_matches_an_aten_training_engine(
+    biased_qwen2: Path, onednn_calls: list[int]
+) -> None:
+    """Rollout (oneDNN, forward only) against training (aten): the greedy log-probs agree on a
+    model with q/k/v biases, and the rollout's prefill really ran oneDNN."""
+    path = str(biased_qwen2)
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, VOCAB, (16, 8), generator=gen)  # 128 prefill rows: oneDNN
+    mask = torch.ones_like(ids)
+    mask[::3, :2] = 0  # some left padding
+    rollout = HFRolloutEngine({"model_path": path, "cpu_linear": "onednn"})
     assert any(isinstance(m, OneDNNLinear) for m in rollout.model.modules())
+    out = rollout.generate(
+        Batch({"input_ids": ids, "attention_mask": mask}),
+        SamplingParams(temperature=0, max_new_tokens=6),
+    )
+    assert any(rows >= MIN_ROWS for rows in onednn_calls)
+    onednn_calls.clear()
+    trainer = FSDPEngine({"model_path": path, "trainable": False, "cpu_linear": "aten"})
+    recomputed = trainer.compute_log_probs(out, temperature=0.0)["log_probs"]
+    assert onednn_calls == []  # the reference side is aten only
+    diff = (recomputed - out["rollout_log_probs"]) * out["response_mask"]
+    assert out["response_mask"].any() and float(diff.abs().max()) < 1e-4

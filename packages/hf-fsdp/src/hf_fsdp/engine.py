@@ -57,9 +57,9 @@ from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
 from hf_fsdp.loading import (
     HEAD_MODULES,
     build_empty_model,
-    enable_gradient_checkpointing,
     load_hf_config,
     materialize_and_load,
+    set_gradient_checkpointing,
     shard_model,
 )
 from hf_fsdp.offload import DryMoveCounter, move_model, move_optimizer
@@ -169,13 +169,27 @@ class FSDPEngine(TrainingEngine):
         )
         # ranks must agree: each measured its own memory
         tokens = all_reduce_int(-self.fit.max_tokens, dist.ReduceOp.MAX)
+        without = all_reduce_int(-self.fit.tokens_without_checkpointing, dist.ReduceOp.MAX)
         recompute = all_reduce_int(int(self.fit.gradient_checkpointing), dist.ReduceOp.MAX)
         self.fit = dataclasses.replace(
-            self.fit, max_tokens=-tokens, gradient_checkpointing=bool(recompute)
+            self.fit,
+            max_tokens=-tokens,
+            gradient_checkpointing=bool(recompute),
+            tokens_without_checkpointing=-without,
         )
-        if self.fit.gradient_checkpointing and not self._checkpointing:
-            enable_gradient_checkpointing(self.model)
-            self._checkpointing = True
+
+    def _recompute_for(self, micro: list[MicroBatch]) -> None:
+        """``gradient_checkpointing: auto``: recompute in this update only when its largest
+        micro-batch (on any rank) holds more tokens than fit without it; the numbers are the
+        same either way, only memory and time differ."""
+        if self.config.gradient_checkpointing != "auto" or self.fit is None:
+            return
+        largest = max((int(m.batch["attention_mask"].numel()) for m in micro), default=0)
+        largest = all_reduce_int(largest, dist.ReduceOp.MAX)
+        on = self.fit.gradient_checkpointing and largest > self.fit.tokens_without_checkpointing
+        if on != self._checkpointing:
+            set_gradient_checkpointing(self.model, on)
+            self._checkpointing = on
 
     def _micro_batches(self, batch: Batch, training: bool = False) -> tuple[list[MicroBatch], int]:
         """This rank's micro-batches (length-grouped, padding trimmed; see
@@ -273,6 +287,7 @@ class FSDPEngine(TrainingEngine):
             )
         self._require_onloaded("train_step")
         micro, count = self._micro_batches(batch, training=True)
+        self._recompute_for(micro)
         meta = self._loss_meta(batch, len(micro))
         temperature = float(batch.meta.get("temperature", 1.0))
         self.model.train()
@@ -318,7 +333,7 @@ class FSDPEngine(TrainingEngine):
             metrics_out.update(
                 {
                     "fit/micro_batch_tokens": float(self.fit.max_tokens),
-                    "fit/gradient_checkpointing": float(self.fit.gradient_checkpointing),
+                    "fit/gradient_checkpointing": float(self._checkpointing),
                 }
             )
         return metrics_out
@@ -456,9 +471,6 @@ class FSDPEngine(TrainingEngine):
         )
         # the resumed run splits batches as the saved one did (bit-exact resume)
         self.fit = fit.restored(checkpoint.read_manifest(path)[1], self.fit)
-        if self.fit is not None and self.fit.gradient_checkpointing and not self._checkpointing:
-            enable_gradient_checkpointing(self.model)
-            self._checkpointing = True
 
     # ------------------------------------------------------------------ offload
     def _cpu_only(self) -> bool:

@@ -115,6 +115,7 @@ def record(chosen: MicroBatchFit | None) -> dict[str, Any]:
         RECORD_KEY: {
             "max_tokens": chosen.max_tokens,
             "gradient_checkpointing": chosen.gradient_checkpointing,
+            "tokens_without_checkpointing": chosen.tokens_without_checkpointing,
         }
     }
 
@@ -130,6 +131,7 @@ def restored(manifest: dict[str, Any], current: MicroBatchFit | None) -> MicroBa
         gradient_checkpointing=bool(saved["gradient_checkpointing"]),
         parts={},
         budget_bytes=0,
+        tokens_without_checkpointing=int(saved.get("tokens_without_checkpointing", 0)),
     )
 
 

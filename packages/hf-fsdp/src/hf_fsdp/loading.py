@@ -137,6 +137,16 @@ def build_empty_model(cfg: FSDPEngineConfig, hf_config: PretrainedConfig) -> nn.
     return model
 
 
+def set_gradient_checkpointing(model: nn.Module, on: bool) -> None:
+    """Turn recompute on or off for the next passes (numbers are the same either way)."""
+    layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+    if on and not any(getattr(m, "_gradient_checkpointing_func", None) for m in layers):
+        enable_gradient_checkpointing(model)
+        return
+    for layer in layers:
+        layer.gradient_checkpointing = on
+
+
 def enable_gradient_checkpointing(model: nn.Module) -> None:
     """Recompute each decoder layer's activations in the backward (non-reentrant, so FSDP's
     hooks run again in the recompute); only layer inputs are kept.  Works before or after

@@ -109,6 +109,9 @@ class MicroBatchFit:
     gradient_checkpointing: bool
     parts: dict[str, int]
     budget_bytes: int
+    tokens_without_checkpointing: int = 0
+    """Micro-batch tokens that fit without recompute: an update whose micro-batches are all
+    this small needs no checkpointing even where larger ones would."""
 
     @property
     def total_bytes(self) -> int:
@@ -147,23 +150,23 @@ def fit_micro_batch(
     """
     choices = [checkpointing] if checkpointing is not None else [False, True]
     fit = None
+    without = 0
     for choice in choices:
         fixed = footprint.peak_bytes(0, choice)
         fixed["loss"] = footprint.loss_bytes(max_tokens)
         room = budget_bytes - resident_bytes - sum(fixed.values())
         tokens = min(max_tokens, max(0, room) // footprint.activation_bytes_per_token(choice))
-        fit = _fit(footprint, budget_bytes, resident_bytes, max(tokens, min_tokens), choice)
+        if not choice:
+            without = tokens
+        parts = {
+            "resident": resident_bytes,
+            **footprint.peak_bytes(max(tokens, min_tokens), choice),
+        }
+        fit = MicroBatchFit(max(tokens, min_tokens), choice, parts, budget_bytes, without)
         if tokens >= min(CHECKPOINTING_MIN_TOKENS, max_tokens) and tokens >= min_tokens:
             return fit
     assert fit is not None
     return fit
-
-
-def _fit(
-    footprint: TrainingFootprint, budget: int, resident: int, tokens: int, checkpointing: bool
-) -> MicroBatchFit:
-    parts = {"resident": resident, **footprint.peak_bytes(tokens, checkpointing)}
-    return MicroBatchFit(tokens, checkpointing, parts, budget)
 
 
 def _read_int(path: Path) -> int | None:

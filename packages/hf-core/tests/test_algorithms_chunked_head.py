@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
@@ -12,7 +10,7 @@ from hf_core.algorithms.chunked_head import (
     chunked_head_log_probs_and_entropy,
     logits_chunk_tokens,
 )
-from hf_testing.memory import peak_rss_extra
+from hf_testing.memory import policy_loss_peak_bytes
 
 
 def reference(
@@ -92,38 +90,15 @@ def test_chunk_size_follows_the_budget() -> None:
         )
 
 
-def _policy_step_peak(tokens: int, vocab: int, hidden_size: int, chunk: int | None) -> int:
-    """Peak extra RSS of a PPO-style loss forward + backward over ``tokens`` tokens."""
-    gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(tokens, hidden_size, generator=gen).requires_grad_()
-    weight = (torch.randn(vocab, hidden_size, generator=gen) * 0.02).requires_grad_()
-    ids = torch.randint(0, vocab, (tokens,), generator=gen)
-    advantages = torch.randn(tokens, generator=gen)
-    gc.collect()
-    with peak_rss_extra() as peak:
-        if chunk is None:
-            logits = hidden @ weight.t()
-            log_probs = torch.log_softmax(logits, -1).gather(-1, ids[:, None])[:, 0]
-            del logits
-        else:
-            log_probs, _ = chunked_head_log_probs_and_entropy(
-                hidden, weight, ids, chunk=chunk, with_entropy=True
-            )
-        ratio = torch.exp(log_probs - log_probs.detach())
-        loss = -(torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)).mean()
-        loss.backward()
-    return peak["bytes"]
-
-
 def test_memory_does_not_grow_with_tokens_at_a_real_vocabulary() -> None:
     """At Qwen2.5's vocabulary the chunked node's extra memory is the head's gradient plus a
     couple of chunks, the same for 4x the tokens; full logits grow with the tokens."""
     vocab, width, chunk = 151_936, 64, 256
     weight_bytes = vocab * width * 4
     chunk_bytes = chunk * vocab * 4
-    small = _policy_step_peak(512, vocab, width, chunk)
-    large = _policy_step_peak(2048, vocab, width, chunk)
-    full = _policy_step_peak(2048, vocab, width, None)
+    small = policy_loss_peak_bytes(512, vocab, width, chunk)
+    large = policy_loss_peak_bytes(2048, vocab, width, chunk)
+    full = policy_loss_peak_bytes(2048, vocab, width, None)
     budget = weight_bytes + 3 * chunk_bytes + 64 * 2**20
     assert small <= budget and large <= budget, (small, large, budget)
     assert large < small * 1.25 + 16 * 2**20

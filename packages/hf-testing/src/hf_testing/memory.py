@@ -36,3 +36,35 @@ def peak_rss_extra() -> Iterator[dict[str, int]]:
     out = {"bytes": 0}
     yield out
     out["bytes"] = (status_kib("VmHWM") - before) * 1024
+
+
+def policy_loss_peak_bytes(tokens: int, vocab: int, hidden_size: int, chunk: int | None) -> int:
+    """Peak extra RSS of a PPO-clip loss forward + backward over ``tokens`` tokens through an
+    LM head of ``vocab`` x ``hidden_size``: full logits (``chunk=None``, log-softmax + gather)
+    or the chunked head (:mod:`hf_core.algorithms.chunked_head`).  Inputs are allocated
+    before the measurement starts."""
+    import gc
+
+    import torch
+
+    from hf_core.algorithms.chunked_head import chunked_head_log_probs_and_entropy
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, hidden_size, generator=gen).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, generator=gen) * 0.02).requires_grad_()
+    ids = torch.randint(0, vocab, (tokens,), generator=gen)
+    advantages = torch.randn(tokens, generator=gen)
+    gc.collect()
+    with peak_rss_extra() as peak:
+        if chunk is None:
+            logits = hidden @ weight.t()
+            log_probs = torch.log_softmax(logits, -1).gather(-1, ids[:, None])[:, 0]
+            del logits
+        else:
+            log_probs, _ = chunked_head_log_probs_and_entropy(
+                hidden, weight, ids, chunk=chunk, with_entropy=True
+            )
+        ratio = torch.exp(log_probs - log_probs.detach())
+        loss = -(torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)).mean()
+        loss.backward()
+    return peak["bytes"]

@@ -251,7 +251,7 @@ def table(results: dict[tuple[str, str, str], dict[str, Any]]) -> str:
             f"| {cell(r['floor_ratio'])} | {cell(r['tokens_per_s'], '.0f')} "
             f"| {cell(stages['generate'])} | {cell(stages['update_actor'])} "
             f"| {cell(stages['weight_sync'], '.3f')} | {cell(r['peak_rss_gib'])} "
-            f"| {cell(r['resumed_peak_rss_gib'])} "
+            f"| {cell(r.get('resumed_peak_rss_gib'))} "
             f"| {cell(r['save_s'])} | {cell(r['restore_s'])} | {cell(ckpt)} "
             f"| {cell(r['mismatch'], '.1e')} |"
         )
@@ -299,6 +299,12 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--no-lora", action="store_true", help="skip the 1.5B LoRA row")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="a JSONL file: rows measured now are appended to it, and the table shows every "
+        "row in it (so rows can be measured in several runs)",
+    )
     parser.add_argument("--child-floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -312,6 +318,10 @@ def main() -> None:
     if not args.no_lora:
         runs.append((LORA_SHAPE[0], "fsdp-hf", "float32"))
     results: dict[tuple[str, str, str], dict[str, Any]] = {}
+    if args.keep is not None and args.keep.exists():
+        for line in args.keep.read_text().splitlines():
+            kept = json.loads(line)
+            results[tuple(kept["row"])] = kept["result"]  # type: ignore[index]
     with tempfile.TemporaryDirectory(prefix="hf-scale-") as tmp:
         work = Path(tmp)
         data = write_task(work / "task.jsonl", rows=256)
@@ -323,6 +333,9 @@ def main() -> None:
                 print(f"  failed: {exc}", flush=True)
                 continue
             print(f"  {json.dumps(row)}", flush=True)
+            if args.keep is not None:
+                with args.keep.open("a") as fh:
+                    fh.write(json.dumps({"row": [size, pair, dtype], "result": row}) + "\n")
     body = table(results)
     picture = ROOT / "bench" / "scale.png"
     if args.write and plot(results, picture):

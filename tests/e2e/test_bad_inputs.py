@@ -72,6 +72,20 @@ def _policy_copy(tmp: Path, assets: Path, change: Callable[[Path], None]) -> Pat
     return folder
 
 
+def _seventy_billion(folder: Path) -> None:
+    """The policy's config grown to a Llama-70B shape (the weight files stay tiny: the memory
+    check reads config.json, before anything loads weights)."""
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 def _with_policy(change: Callable[[Path], None], key: str = "model.path") -> Setup:
     def setup(tmp: Path, assets: Path) -> list[str]:
         folder = _policy_copy(tmp, assets, change)
@@ -251,6 +265,18 @@ BAD_INPUTS = [
         "hf-rollout-tp2",
         _grpo("rollout.tensor_parallel_size=2"),
         ("rollout.tensor_parallel_size: 2", "'hf' rollout engine cannot split a model"),
+    ),
+    # a run that cannot fit this machine says so before it starts
+    Bad(
+        "model-too-large",
+        _with_policy(_seventy_billion),
+        (
+            "the actor's processes cannot fit this machine",
+            "estimated peak",
+            "state",
+            "against a budget of",
+            "per process",
+        ),
     ),
     # checkpoints
     Bad(

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from hf_core.config import TrainerConfig
 from hf_core.engines.memory_fit import (
     GIB,
+    RUNTIME_BYTES,
     TrainingFootprint,
     activation_elements_per_token_layer,
     available_bytes,
@@ -13,7 +18,9 @@ from hf_core.engines.memory_fit import (
     node_memory_bytes,
     process_budget_bytes,
 )
+from hf_core.errors import MemoryFitError
 from hf_core.planner.models import from_hf_config
+from hf_core.trainer.memory_check import actor_process_fit, check_memory_fit
 
 QWEN_05B = from_hf_config(
     {
@@ -98,3 +105,56 @@ def test_machine_memory_is_read() -> None:
     assert GIB < total < 2**50
     assert 0 < available_bytes() <= total
     assert process_budget_bytes(2, node_bytes=10 * GIB) == 4 * GIB
+
+
+def _trainer_config(tmp_path: Path, model: dict, **sections: dict) -> TrainerConfig:
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **model}))
+    doc: dict = {"model": {"path": str(folder)}, "reward": {"function": "digits_reverse"}}
+    for key, value in sections.items():
+        doc[key] = {**doc.get(key, {}), **value}
+    return TrainerConfig.model_validate(doc)
+
+
+QWEN_05B_CONFIG = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151_936,
+    "tie_word_embeddings": True,
+}
+
+
+def test_the_actor_process_adds_up_its_roles(tmp_path: Path) -> None:
+    alone = actor_process_fit(_trainer_config(tmp_path, QWEN_05B_CONFIG), node_bytes=64 * GIB)
+    with_ref = actor_process_fit(
+        _trainer_config(tmp_path, QWEN_05B_CONFIG, reference={"backend": "fsdp"}),
+        node_bytes=64 * GIB,
+    )
+    params = QWEN_05B.num_params
+    # the reference's float32 weights, sharded over the default single process
+    assert with_ref.parts["resident"] - alone.parts["resident"] == 4 * params
+    # the rollout engine's float32 copy and the runtime are resident in the actor's process
+    assert alone.parts["resident"] == RUNTIME_BYTES + 4 * params
+    assert alone.gradient_checkpointing and alone.total_bytes <= alone.budget_bytes
+
+
+def test_a_run_that_cannot_fit_is_refused_before_it_starts(tmp_path: Path) -> None:
+    config = _trainer_config(tmp_path, QWEN_05B_CONFIG, placement={"processes": 2})
+    check_memory_fit(config, node_bytes=24 * GIB)  # the bench's 0.5B layout fits 24 GiB
+    with pytest.raises(MemoryFitError, match=r"cannot fit.*estimated peak .*budget of 3\.00 GiB"):
+        check_memory_fit(config, node_bytes=8 * GIB)
+    half = _trainer_config(
+        tmp_path,
+        QWEN_05B_CONFIG,
+        placement={"processes": 2},
+        actor={"engine": {"param_dtype": "bfloat16"}},
+        rollout={"engine": {"dtype": "bfloat16"}},
+    )
+    assert (
+        actor_process_fit(half, 8 * GIB).total_bytes
+        < actor_process_fit(config, 8 * GIB).total_bytes
+    )

@@ -8,8 +8,10 @@ key, not a traceback from a worker after Ray has started.
 
 :func:`check_inputs` checks what the run reads from disk: every role's model folder
 (``config.json``, safetensors weights), the tokenizer, the prompt files and, for ``--resume``,
-the checkpoint.  Each failure is a :class:`~hf_core.errors.HybridFlowError` naming the recipe
-key and the file.  Neither writes anything, so a bad run leaves its output folder untouched.
+the checkpoint, and that the actor's processes fit this machine's memory
+(:mod:`hf_core.trainer.memory_check`).  Each failure is a
+:class:`~hf_core.errors.HybridFlowError` naming the recipe key and the file, or the estimate
+and the budget.  Neither writes anything, so a bad run leaves its output folder untouched.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from hf_core.plugins import UnknownNameError, get_engine_config, get_engine_para
 from hf_core.rewards import UnknownRewardFunctionError, get_reward_function
 from hf_core.roles.common import rollout_engine_args, training_engine_args
 from hf_core.trainer.checkpoint import latest_checkpoint
+from hf_core.trainer.memory_check import check_memory_fit
 
 EngineKind = Literal["training", "rollout"]
 
@@ -73,6 +76,7 @@ def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
         _check_resume(config)
     tokenizer_key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
     check_tokenizer(config.tokenizer_path, key=tokenizer_key)
+    check_memory_fit(config)
 
 
 def _model_folders(config: TrainerConfig) -> Iterator[tuple[str, Path]]:

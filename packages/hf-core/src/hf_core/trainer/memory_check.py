@@ -1,0 +1,104 @@
+"""Before a run starts: does the actor's process fit the memory of this machine?
+
+A run that cannot fit used to be killed by the kernel minutes in (while loading, or in the
+first update), and a self-healing restart walked into the same death.  This check adds up
+what one actor process holds at its peak -- the actor's training state sharded over the
+pool, a colocated reference, critic and reward model, the rollout engine's copy of the
+weights, the runtime, and the smallest update it can make (one sample, activations
+recomputed) -- with the estimate of :mod:`hf_core.engines.memory_fit`, and refuses to start
+when even that exceeds the process's share of the machine, naming the estimate's parts and
+the budget.  Training engines choose their micro-batches within what is left at run time
+(``max_tokens_per_micro_batch: auto``).
+
+Only where the figures mean something: a local CPU run (no Ray cluster to join, one node);
+GPU memory and other machines are not visible from here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hf_core.config import TrainerConfig
+from hf_core.engines.hf_folder import read_model_config
+from hf_core.engines.memory_fit import (
+    RUNTIME_BYTES,
+    MicroBatchFit,
+    TrainingFootprint,
+    fit_micro_batch,
+    process_budget_bytes,
+)
+from hf_core.errors import MemoryFitError
+from hf_core.planner.models import ModelSpec, from_hf_config
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+
+
+def _bytes(engine: dict[str, Any], *keys: str) -> int:
+    """Bytes per element named by the first of ``keys`` the engine block sets (float32)."""
+    for key in keys:
+        if key in engine and str(engine[key]) in DTYPE_BYTES:
+            return DTYPE_BYTES[str(engine[key])]
+    return 4
+
+
+def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
+    folder = config.role_model(role)
+    return from_hf_config(read_model_config(folder, key=key), name=str(folder))
+
+
+def _frozen_bytes(spec: ModelSpec, engine: dict[str, Any], ranks: int) -> int:
+    return _bytes(engine, "param_dtype", "dtype") * spec.num_params // ranks
+
+
+def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> MicroBatchFit:
+    """The smallest update of one actor process and the budget it has (see the module)."""
+    placement = config.placement
+    ranks = placement.processes
+    spec = _spec(config, config.actor, "actor.model_path")
+    engine = config.actor.engine
+    lora = engine.get("lora") is not None
+    param = _bytes(engine, "param_dtype")
+    footprint = TrainingFootprint(
+        spec=spec,
+        ranks=ranks,
+        param_bytes=param,
+        compute_bytes=min(param, _bytes(engine, "mixed_precision", "param_dtype")),
+        trainable=not lora,
+    )
+    resident = RUNTIME_BYTES
+    if lora:  # frozen base weights, tiny trained state
+        resident += _frozen_bytes(spec, engine, ranks)
+    if config.reference is not None and not lora:
+        resident += _frozen_bytes(spec, config.reference.engine, ranks)
+    if placement.mode != "standalone":  # the rollout engine lives in this process
+        rollout = config.rollout
+        shards = rollout.tensor_parallel_size * rollout.pipeline_parallel_size
+        resident += _bytes(rollout.engine, "dtype") * spec.num_params // shards
+        resident += int(rollout.engine.get("kv_cache_bytes", 0) or 0)
+    if placement.mode == "colocate":
+        if config.critic is not None:
+            critic = _spec(config, config.critic, "critic.model_path").with_value_head()
+            resident += 4 * _bytes(config.critic.engine, "param_dtype") * critic.num_params // ranks
+    per_node = max(1, ranks // placement.nodes)
+    budget = process_budget_bytes(per_node, node_bytes)
+    sample = config.rollout.max_new_tokens + 1
+    return fit_micro_batch(
+        footprint, budget, resident_bytes=resident, checkpointing=True, min_tokens=sample
+    )
+
+
+def check_memory_fit(config: TrainerConfig, node_bytes: int | None = None) -> None:
+    """Raise :class:`MemoryFitError` when the actor's process cannot fit (local CPU runs)."""
+    if config.cluster.address or os.environ.get("RAY_ADDRESS") or config.cluster.use_gpu:
+        return
+    if config.placement.mode == "auto" or config.placement.nodes != 1:
+        return
+    fit = actor_process_fit(config, node_bytes)
+    if fit.total_bytes > fit.budget_bytes:
+        raise MemoryFitError(
+            f"the actor's processes cannot fit this machine: {fit.describe()} "
+            f"({config.placement.processes} processes share it).  Use bfloat16 weights "
+            "(actor.engine.param_dtype, rollout.engine.dtype), LoRA (actor.engine.lora), "
+            "fewer colocated roles, or a machine with more memory"
+        )

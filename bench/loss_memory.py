@@ -4,9 +4,9 @@ A PPO-clip loss forward + backward through the LM head of the Qwen2.5-0.5B shape
 vocabulary 151,936, float32) over a 16,384-token micro-batch (the FSDP engine's largest by
 default), measured as peak RSS above the inputs in a fresh process per measurement.  The
 chunked head runs with the engine's default logits budget (``logits_budget_bytes``, 256 MiB);
-full logits (the engines' path before it, and still theirs when the logits fit the budget)
-are measured at 2,048 and 4,096 tokens and extrapolated linearly to 16,384: measured there,
-they would need ~20 GiB, most of this machine.
+full logits through the fused log-prob node (the engines' path before it, and still theirs
+when the logits fit the budget) are measured at 2,048 and 4,096 tokens and extrapolated
+linearly to 16,384: measured there, they would need most of this machine.
 
     python bench/loss_memory.py [--write]
 """

@@ -305,6 +305,9 @@ def main() -> None:
         help="a JSONL file: rows measured now are appended to it, and the table shows every "
         "row in it (so rows can be measured in several runs)",
     )
+    parser.add_argument(
+        "--table-only", action="store_true", help="measure nothing: the table of --keep's rows"
+    )
     parser.add_argument("--child-floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -317,6 +320,8 @@ def main() -> None:
     )
     if not args.no_lora:
         runs.append((LORA_SHAPE[0], "fsdp-hf", "float32"))
+    if args.table_only:
+        runs = []
     results: dict[tuple[str, str, str], dict[str, Any]] = {}
     if args.keep is not None and args.keep.exists():
         for line in args.keep.read_text().splitlines():

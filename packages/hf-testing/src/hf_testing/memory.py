@@ -40,13 +40,14 @@ def peak_rss_extra() -> Iterator[dict[str, int]]:
 
 def policy_loss_peak_bytes(tokens: int, vocab: int, hidden_size: int, chunk: int | None) -> int:
     """Peak extra RSS of a PPO-clip loss forward + backward over ``tokens`` tokens through an
-    LM head of ``vocab`` x ``hidden_size``: full logits (``chunk=None``, log-softmax + gather)
-    or the chunked head (:mod:`hf_core.algorithms.chunked_head`).  Inputs are allocated
-    before the measurement starts."""
+    LM head of ``vocab`` x ``hidden_size``: full logits (``chunk=None``, the fused log-prob
+    node over them) or the chunked head (:mod:`hf_core.algorithms.chunked_head`).  Inputs
+    are allocated before the measurement starts."""
     import gc
 
     import torch
 
+    from hf_core.algorithms import token_log_probs_and_entropy
     from hf_core.algorithms.chunked_head import chunked_head_log_probs_and_entropy
 
     gen = torch.Generator().manual_seed(0)
@@ -56,9 +57,9 @@ def policy_loss_peak_bytes(tokens: int, vocab: int, hidden_size: int, chunk: int
     advantages = torch.randn(tokens, generator=gen)
     gc.collect()
     with peak_rss_extra() as peak:
-        if chunk is None:
+        if chunk is None:  # the engines' full-logits node (what they used before chunking)
             logits = hidden @ weight.t()
-            log_probs = torch.log_softmax(logits, -1).gather(-1, ids[:, None])[:, 0]
+            log_probs, _ = token_log_probs_and_entropy(logits, ids, with_entropy=True)
             del logits
         else:
             log_probs, _ = chunked_head_log_probs_and_entropy(

@@ -3,14 +3,21 @@
 - ``max_staleness: 0`` on a rollout pool of its own is the synchronous loop: the same
   metrics and weights after 3 steps as the hybrid (colocated) loop, same seed.
 - ``max_staleness: 1`` generates each next batch while the actor trains: every batch is at
-  most one policy version old, the importance weights are logged, and every weight sync
-  delivers the whole model to the rollout rank (M / (t_g p_g) with t_g = p_g = 1).
+  most one policy version old, the importance weights are 1 on fresh samples and not on
+  one-version-old ones, and every weight sync delivers the whole model to the rollout rank
+  (M / (t_g p_g) with t_g = p_g = 1).
 - The same with a vLLM rollout pool.
 - A checkpoint taken while a batch is in flight resumes by drawing that batch's prompts again
   and regenerating them with the restored weights.
 - A rollout process killed mid-run ends the run with an error naming the rollout role within
   the failure timeout, and no process of the run is left; with ``run.max_restarts`` the run
-  heals itself instead.
+  heals itself instead, resuming from its latest checkpoint.
+
+Which weights generated a batch is the rollout pool's own account (``async/rollout_version``:
+the actor's update count that came with the weights it loaded), checked against the schedule's
+tag (``async/policy_version``).  The runs that must see the policy move use the
+``signal_rewards:digit_share`` reward: the recipe's reward is 0 for the untrained tiny policy,
+so its updates would change nothing.
 """
 
 from __future__ import annotations
@@ -63,13 +70,20 @@ def _rows(out: Path) -> list[dict]:
 
 
 STANDALONE = ("placement.mode=standalone", "placement.rollout_processes=1")
+LEARNS = "reward.function=signal_rewards:digit_share"
+"""Varied rewards within each group: every update moves the policy."""
+
+
+def _versions_agree(rows: list[dict]) -> None:
+    """The schedule's version tag of each batch is the one the rollout pool generated with."""
+    assert [r["async/rollout_version"] for r in rows] == [r["async/policy_version"] for r in rows]
 
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_staleness_zero_on_a_rollout_pool_is_the_synchronous_loop(in_workdir: Path) -> None:
     hybrid_out, pool_out = in_workdir / "runs" / "sync_hybrid", in_workdir / "runs" / "sync_pool"
-    RLTrainer(_config(hybrid_out)).fit()
-    RLTrainer(_config(pool_out, *STANDALONE, "rollout.max_staleness=0")).fit()
+    RLTrainer(_config(hybrid_out, LEARNS)).fit()
+    RLTrainer(_config(pool_out, LEARNS, *STANDALONE, "rollout.max_staleness=0")).fit()
 
     hybrid, pool = _rows(hybrid_out), _rows(pool_out)
     assert [r["step"] for r in pool] == [1, 2, 3]
@@ -77,6 +91,8 @@ def test_staleness_zero_on_a_rollout_pool_is_the_synchronous_loop(in_workdir: Pa
         stable_metrics(r, VOLATILE) for r in hybrid
     ]
     assert all(r["async/staleness"] == 0 for r in pool)
+    assert [r["async/rollout_version"] for r in pool] == [0, 1, 2]
+    assert all(r["actor/grad_norm"] > 0 for r in pool)  # the weights the pool gets do change
     a, b = exported_weights(hybrid_out), exported_weights(pool_out)
     assert a.keys() == b.keys() and a
     assert all(a[k].equal(b[k]) for k in a)
@@ -87,17 +103,26 @@ def test_staleness_zero_on_a_rollout_pool_is_the_synchronous_loop(in_workdir: Pa
 @pytest.mark.usefixtures("ray_cluster")
 def test_one_step_off_policy_is_bounded_and_corrected(in_workdir: Path) -> None:
     out = in_workdir / "runs" / "async1"
-    RLTrainer(_config(out, *STANDALONE, "rollout.max_staleness=1", "run.total_steps=4")).fit()
+    overrides = (*STANDALONE, LEARNS, "rollout.max_staleness=1", "run.total_steps=4")
+    RLTrainer(_config(out, *overrides)).fit()
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     # Step 1 trains on the initial weights' samples; from then on each batch was generated
-    # while the previous step trained, one version behind.
+    # while the previous step trained, one version behind -- by the pool's own account too.
     assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1]
     assert [r["async/policy_version"] for r in rows] == [0, 0, 1, 2]
+    _versions_agree(rows)
     assert all(r["async/dropped_samples"] == 0 for r in rows)
-    for row in rows:
+    # pi_old / pi_rollout: 1 up to float noise on the current weights' samples; one update
+    # away on the others (the largest ratio before truncation shows it).
+    fresh, stale = rows[0], rows[1:]
+    assert fresh["rollout/logprob_abs_diff_mean"] < 1e-4
+    assert fresh["actor/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert fresh["actor/is_weight_max"] == pytest.approx(1.0, abs=1e-3)
+    for row in stale:
+        assert row["rollout/logprob_abs_diff_mean"] > 1e-3, row
+        assert row["actor/is_weight_max"] > 1.01, row
         assert 0 < row["actor/is_weight_mean"] <= 2.0  # truncated at algorithm.rollout_is_cap
-        assert row["actor/is_weight_max"] > 0
     syncs = [r for r in rows if "reshard/bytes_received" in r]
     assert syncs, "no weight sync reached the rollout pool"
     for row in syncs:
@@ -115,6 +140,7 @@ def test_a_vllm_rollout_pool_runs_ahead(in_workdir: Path) -> None:
     RLTrainer(_config(out, *STANDALONE, *overrides)).fit()
     rows = _rows(out)
     assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    _versions_agree(rows)
     for row in rows:
         assert row["rollout/logprob_abs_diff_mean"] < 0.5  # the pool got the actor's weights
     syncs = [r for r in rows if "reshard/bytes_received" in r]
@@ -142,6 +168,7 @@ def test_a_checkpoint_with_a_batch_in_flight_regenerates_it(in_workdir: Path) ->
     # Step 3 regenerates its batch with the restored weights (version 2): not stale.
     assert [r["async/staleness"] for r in rows] == [0, 1, 0, 1]
     assert rows[2]["async/policy_version"] == 2
+    _versions_agree(rows)
 
 
 class KillRolloutAfterStep(threading.Thread):
@@ -207,24 +234,45 @@ def test_a_killed_rollout_process_ends_the_run_naming_it(in_workdir: Path) -> No
     assert not [p for p in killer.pids if _alive(p)], "processes of the run still running"
 
 
+HEAL_STEPS, HEAL_SAVE_EVERY, KILL_AFTER = 5, 3, 3
+"""The kill lands while step 3 is saved or step 4 runs (the save needs no rollout process, step
+4's weight sync does), so the run fails in step 4 or 5 and its latest checkpoint is step 3's."""
+
+
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_killed_rollout_process_heals_with_restarts(in_workdir: Path) -> None:
-    out = in_workdir / "runs" / "async_healed"
-    trainer = RLTrainer(
-        _config(
-            out,
-            *STANDALONE,
-            "rollout.max_staleness=1",
-            "run.total_steps=5",
-            "run.save_every=2",
-            "cluster.failure_timeout_s=10",
-            "run.max_restarts=1",
-        )
+    """The healed run resumes from the step-3 checkpoint, not from step 0: its first three
+    steps are the uninterrupted run's, step 4 regenerates its in-flight batch with the
+    restored weights (fresh, where the uninterrupted run's was a version old), and step 5's
+    batch -- version 3 weights, same prompts and seed -- is the uninterrupted run's again."""
+    common = (
+        *STANDALONE,
+        LEARNS,
+        "rollout.max_staleness=1",
+        f"run.total_steps={HEAL_STEPS}",
+        f"run.save_every={HEAL_SAVE_EVERY}",
+        "cluster.failure_timeout_s=10",
+        "run.max_restarts=1",
     )
-    killer = KillRolloutAfterStep(trainer, step=3)
+    straight_out, out = in_workdir / "runs" / "async_straight", in_workdir / "runs" / "async_healed"
+    RLTrainer(_config(straight_out, *common)).fit()
+    trainer = RLTrainer(_config(out, *common))
+    killer = KillRolloutAfterStep(trainer, step=KILL_AFTER)
     killer.start()
     trainer.fit()
     killer.stop.set()
     assert killer.killed_at is not None, "the rollout process was never killed"
     assert len(trainer.restarts) == 1 and "rollout" in trainer.restarts[0]
-    assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4, 5]
+    assert trainer.start_steps == [0, HEAL_SAVE_EVERY]  # the checkpoint's step, not 0
+
+    healed, straight = _rows(out), _rows(straight_out)
+    assert [r["step"] for r in healed] == [1, 2, 3, 4, 5]
+    _versions_agree(healed)
+    assert [stable_metrics(r, VOLATILE) for r in healed[:3]] == [
+        stable_metrics(r, VOLATILE) for r in straight[:3]
+    ]
+    assert [r["async/staleness"] for r in straight] == [0, 1, 1, 1, 1]
+    assert [r["async/staleness"] for r in healed] == [0, 1, 1, 0, 1]
+    assert [r["async/rollout_version"] for r in healed[3:]] == [3, 3]
+    for key in ("reward/mean", "response_length/mean"):
+        assert healed[4][key] == straight[4][key], key

@@ -2,8 +2,11 @@
 
 The done-when check: a 12-step GRPO run whose rank-1 worker is SIGKILLed after step 6 finishes
 on its own (one restart, from the step-4 checkpoint) with metrics and final weights equal, bit
-for bit, to those of an uninterrupted run.  The restart policy itself (what restarts, how many
-times, from where) is checked without Ray on stubbed groups.
+for bit, to those of an uninterrupted run.  A deterministic replay from step 0 would be equal
+too, so the trainer's record of where each attempt started (``start_steps``) must name the
+checkpoint's step; and the run's reward varies within groups, so every update changes the
+weights and a restart that restored the wrong ones would show.  The restart policy itself
+(what restarts, how many times, from where) is checked without Ray on stubbed groups.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ VOLATILE = ("timing/", "perf/", "memory/", "timestamp", "handover/")
 restart counts the device moves of the checkpoint restore (none: fresh processes start in
 training mode), where the uninterrupted run's counts those of the checkpoint save before it."""
 STEPS = 12
+SAVE_EVERY = 4
 KILL_AFTER_STEP = 6
+RESUMED_STEP = KILL_AFTER_STEP // SAVE_EVERY * SAVE_EVERY
+"""The latest checkpoint when the kill lands (within a step of step 6, long before step 8)."""
 
 
 def _config(out: Path, *overrides: str) -> TrainerConfig:
@@ -39,7 +45,8 @@ def _config(out: Path, *overrides: str) -> TrainerConfig:
         [
             f"run.output_dir={out}",
             f"run.total_steps={STEPS}",
-            "run.save_every=4",
+            f"run.save_every={SAVE_EVERY}",
+            "reward.function=signal_rewards:digit_share",  # digits_reverse: 0, no updates
             "run.max_restarts=1",
             "run.export_final=true",
             "run.val_every=0",
@@ -91,10 +98,13 @@ def test_killed_worker_restarts_and_matches_an_uninterrupted_run(in_workdir: Pat
     assert len(trainer.restarts) == 1, trainer.restarts
     assert "worker lost" in trainer.restarts[0] and "rank 1" in trainer.restarts[0]
     assert str(healed_out / "stacks") in trainer.restarts[0]
+    assert trainer.start_steps == [0, RESUMED_STEP]  # resumed where the checkpoint is, not 0
+    assert (healed_out / "checkpoints" / f"step_{RESUMED_STEP}").is_dir()
     assert time.monotonic() - start < 600
 
     healed, straight = _rows(healed_out), _rows(straight_out)
     assert [r["step"] for r in healed] == list(range(1, STEPS + 1))  # truncated, then redone
+    assert all(r["actor/grad_norm"] > 0 for r in straight)  # the weights moved every step
     assert [stable_metrics(r, VOLATILE) for r in healed] == [
         stable_metrics(r, VOLATILE) for r in straight
     ]

@@ -20,6 +20,7 @@ from hf_core.roles.losses import (
     rollout_is_mode,
     rollout_is_weights,
 )
+from hf_core.roles.rollout import ROLLOUT_VERSION
 from hf_core.roles.weight_channel import WeightChannel
 from hf_core.trainer.rollouts import StandaloneRollouts
 
@@ -64,7 +65,10 @@ class Method:
 
 @dataclass
 class FakeCluster:
-    """The actor group and rollout pool as the schedule sees them, with a call log."""
+    """The actor group and rollout pool as the schedule sees them, with a call log.
+
+    Like the real pool, every batch says which weights generated it (``ROLLOUT_VERSION``):
+    the actor's update count at the last broadcast, known apart from the schedule's books."""
 
     generation_done: bool = True
     log: list[tuple[str, int]] = field(default_factory=list)
@@ -86,7 +90,7 @@ class FakeCluster:
 
     def _generate(self, prompts: Batch, params: Any) -> FakeFuture:
         self.log.append(("generate", int(prompts["input_ids"][0, 0])))
-        out = Batch({"version": torch.tensor([self.rollout_version])})
+        out = Batch({ROLLOUT_VERSION: torch.tensor([self.rollout_version])})
         return FakeFuture(out, self.generation_done)
 
 
@@ -133,6 +137,9 @@ def _run(tmp_path: Path, k: int, steps: int, generation_done: bool = True):
         histogram = [metrics[f"async/samples_at_staleness_{age}"] for age in range(k + 1)]
         assert histogram == [staleness.count(age) for age in range(k + 1)]  # 1 sample a batch
         versions.append(samples.version)
+        # the schedule's tag is what the pool really generated with
+        assert samples.generated[ROLLOUT_VERSION].tolist() == [samples.version]
+        assert metrics["async/rollout_version"] == metrics["async/policy_version"]
         cluster.actor_version = step  # the update
         source.after_update(step)
     return cluster.log, staleness, versions, source
@@ -177,6 +184,33 @@ def test_a_pending_generation_defers_the_sync(tmp_path: Path) -> None:
     finished, finished_staleness, _, _ = _run(tmp_path, k=2, steps=4, generation_done=True)
     assert finished[3] == ("sync", 1)  # batch 3 already done: the sync costs no wait
     assert finished_staleness == [0, 1, 2, 2]
+
+
+def test_a_batch_over_the_bound_is_dropped_counted_and_regenerated(tmp_path: Path) -> None:
+    """Lowering the bound under batches in flight (a schedule change) leaves batch 3 two
+    versions old at step 3: it is dropped, counted, and its prompts generated again with the
+    current weights -- as the pool itself reports."""
+    cluster, loader = FakeCluster(), FakeLoader()
+    config = _config(tmp_path, rollout={"max_staleness": 2})
+    source = StandaloneRollouts(config, FakeGroups(cluster, cluster), loader)  # type: ignore[arg-type]
+    for step in (1, 2):
+        source.take(step)
+        cluster.actor_version = step
+        source.after_update(step)
+    assert cluster.log == _events("g1 g2 g3 s1 g4")  # batch 3 generated with version 0
+    source.take_metrics()
+    source.max_staleness = 0
+    samples = source.take(3)
+    metrics = source.take_metrics()
+    assert cluster.log[5:] == _events("s2 g3")  # fresh weights, then batch 3's prompts again
+    assert int(samples.prompts["input_ids"][0, 0]) == 3
+    assert samples.version == 2 and samples.generated[ROLLOUT_VERSION].tolist() == [2]
+    assert source.dropped_samples == 1 and metrics["async/dropped_samples"] == 1
+    assert metrics["async/staleness"] == 0 and metrics["async/rollout_version"] == 2
+    assert metrics["async/samples_at_staleness_0"] == 2  # steps 1 and 3; the dropped not
+    cluster.actor_version = 3
+    source.after_update(3)
+    assert int(source.take(4).prompts["input_ids"][0, 0]) == 4  # batch 4 (cleared) drawn again
 
 
 def test_a_checkpoint_keeps_the_loader_before_batches_in_flight(tmp_path: Path) -> None:
@@ -279,7 +313,8 @@ def test_a_standalone_pool_runs_whole_model_engines(tmp_path: Path) -> None:
 
 def _receiver(address: Any, rank: int, queue: Any) -> None:
     channel = WeightChannel.connect(address, rank, torch.device("cpu"), 60.0)
-    queue.put([[(n, t.clone()) for n, t in bucket] for bucket in channel.receive()])
+    version, buckets = channel.receive()
+    queue.put((version, [[(n, t.clone()) for n, t in bucket] for bucket in buckets]))
 
 
 def test_the_channel_delivers_every_bucket_to_every_receiver() -> None:
@@ -294,12 +329,13 @@ def test_the_channel_delivers_every_bucket_to_every_receiver() -> None:
         [("a.weight", torch.randn(3, 4)), ("b.bias", torch.arange(5, dtype=torch.int64))],
         [("c.weight", torch.randn(2, 2).to(torch.bfloat16))],
     ]
-    sent = sender.send(buckets)
+    sent = sender.send(buckets, version=7)
     got = [queue.get(timeout=60) for _ in receivers]
     for process in receivers:
         process.join(timeout=60)
     assert sent == sum(t.numel() * t.element_size() for b in buckets for _, t in b)
-    for received in got:
+    for version, received in got:
+        assert version == 7  # the policy version travels with the weights
         assert [[n for n, _ in b] for b in received] == [[n for n, _ in b] for b in buckets]
         for bucket, expected in zip(received, buckets, strict=True):
             for (_, a), (_, b) in zip(bucket, expected, strict=True):

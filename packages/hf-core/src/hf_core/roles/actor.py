@@ -78,6 +78,9 @@ class ActorRolloutRefWorker(Worker):
             is_mode=rollout_is_mode(config) or "truncated",
         )
         self.needs_sync = False
+        self.updates = 0
+        """Policy updates applied (the policy version): a broadcast to a rollout pool carries
+        it, so the pool knows which weights it generates with, independently of the trainer."""
         self._report_mesh()
         self.weight_sync = (
             None
@@ -184,7 +187,7 @@ class ActorRolloutRefWorker(Worker):
         rollout ranks' ``receive_weights`` runs at the same time."""
         with self.handover.stage("weight_sync"):
             self.handover.to_training()
-            metrics = self._sender().send(self.actor, self._bucket_bytes)
+            metrics = self._sender().send(self.actor, self._bucket_bytes, self.updates)
         self.needs_sync = False
         return metrics
 
@@ -237,6 +240,7 @@ class ActorRolloutRefWorker(Worker):
                 mini_batches=self.config.algorithm.mini_batches,
                 seed=int(batch.meta.get("step", 0)),
             )
+        self.updates += 1
         self.needs_sync = True
         return metrics
 
@@ -256,9 +260,12 @@ class ActorRolloutRefWorker(Worker):
         self.actor.save_checkpoint(role_path(path, "actor"))
 
     @register("ONE_TO_ALL")
-    def load_checkpoint(self, path: str) -> None:
+    def load_checkpoint(self, path: str, updates: int) -> None:
+        """The actor's state from a run checkpoint taken after ``updates`` policy updates
+        (the checkpoint's step), which becomes the policy version again."""
         self.handover.to_training()
         self.actor.load_checkpoint(role_path(path, "actor"))
+        self.updates = updates
         self.needs_sync = True
 
     @register("ONE_TO_ALL")

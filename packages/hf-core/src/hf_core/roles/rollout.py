@@ -4,7 +4,9 @@ The rollout engine (any backend) in processes of its own, so generation can run 
 actor trains (``rollout.max_staleness`` > 0, the trainer's asynchronous loop).  New weights
 arrive between generate calls over the weight channel
 (:mod:`hf_core.roles.standalone_sync`); each rank is one whole-model engine fed its share of
-the prompts (data parallel).
+the prompts (data parallel).  Every generated sample carries ``rollout_version``: the policy
+version of the weights this rank held when it generated it (its own record, kept when a weight
+broadcast was loaded), so tests and metrics need not trust the trainer's schedule for it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from hf_core.roles.standalone_sync import WeightReceiver
 from hf_core.roles.weight_channel import ChannelAddress
 from hf_core.worker import Worker
 
+ROLLOUT_VERSION = "rollout_version"
+"""Per generated sample: the policy version of the weights the rollout rank generated it with."""
+
 
 class RolloutWorker(Worker):
     """One rank of the standalone rollout pool."""
@@ -38,8 +43,11 @@ class RolloutWorker(Worker):
     @register("DP_PROTO")
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """This rank's share of the prompts, sampled with the weights it holds now (multi-turn
-        with tools when the recipe has an ``agent:`` section)."""
-        return (self.agent or self.rollout).generate(prompts, params)
+        with tools when the recipe has an ``agent:`` section), each tagged with the version of
+        those weights (:data:`ROLLOUT_VERSION`)."""
+        out = (self.agent or self.rollout).generate(prompts, params)
+        out[ROLLOUT_VERSION] = torch.full((len(out),), self.receiver.version, dtype=torch.int64)
+        return out
 
     @register("ONE_TO_ALL")
     def join_weight_channel(self, address: ChannelAddress) -> None:

@@ -7,6 +7,10 @@ arrive.  The generation layout of a standalone pool is whole-model (``t_g = p_g 
 the paper's accounting every rollout rank receives ``M / (t_g p_g) = M`` bytes per sync (it
 holds none of the training shards); ``reshard/bytes_expected`` states that figure and
 ``reshard/bytes_received`` what the rank measured.
+
+Each broadcast carries the actor's update count (its policy version); a rollout rank records
+it once the weights are loaded, so every batch it generates can say which weights made it --
+the engine's own account, next to the version the trainer's schedule expects.
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ class WeightSender:
             self._store, SENDER, self._address.world_size, self.device, JOIN_TIMEOUT_S
         )
 
-    def send(self, actor: TrainingEngine, bucket_bytes: int) -> dict[str, float]:
-        """Export on every rank, broadcast from rank 0; this rank's sync metrics."""
+    def send(self, actor: TrainingEngine, bucket_bytes: int, version: int) -> dict[str, float]:
+        """Export on every rank, broadcast from rank 0 (the weights of policy ``version``);
+        this rank's sync metrics."""
         start = time.perf_counter()
         buckets = actor.export_weights(bucket_bytes)
         if self.rank != SENDER:
@@ -70,7 +75,7 @@ class WeightSender:
             return {"perf/weight_sync_s": time.perf_counter() - start}
         if self.channel is None:
             raise RuntimeError("the weight channel to the rollout pool is not joined")
-        sent = self.channel.send(buckets)
+        sent = self.channel.send(buckets, version)
         return {
             "perf/weight_sync_s": time.perf_counter() - start,
             "weight_sync/bytes_sent": float(sent),
@@ -90,6 +95,9 @@ class WeightReceiver:
     def __init__(self, rank: int, device: torch.device) -> None:
         self.rank, self.device = rank, device
         self.channel: WeightChannel | None = None
+        self.version = 0
+        """Policy version of the weights loaded into the engine (0: the initial weights it
+        was built from, as the actor's); set only once a whole broadcast is loaded."""
 
     def join(self, address: ChannelAddress) -> None:
         self.channel = WeightChannel.connect(address, self.rank + 1, self.device, JOIN_TIMEOUT_S)
@@ -100,10 +108,12 @@ class WeightReceiver:
             raise RuntimeError("the weight channel from the actor is not joined")
         start = time.perf_counter()
         received = 0
-        for bucket in self.channel.receive():
+        version, buckets = self.channel.receive()
+        for bucket in buckets:
             received += sum(t.numel() * t.element_size() for _, t in bucket)
             rollout.load_weights(bucket)
         rollout.finish_weight_sync()
+        self.version = version
         metrics = {
             "perf/weight_sync_s": time.perf_counter() - start,
             "reshard/bytes_received": float(received),

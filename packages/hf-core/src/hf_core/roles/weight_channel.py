@@ -7,8 +7,10 @@ for this alone (its own TCP store and process group, gloo on CPU and nccl on GPU
 whatever default process group the actor's training engine uses, so neither side's
 collectives can interleave with the other's.
 
-Each bucket travels as one flat byte buffer preceded by a JSON header (names, dtypes,
-shapes); nothing is pickled.  The extra memory on either side is about one bucket.
+Each broadcast starts with the policy version of the weights (the actor's update count), so
+the rollout side knows which weights it holds; then each bucket travels as one flat byte
+buffer preceded by a JSON header (names, dtypes, shapes); nothing is pickled.  The extra
+memory on either side is about one bucket.
 """
 
 from __future__ import annotations
@@ -115,10 +117,12 @@ class WeightChannel:
         self._broadcast(buffer)
         return buffer
 
-    def send(self, buckets: Iterable[list[NamedTensor]]) -> int:
-        """Broadcast every bucket, then the end marker; returns the weight bytes sent."""
+    def send(self, buckets: Iterable[list[NamedTensor]], version: int) -> int:
+        """Broadcast the weights' policy ``version``, every bucket, then the end marker;
+        returns the weight bytes sent."""
         if self.rank != SENDER:
             raise RuntimeError("only the actor's rank 0 sends weights")
+        self._broadcast(torch.tensor([version], dtype=torch.int64, device=self.device))
         sent = 0
         for bucket in buckets:
             names = [name for name, _ in bucket]
@@ -132,10 +136,16 @@ class WeightChannel:
         self._broadcast_bytes(None)
         return sent
 
-    def receive(self) -> Iterator[list[NamedTensor]]:
-        """The sender's buckets, in order, as canonical (name, tensor) pairs."""
+    def receive(self) -> tuple[int, Iterator[list[NamedTensor]]]:
+        """The policy version of the weights on their way (read now), and the sender's
+        buckets, in order, as canonical (name, tensor) pairs (read as iterated)."""
         if self.rank == SENDER:
             raise RuntimeError("the actor's rank 0 sends, it does not receive")
+        version = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._broadcast(version)
+        return int(version.item()), self._buckets()
+
+    def _buckets(self) -> Iterator[list[NamedTensor]]:
         while True:
             header_bytes = self._broadcast_bytes(None)
             if header_bytes.numel() == 0:

@@ -132,6 +132,10 @@ class RLTrainer:
         self._rollouts: RolloutSource | None = None
         self.restarts: list[str] = []
         """The cause of each self-healing restart of this run, in order."""
+        self.start_steps: list[int] = []
+        """The step each attempt of :meth:`fit` started training from, as restored (0: from
+        scratch); ``start_steps[1:]`` is where each restart resumed.  The metrics cannot tell:
+        a deterministic replay from step 0 logs the same rows as a resume."""
         self._checkpoint_step: int | None = None
         """Step of the newest checkpoint this run wrote or resumed from (None: none yet); a
         restart resumes only from such a one, never from a stale run's in the same folder."""
@@ -268,6 +272,8 @@ class RLTrainer:
             self._checkpoint_step = resumed_step
         if resumed_step is None and cfg.sft.steps:
             self._warm_start()
+        self.start_steps.append(self.step)
+        log.info("attempt %d trains from step %d", len(self.start_steps), self.step)
         logger = MetricsLogger(
             self.output_dir,
             total_steps=cfg.run.total_steps,
@@ -525,7 +531,7 @@ class RLTrainer:
         start = time.perf_counter()
         folder = latest_checkpoint(self.output_dir)
         state = load_trainer_state(folder)
-        self._groups.actor.load_checkpoint(str(folder))
+        self._groups.actor.load_checkpoint(str(folder), int(state["step"]))
         if self._groups.critic is not None:
             self._groups.critic.load_checkpoint(str(folder))
         self.step = int(state["step"])

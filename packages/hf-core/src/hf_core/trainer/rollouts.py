@@ -12,7 +12,9 @@ for step ``j`` is only launched with weights at least version ``j - 1 - k``, so 
 calls: a sync that would wait for other in-flight generations is put off instead, so the
 actor never idles behind the rollout pool for more than the batch it needs next.  With
 ``k = 0`` nothing runs ahead and the weights go out right after each update: exactly the
-synchronous loop, only across pools.
+synchronous loop, only across pools.  The pool reports the version it really generated each
+batch with (``rollout_version`` per sample, from the actor's update count sent with the
+weights); ``async/rollout_version`` logs it next to the schedule's ``async/policy_version``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import PromptLoader
 from hf_core.engines import SamplingParams
+from hf_core.roles.rollout import ROLLOUT_VERSION
 from hf_core.roles.weight_sync import merge_rank_metrics
 from hf_core.runtime import GroupFuture, WorkerError, WorkerLostError
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params
@@ -187,6 +190,9 @@ class StandaloneRollouts(RolloutSource):
                 },
                 "async/staleness": float(staleness),
                 "async/policy_version": float(entry.version),
+                # the pool's own account (oldest weights in the batch): equal when the
+                # schedule's bookkeeping is right
+                "async/rollout_version": float(generated[ROLLOUT_VERSION].min()),
                 "async/in_flight": float(len(self.in_flight)),
                 "async/dropped_samples": float(self.dropped_samples),
             }

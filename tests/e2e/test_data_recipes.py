@@ -1,6 +1,11 @@
 """The dataset recipes end to end: ``hybridflow data prepare`` on fixture rows the test writes,
 then recipes/gsm8k_grpo.yaml and recipes/math_grpo.yaml for 3 steps on a tiny Qwen2 instruct
-model (with a chat template) -- and a malformed input file exits 2 naming the file and row."""
+model (with a chat template) -- and a malformed input file exits 2 naming the file and row.
+
+A random model never answers right, and ``0 <= verified <= samples`` holds when every reward is
+0 -- also when the reward gets no ground truth.  So the fixture problems share one answer, and a
+supervised warm start teaches the policy to state it in the format the reward reads: most of its
+samples must then be verified, which only a reward that sees the prepared ground truth gives."""
 
 from __future__ import annotations
 
@@ -35,10 +40,18 @@ JUDGE_OVERRIDES = [
 ]
 
 
+ANSWER = 42
+"""Every fixture problem's answer (one answer, so a short warm start can teach it)."""
+WARM_START = {"gsm8k": "#### {}", "math": "{}"}
+"""The warm start's target per format: the prepared ground truth as the reward reads it (a
+plain number for math-verify: a ``\\boxed{}`` would not fit in ``rollout.max_new_tokens``)."""
+
+
 def _gsm8k_rows(n: int, seed: int) -> list[dict]:
     rows = []
     for i in range(n):
-        a, b = 3 + i * 7 + seed, 11 + i * 5
+        a = 3 + i * 3 + seed
+        b = ANSWER - a
         rows.append(
             {
                 "question": f"Ann has {a} apples and buys {b} more. How many apples has she?",
@@ -51,8 +64,8 @@ def _gsm8k_rows(n: int, seed: int) -> list[dict]:
 def _math_rows(n: int) -> list[dict]:
     return [
         {
-            "problem": f"Compute $\\frac{{{i + 1}}}{{{2 * (i + 1)}}} + {i}$.",
-            "solution": f"It is $\\frac12 + {i} = \\boxed{{{i}.5}}$.",
+            "problem": f"Compute $\\frac{{{2 * (i + 1)}}}{{{i + 1}}} + {ANSWER - 2}$.",
+            "solution": f"It is $2 + {ANSWER - 2} = \\boxed{{{ANSWER}}}$.",
             "level": "Level 1",
             "type": "Prealgebra",
         }
@@ -72,13 +85,22 @@ def _hybridflow(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _add_warm_start_targets(path: Path, target: str) -> None:
+    """Give each prepared record an ``sft_target``: its own ground truth in ``target``'s form."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    _write_jsonl(path, [{**row, "sft_target": target.format(row["ground_truth"])} for row in rows])
+
+
 @pytest.fixture(scope="module")
 def instruct_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen2 folder whose tokenizer has a chat template, like an instruct model's."""
+    """A tiny Qwen2 folder whose tokenizer has a chat template, like an instruct model's (and
+    the characters of ``####``, so the policy can write a GSM8K answer)."""
     from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("instruct") / "tiny-instruct"
-    build_tiny_model(folder, family="qwen2", hidden_size=64, num_layers=2, seed=0)
+    build_tiny_model(
+        folder, family="qwen2", hidden_size=64, num_layers=2, vocab_size=256, tool_calls=True
+    )
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
@@ -120,6 +142,7 @@ def test_dataset_recipe_runs_three_steps(
         4,
     ]
     assert "<|bos|>assistant" in (data / "preview.txt").read_text()  # the chat template
+    _add_warm_start_targets(data / "train.jsonl", WARM_START[name])
 
     out = tmp_path / "run"
     config = load_config(
@@ -138,7 +161,10 @@ def test_dataset_recipe_runs_three_steps(
             "rollout.n=2",
             "rollout.max_new_tokens=8",
             "algorithm.mini_batches=1",
-            "actor.engine.lr=1e-4",
+            "actor.engine.lr=1e-3",
+            "sft.steps=40",
+            "sft.batch_size=8",
+            "sft.target_key=sft_target",
             *([*JUDGE_OVERRIDES, f"reward.judge.model_path={instruct_model}"] if judge else []),
         ],
     )
@@ -147,11 +173,13 @@ def test_dataset_recipe_runs_three_steps(
     assert [row["step"] for row in rows] == [1, 2, 3]
     base = JUDGE_SCORE if judge else 0.0  # the judge adds exactly JUDGE_SCORE to each sample
     samples = 4 * 2
-    for row in rows:
-        verified = (row["reward/mean"] - base) * samples  # how many answers were right
-        assert 0 <= verified <= samples and verified == pytest.approx(round(verified))
+    verified = [(row["reward/mean"] - base) * samples for row in rows]  # right answers
+    for row, count in zip(rows, verified, strict=True):
+        assert 0 <= count <= samples and count == pytest.approx(round(count))
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/kl"])
-    assert base <= rows[-1]["val/reward_mean"] <= base + 1.0
+    # the warm-started policy states the answer: a reward blind to the ground truth scores 0
+    assert sum(verified) >= len(rows) * samples / 2, verified
+    assert base + 0.5 <= rows[-1]["val/reward_mean"] <= base + 1.0
     assert (out / "checkpoints" / "latest").read_text() == "step_3"
 
 

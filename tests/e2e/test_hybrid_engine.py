@@ -5,6 +5,12 @@ engine of generation TP t_g=2 in the same processes.  After every sync the log m
 volume Table 2 gives for the plan in use -- the paper's plan (zero redundancy) or the naive
 one ((pt - 1) / pt of the model) -- measured by the transition itself, and greedy generation
 after the last sync must equal HF ``generate`` on the weights the actor exports.
+
+Controls, so a rollout engine that never receives new weights cannot pass: the actor trains at
+a learning rate that must change greedy outputs (checked against the initial model), every
+rank's rollout engine must count the bytes its ``load_weights`` took (``weight_sync/*``, not
+the reshard's own counter), and p2t2 is a layout where Table 2 moves bytes to every rank (t2's
+share is 0: each rank's TP slices are already its own).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from hf_testing.prompts import prompt_batch
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 NEW_TOKENS = 8
+LR = 1e-2
+"""The actor's learning rate: 3 steps at it must change greedy outputs (the control below)."""
 LAYOUTS = {  # name: (ranks, t, p)
     "t2": (2, 2, 1),
     "p2t2": (4, 2, 2),
@@ -35,14 +43,17 @@ LAYOUTS = {  # name: (ranks, t, p)
 
 
 class CheckedTrainer(RLTrainer):
-    """Runs the recipe, then -- with the worker groups still up -- generates greedily from the
-    synced rollout engine and exports the actor's weights, for the comparison below."""
+    """Runs the recipe, then -- with the worker groups still up -- syncs the last update (each
+    rank's sync metrics kept), generates greedily from the rollout engine and exports the
+    actor's weights, for the comparison below."""
 
     greedy: Any = None
+    rank_syncs: list[dict[str, float]] | None = None
 
     def _fit(self) -> Any:
         summary = super()._fit()
         actor = self._groups.actor
+        self.rank_syncs = actor.sync_weights()
         prompts = prompt_batch(self.config.model.path, 8)
         params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
         self.greedy = (prompts, actor.generate(prompts.select(*PROMPT_TENSORS), params))
@@ -65,6 +76,7 @@ def _run(layout: str, reshard: str, rollout: str, tmp: Path) -> tuple[list[dict]
             f"placement.processes={ranks}",
             f"actor.engine.tensor_parallel_size={t}",
             f"actor.engine.pipeline_parallel_size={p}",
+            f"actor.engine.lr={LR}",
             f"rollout.backend={rollout}",
             "rollout.tensor_parallel_size=2",
             f"rollout.reshard={reshard}",
@@ -77,23 +89,45 @@ def _run(layout: str, reshard: str, rollout: str, tmp: Path) -> tuple[list[dict]
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     check_handover_log(trainer.handover_log, ["actor"])  # megatron -> vLLM t_g = 2
+    _every_rank_loaded_weights(trainer, ranks)
     return rows, trainer
 
 
-def _greedy_matches_export(trainer: CheckedTrainer) -> None:
+def _every_rank_loaded_weights(trainer: CheckedTrainer, ranks: int) -> None:
+    """The rollout engine's own count of what reached its ``load_weights``, per rank: its
+    generation shard -- half of every tensor the actor exports at t_g = 2 (norms whole) --
+    however little the all-gathers moved."""
+    from safetensors.torch import load_file
+
+    exported = [load_file(f) for f in (trainer.output_dir / "exported").glob("*.safetensors")]
+    model = sum(t.numel() * t.element_size() for part in exported for t in part.values())
+    syncs = trainer.rank_syncs
+    assert syncs is not None and len(syncs) == ranks
+    for rank, sync in enumerate(syncs):
+        assert model / 2 <= sync["weight_sync/bytes"] <= model, (rank, sync, model)
+        assert sync["reshard/bytes_received"] == sync["reshard/bytes_expected"], (rank, sync)
+
+
+def _hf_greedy(folder: Path, prompts: Any) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    prompts, out = trainer.greedy
-    folder = trainer.output_dir / "exported"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
-        expected = model.generate(
+        out = model.generate(
             input_ids=prompts["input_ids"],
             attention_mask=prompts["attention_mask"],
             do_sample=False,
             max_new_tokens=NEW_TOKENS,
             pad_token_id=0,
-        )[:, prompts["input_ids"].shape[1] :]
+        )
+    return out[:, prompts["input_ids"].shape[1] :]
+
+
+def _greedy_matches_export(trainer: CheckedTrainer) -> None:
+    prompts, out = trainer.greedy
+    expected = _hf_greedy(trainer.output_dir / "exported", prompts)
+    # control: training changed greedy outputs, so stale rollout weights would show below
+    assert not torch.equal(expected, _hf_greedy(trainer.config.model.path, prompts))
     width = expected.shape[1]
     mask = out["response_mask"][:, :width].bool()
     assert mask.any()
@@ -106,14 +140,17 @@ def test_paper_plan_moves_table2_volume_with_zero_redundancy(
 ) -> None:
     rows, trainer = _run(layout, "hybrid", "vllm", tmp_path)
     _, t, p = LAYOUTS[layout]
+    # Table 2, HybridFlow: (pt - t_g p_g) / (t_g p_g pt) of M
+    share = Fraction(t * p - 2, 2 * t * p)
     for row in rows:
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"]
         assert row["reshard/zero_redundancy"] == 1.0
-        # Table 2, HybridFlow: (pt - t_g p_g) / (t_g p_g pt) of M
-        share = Fraction(t * p - 2, 2 * t * p)
         assert row["reshard/bytes_received"] == share * row["reshard/model_bytes"]
         assert row["perf/weight_sync_s"] > 0
         assert row["memory/weight_sync_peak_gib"] > 0
+    for sync in trainer.rank_syncs or []:  # every rank, not the log's worst one
+        assert sync["reshard/bytes_received"] == share * sync["reshard/model_bytes"]
+        assert sync["reshard/bytes_received"] > 0 or layout == "t2"
     _greedy_matches_export(trainer)
 
 
@@ -121,8 +158,8 @@ def test_paper_plan_moves_table2_volume_with_zero_redundancy(
 def test_naive_plan_moves_the_naive_volume(layout: str, in_workdir: Path, tmp_path: Path) -> None:
     rows, trainer = _run(layout, "naive", "vllm", tmp_path)
     _, t, p = LAYOUTS[layout]
-    for row in rows:
+    for row in [*rows, *(trainer.rank_syncs or [])]:  # the log's rows, then every rank's
         naive = Fraction(t * p - 1, t * p) * row["reshard/model_bytes"]  # (tp - 1) / tp * M
-        assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] == naive
+        assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] == naive > 0
         assert row["reshard/zero_redundancy"] == 0.0
     _greedy_matches_export(trainer)

@@ -13,6 +13,7 @@ from hf_core.agents.sandbox import run_python
 from hf_core.rewards import code as code_reward
 from hf_core.rewards import get_reward_function
 from hf_core.rewards.code import extract_code
+from hf_testing.kernel import landlock_expected
 
 
 def test_extracts_the_last_fenced_block() -> None:
@@ -206,8 +207,9 @@ def test_sleeping_until_the_wall_limit_scores_zero(
 def test_the_solution_process_cannot_trace_the_judge(monkeypatch: pytest.MonkeyPatch) -> None:
     """Root with CAP_SYS_PTRACE (a container's default user) could stop the judge and rewrite its
     registers; the solution process's own Landlock domain makes the kernel refuse."""
-    if not run_python("pass").fs_isolated:
+    if not landlock_expected():  # the kernel's word, not the sandbox's
         pytest.skip("no Landlock on this kernel")
+    assert run_python("pass").fs_isolated, "the kernel offers Landlock but the sandbox did not lock"
     limits = code_reward.CODE_TEST_LIMITS.model_copy(update={"wall_seconds": 2.0})
     monkeypatch.setattr(code_reward, "CODE_TEST_LIMITS", limits)
     probe = (

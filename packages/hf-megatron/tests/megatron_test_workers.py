@@ -7,13 +7,16 @@ functions are passed by name rather than pickled from a test module.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from hf_core.batch import Batch
-from hf_core.engines import SamplingParams
+from hf_core.engines import CanonicalSlice, NamedTensor, SamplingParams
 from hf_core.protocols import register
 from hf_core.resharding import GenerationLayout, build_hybrid_plan, build_naive_plan
 from hf_testing.workers import engine_worker_base
@@ -36,6 +39,52 @@ def build_odd_vocab_model(path: Path, vocab_size: int) -> Path:
 def make_plan(layout: Any, t_g: int, kind: str) -> Any:
     build = build_hybrid_plan if kind == "hybrid" else build_naive_plan
     return build(layout, GenerationLayout(pp=1, tp=t_g))
+
+
+GATHERS = ("all_gather_into_tensor", "all_gather_single")
+"""The all-gathers a reshard may call (looked up on ``torch.distributed`` at call time)."""
+
+
+@contextmanager
+def count_transport(rollout: Any) -> Iterator[dict[str, int]]:
+    """Bytes that went through ``torch.distributed``'s all-gathers (output minus this rank's
+    input: what other ranks sent it) and into ``rollout.load_weights``, counted by wrapping
+    those calls: a measure of the transfer that does not rely on the reshard's own counters."""
+    counts = {"gathered_bytes": 0, "gathers": 0, "loaded_bytes": 0, "loaded_tensors": 0}
+    depth = [0]  # one gather may call the other: count the outermost call only
+
+    def wrap(gather: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(out: torch.Tensor, inp: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if depth[0] == 0:
+                counts["gathers"] += 1
+                counts["gathered_bytes"] += (out.numel() - inp.numel()) * out.element_size()
+            depth[0] += 1
+            try:
+                return gather(out, inp, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return counted
+
+    def load(bucket: Iterable[NamedTensor | CanonicalSlice]) -> None:
+        items = list(bucket)
+        for item in items:
+            tensor = item.tensor if isinstance(item, CanonicalSlice) else item[1]
+            counts["loaded_bytes"] += tensor.numel() * tensor.element_size()
+            counts["loaded_tensors"] += 1
+        real_load(items)
+
+    originals = {name: getattr(dist, name) for name in GATHERS if hasattr(dist, name)}
+    real_load = rollout.load_weights
+    for name, gather in originals.items():
+        setattr(dist, name, wrap(gather))
+    rollout.load_weights = load
+    try:
+        yield counts
+    finally:
+        for name, gather in originals.items():
+            setattr(dist, name, gather)
+        del rollout.load_weights  # the class's method again
 
 
 # ----------------------------------------------------------------------------- worker
@@ -87,21 +136,22 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
         self, engine: str, rollout: str, t_g: int, kind: str, bucket_bytes: int
     ) -> dict[str, Any]:
         """The 3D-HybridEngine transition into the colocated rollout engine; reports stats
-        and the generation mesh."""
+        (``transport``: :func:`count_transport`'s) and the generation mesh."""
         from hf_core.roles.weight_sync import WeightSync
 
         source = self.engines[engine]
         plan = source.reshard_plan(gen_tp=t_g, kind=kind)
         assert plan == make_plan(source.layout.layout, t_g, kind)
-        sync = WeightSync(
-            source, self.rollouts[rollout], bucket_bytes=bucket_bytes, kind=kind, rank=self.rank
-        )
+        target = self.rollouts[rollout]
+        sync = WeightSync(source, target, bucket_bytes=bucket_bytes, kind=kind, rank=self.rank)
         assert sync.plan == plan  # core builds the same plan from the two engines' layouts
-        sync.run()
+        with count_transport(target) as transport:
+            sync.run()
         stats = source.reshard_stats
         self.set_mesh(source.worker_mesh(plan))
         out = stats.as_dict()
         out["recv_units_planned"] = sorted(plan.for_rank(self.rank).recv_units)
+        out["transport"] = transport
         return out
 
     @register("3D_ALL_MICRO_DP")

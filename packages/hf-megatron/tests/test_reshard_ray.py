@@ -6,6 +6,11 @@ Checked per rank: bytes received equal Table 2 of the paper exactly (the paper's
 the naive one), the units received are the plan's, the training shard is reused (zero
 redundancy), the OS saw about that many bytes leave the process, and greedy generation
 afterwards equals HF ``generate`` with the updated weights.
+
+Every layout here moves bytes to every rank (Table 2's share is > 0), and the bytes are also
+counted outside the reshard code -- at the all-gather calls and at the rollout engine's
+``load_weights`` -- so neither a transfer that skips the collectives nor a sync that never
+loads the rollout engine can pass on the reshard's own counters.
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ def trained_actor(group: WorkerGroup, models: dict) -> Iterator[dict]:
         )[:, enc["input_ids"].shape[1] :]
     assert not torch.equal(expected, initial)  # the update changed greedy outputs
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    yield {"path": path, "prompts": prompts, "expected": expected}
+    canonical = sum(t.numel() * t.element_size() for t in weights.values())  # lm_head tied
+    yield {"path": path, "prompts": prompts, "expected": expected, "canonical_bytes": canonical}
     group.drop("actor")
 
 
@@ -95,9 +101,21 @@ def test_reshard_volume_redundancy_and_generation(
     assert len(model_bytes) == 1
     total = model_bytes.pop()
     fraction = _formula(kind, t_g)
+    assert fraction > 0  # a layout where every rank must receive
     for rank, s in enumerate(stats):
         # Table 2, exactly: bytes received = formula x M (M = the model as gathered).
         assert Fraction(s["received_bytes"], total) == fraction, (rank, s["received_bytes"])
+        # ... as the all-gather calls themselves moved them; and the rollout engine's
+        # load_weights took the generation shard: the whole model at t_g = 1, its 1 / t_g
+        # slices (plus the replicated norms) at t_g = 2
+        moved = s["transport"]
+        assert moved["gathered_bytes"] == s["received_bytes"], (rank, moved)
+        assert moved["gathers"] == s["collectives"] > 0, (rank, moved)
+        assert moved["loaded_bytes"] == s["emitted_bytes"], (rank, moved)
+        canonical = trained_actor["canonical_bytes"]
+        assert canonical / t_g <= moved["loaded_bytes"] <= canonical, (rank, moved, canonical)
+        if t_g == 1:
+            assert moved["loaded_bytes"] == canonical
         assert [tuple(u) for u in s["received_units"]] == [
             tuple(u) for u in s["recv_units_planned"]
         ]

@@ -22,17 +22,16 @@ from hf_core.errors import MemoryFitError
 from hf_core.planner.models import from_hf_config
 from hf_core.trainer.memory_check import actor_process_fit, check_memory_fit
 
-QWEN_05B = from_hf_config(
-    {
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "vocab_size": 151_936,
-        "tie_word_embeddings": True,
-    }
-)
+QWEN_05B_CONFIG = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151_936,
+    "tie_word_embeddings": True,
+}
+QWEN_05B = from_hf_config(QWEN_05B_CONFIG)
 
 
 def footprint(ranks: int = 2, **kw: object) -> TrainingFootprint:
@@ -115,17 +114,6 @@ def _trainer_config(tmp_path: Path, model: dict, **sections: dict) -> TrainerCon
     for key, value in sections.items():
         doc[key] = {**doc.get(key, {}), **value}
     return TrainerConfig.model_validate(doc)
-
-
-QWEN_05B_CONFIG = {
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151_936,
-    "tie_word_embeddings": True,
-}
 
 
 def test_the_actor_process_adds_up_its_roles(tmp_path: Path) -> None:

@@ -168,14 +168,14 @@ class FSDPEngine(TrainingEngine):
             self.config, self.hf_config, self.model, self.world_size, self.rank, longest
         )
         # ranks must agree: each measured its own memory
-        tokens = all_reduce_int(-self.fit.max_tokens, dist.ReduceOp.MAX)
-        without = all_reduce_int(-self.fit.tokens_without_checkpointing, dist.ReduceOp.MAX)
+        tokens = all_reduce_int(self.fit.max_tokens, dist.ReduceOp.MIN)
+        without = all_reduce_int(self.fit.tokens_without_checkpointing, dist.ReduceOp.MIN)
         recompute = all_reduce_int(int(self.fit.gradient_checkpointing), dist.ReduceOp.MAX)
         self.fit = dataclasses.replace(
             self.fit,
-            max_tokens=-tokens,
+            max_tokens=tokens,
             gradient_checkpointing=bool(recompute),
-            tokens_without_checkpointing=-without,
+            tokens_without_checkpointing=without,
         )
 
     def _recompute_for(self, micro: list[MicroBatch]) -> None:
@@ -183,6 +183,8 @@ class FSDPEngine(TrainingEngine):
         micro-batch (on any rank) holds more tokens than fit without it; the numbers are the
         same either way, only memory and time differ."""
         if self.config.gradient_checkpointing != "auto" or self.fit is None:
+            return
+        if not self.fit.gradient_checkpointing:  # never needed: no collective per update
             return
         largest = max((int(m.batch["attention_mask"].numel()) for m in micro), default=0)
         largest = all_reduce_int(largest, dist.ReduceOp.MAX)

@@ -187,6 +187,15 @@ def shards_per_layer(model: nn.Module, cfg: FSDPEngineConfig) -> bool:
     return sum(p.numel() for p in model.parameters()) >= PER_LAYER_MIN_PARAMS
 
 
+def mixed_precision(cfg: FSDPEngineConfig, device: torch.device) -> torch.dtype | None:
+    """The compute dtype of FSDP's mixed-precision policy, or ``None`` for none
+    (``auto``: bfloat16 on GPU, none on CPU)."""
+    compute = cfg.mixed_precision
+    if compute == "auto":
+        compute = "bfloat16" if device.type == "cuda" else "none"
+    return None if compute == "none" else to_dtype(compute)
+
+
 def shard_model(
     model: nn.Module, mesh: DeviceMesh, cfg: FSDPEngineConfig, device: torch.device
 ) -> None:
@@ -199,12 +208,10 @@ def shard_model(
         fully_shard,
     )
 
-    compute = cfg.mixed_precision
-    if compute == "auto":
-        compute = "bfloat16" if device.type == "cuda" else "none"
+    compute = mixed_precision(cfg, device)
     mp = MixedPrecisionPolicy()
-    if compute != "none":
-        mp = MixedPrecisionPolicy(param_dtype=to_dtype(compute), reduce_dtype=torch.float32)
+    if compute is not None:
+        mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     offload: OffloadPolicy = OffloadPolicy()
     if cfg.cpu_offload:
         if device.type == "cuda":

@@ -17,9 +17,10 @@ GPU memory and other machines are not visible from here.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, get_args
 
 from hf_core.config import TrainerConfig
+from hf_core.engines.dtypes import DTypeName, to_dtype
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.memory_fit import (
     RUNTIME_BYTES,
@@ -31,14 +32,13 @@ from hf_core.engines.memory_fit import (
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import ModelSpec, from_hf_config
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
-
 
 def _bytes(engine: dict[str, Any], *keys: str) -> int:
-    """Bytes per element named by the first of ``keys`` the engine block sets (float32)."""
+    """Bytes per element of the dtype named by the first of ``keys`` the engine block sets
+    to a dtype name (``mixed_precision: auto`` or ``none`` names none); float32 otherwise."""
     for key in keys:
-        if key in engine and str(engine[key]) in DTYPE_BYTES:
-            return DTYPE_BYTES[str(engine[key])]
+        if str(engine.get(key)) in get_args(DTypeName):
+            return to_dtype(str(engine[key])).itemsize
     return 4
 
 

@@ -257,8 +257,9 @@ def bench_scale(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
     """On a GPU machine (``HF_TORCH_CONSTRAINTS= nox -s gpu``, its own CUDA torch kept):
-    every ``gpu``-marked test of the FSDP and megatron backends, then GRPO on the
-    Qwen2.5-0.5B shape in bfloat16 (FSDP -> HF).  See docs/gpu.md for what has run where."""
+    the GPU tests and API contracts of core and the FSDP and megatron backends, then GRPO at
+    the Qwen2.5-0.5B and 1.5B shapes with default settings (``bench/gpu_loop.py``, FSDP -> HF,
+    one process per GPU).  See docs/gpu.md for what has run where."""
     _install_base(session)
     session.install(*_constraints(), *_editable("hf-fsdp", "hf-megatron"))
     session.run(
@@ -267,16 +268,10 @@ def gpu(session: nox.Session) -> None:
         "import sys, torch; torch.cuda.is_available() or sys.exit("
         "'nox -s gpu needs a CUDA GPU and its torch (HF_TORCH_CONSTRAINTS= keeps it)')",
     )
-    tests = [str(_tests_of(p)) for p in ("hf-core", "hf-fsdp", "hf-megatron")]
-    session.run("python", "-m", "pytest", *tests, "-m", "gpu", "-ra", *session.posargs)
-    session.run(
-        "python",
-        str(ROOT / "bench" / "scale.py"),
-        "--sizes=0.5B",
-        "--pairs=fsdp-hf",
-        "--dtypes=bfloat16",
-        "--no-lora",
-    )
+    for package in ("hf-core", "hf-fsdp", "hf-megatron"):  # one run each: same file names
+        files = sorted(str(f) for f in _tests_of(package).glob("test_*gpu*.py"))
+        session.run("python", "-m", "pytest", *files, "-ra")
+    session.run("python", str(ROOT / "bench" / "gpu_loop.py"), *session.posargs)
 
 
 @nox.session(python=PYTHON)

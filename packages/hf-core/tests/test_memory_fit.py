@@ -146,3 +146,21 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts(tmp_path: Path) -> No
         actor_process_fit(half, 8 * GIB).total_bytes
         < actor_process_fit(config, 8 * GIB).total_bytes
     )
+
+
+def test_runs_on_gpus_are_left_to_the_gpu_memory_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node-memory check guards CPU runs: with GPUs (asked for, or ``auto`` on a node that
+    has one) the model's memory lives on the devices and the check does not refuse."""
+    import torch
+
+    on_gpus = _trainer_config(tmp_path, QWEN_05B_CONFIG, cluster={"use_gpu": True})
+    check_memory_fit(on_gpus, node_bytes=1 * GIB)
+    auto = _trainer_config(tmp_path, QWEN_05B_CONFIG)
+    assert auto.cluster.use_gpu == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_memory_fit(auto, node_bytes=1 * GIB)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MemoryFitError):
+        check_memory_fit(auto, node_bytes=1 * GIB)

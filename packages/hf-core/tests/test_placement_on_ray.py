@@ -60,3 +60,16 @@ def test_two_groups_can_share_bundles_in_separate_processes() -> None:
         holder.shutdown()
         reader.shutdown()
         pool.release()
+
+
+def test_use_gpu_auto_follows_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cluster.use_gpu: auto`` asks for GPUs exactly when Ray reports some (a worker that
+    asks for none has its GPUs hidden by Ray and would train on the CPU)."""
+    from hf_core.runtime import cluster
+
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    assert cluster.resolve_use_gpu("auto") is False
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 1.0})
+    assert cluster.resolve_use_gpu("auto") is True
+    assert cluster.resolve_use_gpu(False) is False
+    assert cluster.resolve_use_gpu(True) is True

@@ -60,7 +60,11 @@ class RunConfig(_Strict):
 class ClusterConfig(_Strict):
     address: str | None = Field(None, description="join this Ray cluster (or RAY_ADDRESS)")
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local Ray instance")
-    use_gpu: bool = False
+    use_gpu: bool | Literal["auto"] = Field(
+        "auto",
+        description="one GPU per rank; auto: when the Ray cluster has GPUs (Ray hides the GPUs "
+        "from a worker that asks for none, so without this a GPU machine trains on its CPUs)",
+    )
     failure_timeout_s: float = Field(
         30.0, gt=0, description="a dead or frozen worker is reported within this many seconds"
     )

@@ -57,3 +57,10 @@ class Cluster:
     @staticmethod
     def resources() -> dict[str, float]:
         return dict(ray.cluster_resources())
+
+
+def resolve_use_gpu(choice: bool | str) -> bool:
+    """``cluster.use_gpu``: ``auto`` is True when the connected Ray cluster has GPUs."""
+    if choice == "auto":
+        return float(ray.cluster_resources().get("GPU", 0.0)) > 0
+    return bool(choice)

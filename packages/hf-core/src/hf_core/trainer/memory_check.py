@@ -88,9 +88,18 @@ def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> M
     )
 
 
+def _runs_on_gpus(config: TrainerConfig) -> bool:
+    """Whether the workers will get GPUs (``cluster.use_gpu``; ``auto``: this node has one)."""
+    if config.cluster.use_gpu == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return bool(config.cluster.use_gpu)
+
+
 def check_memory_fit(config: TrainerConfig, node_bytes: int | None = None) -> None:
     """Raise :class:`MemoryFitError` when the actor's process cannot fit (local CPU runs)."""
-    if config.cluster.address or os.environ.get("RAY_ADDRESS") or config.cluster.use_gpu:
+    if config.cluster.address or os.environ.get("RAY_ADDRESS") or _runs_on_gpus(config):
         return
     if config.placement.mode == "auto" or config.placement.nodes != 1:
         return

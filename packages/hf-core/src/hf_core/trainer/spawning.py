@@ -20,6 +20,7 @@ from hf_core.roles import (
     ScoreModelWorker,
 )
 from hf_core.runtime import ResourcePool, RoleSpec, WorkerGroup, spawn
+from hf_core.runtime.cluster import resolve_use_gpu
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,13 @@ def spawn_roles(
         raise ValueError(f"pools place roles {placed}, but the config has {sorted(specs)}")
     groups: dict[str, WorkerGroup] = {}
     resource_pools: list[ResourcePool] = []
+    use_gpu = resolve_use_gpu(config.cluster.use_gpu)
     try:
         for i, pool in enumerate(pools):
             name = "_".join(pool.roles) if i else "main"
             resource = ResourcePool(
                 _per_node(pool.processes, config.placement.nodes),
-                use_gpu=config.cluster.use_gpu,
+                use_gpu=use_gpu,
                 name=name,
             )
             resource_pools.append(resource)

@@ -21,9 +21,8 @@ from hf_core.engines.memory_fit import (
     DEFAULT_MAX_TOKENS,
     MicroBatchFit,
     TrainingFootprint,
+    device_growth_budget_bytes,
     fit_micro_batch,
-    growth_budget_bytes,
-    local_processes,
 )
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import from_hf_config
@@ -77,7 +76,8 @@ def resolve_fit(
     fixed_tokens = cfg.max_tokens_per_micro_batch
     checkpointing = cfg.gradient_checkpointing
     prints = footprint(cfg, hf_config, model, world)
-    budget = growth_budget_bytes(local_processes()) + local_weight_bytes(model)
+    budget = device_growth_budget_bytes(next(model.parameters()).device)
+    budget += local_weight_bytes(model)
     fit = fit_micro_batch(
         prints,
         budget,

@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from hf_core.planner.models import ModelSpec
 
 GIB = 1024**3
@@ -223,6 +225,16 @@ def growth_budget_bytes(processes_on_node: int, reserve_bytes: int = GIB) -> int
     included) are about to grow alike (the ranks of a data-parallel update): an equal share
     of the memory available now, less ``reserve_bytes`` kept free for the rest of the node."""
     return max(0, available_bytes() - reserve_bytes) // max(1, processes_on_node)
+
+
+def device_growth_budget_bytes(device: torch.device, reserve_bytes: int = GIB) -> int:
+    """:func:`growth_budget_bytes` for an engine on ``device``: on a GPU, what the device has
+    free now (one rank per GPU, so no share to split), less ``reserve_bytes`` for the CUDA
+    context's later allocations; on the CPU, this process's share of the node."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return max(0, free - reserve_bytes)
+    return growth_budget_bytes(local_processes(), reserve_bytes)
 
 
 def local_processes() -> int:

@@ -298,6 +298,8 @@ class FSDPEngine(TrainingEngine):
         for i in range(count):
             real = i < len(micro)
             mb = micro[i].batch if real else micro[0].batch
+            if self.device.type != "cpu":  # the loss reads its inputs beside the outputs
+                mb = mb.to(self.device)
             mb.meta.update(meta, micro_batch_index=i, micro_batch_size=len(mb))
             outputs = heads.forward(
                 self.config.head,

@@ -121,7 +121,9 @@ def main() -> None:
             try:
                 result = measure(name, work, data, gpus)
             except RuntimeError as exc:
-                print(f"  failed: {exc}", flush=True)
+                errors = work / name / "error.log"
+                detail = errors.read_text()[-6000:] if errors.is_file() else ""
+                print(f"  failed: {exc}\n{detail}", flush=True)
                 continue
             print(f"  {json.dumps(result)}", flush=True)
             results.append(result)

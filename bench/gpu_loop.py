@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "1.5B": {"shape": "qwen2.5-1.5b", "batch": (32, 8), "new": 256, "extra": BF16_ROLLOUT},
 }  # fmt: skip
 STEPS, WARMUP = 4, 1
+STAGE_PEAK = re.compile(r"memory/\w+_peak_gib")
 
 
 def row_overrides(row: dict[str, Any], model: Path, data: Path, out: Path, gpus: int) -> list[str]:
@@ -68,7 +70,8 @@ def measure(name: str, work: Path, data: Path, gpus: int) -> dict[str, Any]:
     out = work / name
     rows, _log = hybridflow(row_overrides(row, model, data, out, gpus), out)
     measured = rows[WARMUP:]
-    peaks = [float(v) for r in rows for k, v in r.items() if k.endswith("cuda_allocated_gib")]
+    # each stage's peak device memory on its largest rank (the workers' CUDA allocator)
+    peaks = [float(v) for r in rows for k, v in r.items() if STAGE_PEAK.fullmatch(k)]
     return {
         "row": name,
         "gpus": gpus,

@@ -298,6 +298,7 @@ def main() -> None:
     parser.add_argument("--pairs", default=",".join(PAIRS))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--no-lora", action="store_true", help="skip the 1.5B LoRA row")
+    parser.add_argument("--lora-only", action="store_true", help="only the 1.5B LoRA row")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     parser.add_argument(
         "--keep",
@@ -318,6 +319,8 @@ def main() -> None:
     runs = list(
         itertools.product(args.sizes.split(","), args.pairs.split(","), args.dtypes.split(","))
     )
+    if args.lora_only:
+        runs = []
     if not args.no_lora:
         runs.append((LORA_SHAPE[0], "fsdp-hf", "float32"))
     if args.table_only:

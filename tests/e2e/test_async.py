@@ -16,8 +16,8 @@
 Which weights generated a batch is the rollout pool's own account (``async/rollout_version``:
 the actor's update count that came with the weights it loaded), checked against the schedule's
 tag (``async/policy_version``).  The runs that must see the policy move use the
-``signal_rewards:digit_share`` reward: the recipe's reward is 0 for the untrained tiny policy,
-so its updates would change nothing.
+``hf_testing.signal_rewards:digit_share`` reward: the recipe's reward is 0 for the untrained
+tiny policy, so its updates would change nothing.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _rows(out: Path) -> list[dict]:
 
 
 STANDALONE = ("placement.mode=standalone", "placement.rollout_processes=1")
-LEARNS = "reward.function=signal_rewards:digit_share"
+LEARNS = "reward.function=hf_testing.signal_rewards:digit_share"
 """Varied rewards within each group: every update moves the policy."""
 
 

@@ -46,7 +46,8 @@ def _config(out: Path, *overrides: str) -> TrainerConfig:
             f"run.output_dir={out}",
             f"run.total_steps={STEPS}",
             f"run.save_every={SAVE_EVERY}",
-            "reward.function=signal_rewards:digit_share",  # digits_reverse: 0, no updates
+            # digits_reverse scores the untrained policy 0: no updates
+            "reward.function=hf_testing.signal_rewards:digit_share",
             "run.max_restarts=1",
             "run.export_final=true",
             "run.val_every=0",

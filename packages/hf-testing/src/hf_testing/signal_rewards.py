@@ -1,4 +1,5 @@
-"""Rewards that move an untrained tiny policy (for the tests that need its weights to change).
+"""Rewards that move an untrained policy (for the tests and benches that need its weights to
+change: resuming, staleness, self-healing).
 
 ``digits_reverse`` scores the tiny random policy's responses 0 almost everywhere, so GRPO's
 group advantages are 0 and an update leaves the weights as they were: a test of staleness or

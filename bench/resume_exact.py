@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import machine_line, publish, section
+from _common import publish, section
 from e2e_throughput import write_task
 from scale import RESTORED, SAVED, hybridflow, overrides
 
@@ -106,7 +106,7 @@ def main() -> None:
         f"{(result['checkpoint_bytes'] or 0) / 2**30:.2f} |\n"
     )
     description = (
-        f"{machine_line(load=True)}.  Qwen2.5-0.5B shape (random weights, float32), FSDP -> HF, "
+        "Qwen2.5-0.5B shape (random weights, float32), FSDP -> HF, "
         "2 processes, 4 prompts x 4 samples, 32 new tokens, reward `digit_share` (varies in "
         f"every group, so the weights move: reward means {result['reward_mean']}), "
         f"checkpoint every {STOP} steps."

@@ -34,7 +34,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import init_gloo, machine_line, print_result, publish, run_ranks, section
+from _common import (
+    cpu_vector_isa,
+    init_gloo,
+    print_result,
+    publish,
+    run_ranks,
+    section,
+)
 from e2e_throughput import task_prompts, worker_env, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,6 +227,7 @@ def measure_row(size: str, pair: str, dtype: str, work: Path, data: Path) -> dic
         "checkpoint_bytes": int(saved[-1][1]) if saved else None,
         "restore_s": float(restored[-1]) if restored else None,
         "wall_s": wall,
+        "cpu": cpu_vector_isa().strip(" ()") or None,
     }
     result["floor_s"] = measure_floor(args, data)
     result["floor_ratio"] = step / result["floor_s"]
@@ -234,9 +242,10 @@ def parameter_count(model: Path) -> int:
 
 def table(results: dict[tuple[str, str, str], dict[str, Any]]) -> str:
     head = (
-        "| model | params | pair | dtype | step s | floor x | tokens/s | generate s | update s "
-        "| sync s | peak RSS GiB | resumed peak | save s | restore s | ckpt GiB | |logp diff| |\n"
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| model | params | pair | dtype | CPU | step s | floor x | tokens/s | generate s "
+        "| update s | sync s | peak RSS GiB | resumed peak | save s | restore s | ckpt GiB "
+        "| |logp diff| |\n"
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
 
     def cell(value: float | None, fmt: str = ".2f") -> str:
@@ -247,7 +256,8 @@ def table(results: dict[tuple[str, str, str], dict[str, Any]]) -> str:
         stages = r["stages"]
         ckpt = None if r["checkpoint_bytes"] is None else r["checkpoint_bytes"] / 2**30
         lines.append(
-            f"| {size} | {r['params'] / 1e6:.1f}M | {pair} | {dtype} | {cell(r['step_s'])} "
+            f"| {size} | {r['params'] / 1e6:.1f}M | {pair} | {dtype} | {r.get('cpu') or '-'} "
+            f"| {cell(r['step_s'])} "
             f"| {cell(r['floor_ratio'])} | {cell(r['tokens_per_s'], '.0f')} "
             f"| {cell(stages['generate'])} | {cell(stages['update_actor'])} "
             f"| {cell(stages['weight_sync'], '.3f')} | {cell(r['peak_rss_gib'])} "
@@ -349,10 +359,12 @@ def main() -> None:
     if args.write and plot(results, picture):
         body += f"\n![costs against parameter count]({picture.name})\n"
     description = (
-        f"{machine_line(load=True)}.  GRPO, {PROMPTS} prompts x {SAMPLES} samples, "
+        f"GRPO, {PROMPTS} prompts x {SAMPLES} samples, "
         f"{NEW_TOKENS} new tokens, 2 processes x 1 thread, median of {STEPS - WARMUP} steps "
         "after a warm-up; default engine settings. 'floor x' is the step over the bare "
-        "engines' generate + train_step of the same batch."
+        "engines' generate + train_step of the same batch.  CPU: the vector ISA of the VM a "
+        "row was measured on ('-': an earlier VM, not recorded); rows measured on different "
+        "VMs do not compare (AVX-512 about doubles the float32 GEMM rate of AVX2)."
     )
     print(body)
     publish(TITLE, section(TITLE, description, body), args.write)

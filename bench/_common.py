@@ -52,14 +52,12 @@ def free_port() -> int:
 
 
 def cpu_vector_isa() -> str:
-    """`` (AVX-512)`` / `` (AVX2)`` from /proc/cpuinfo: the float32 GEMM rate of these VMs
-    doubles with AVX-512, so figures from machines that differ there do not compare."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        return ""
+    """`` (AVX-512)`` / `` (AVX2)``: the float32 GEMM rate of these VMs doubles with AVX-512,
+    so figures from machines that differ there do not compare."""
+    from hf_core.device import cpu_flags
+
     for isa, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")):
-        if isa in flags:
+        if isa in cpu_flags():
             return f" ({name})"
     return ""
 

@@ -340,3 +340,14 @@ def test_the_channel_delivers_every_bucket_to_every_receiver() -> None:
         for bucket, expected in zip(received, buckets, strict=True):
             for (_, a), (_, b) in zip(bucket, expected, strict=True):
                 assert a.dtype == b.dtype and a.equal(b)
+
+
+def test_auto_correction_follows_the_actors_compute_dtype(tmp_path: Path) -> None:
+    """Settings may name no dtype while the actor computes in bf16 (FSDP's ``mixed_precision:
+    auto`` on a GPU): the engine's ``compute_dtype`` turns the correction on."""
+    config = _config(tmp_path, placement={"mode": "colocate"})
+    assert rollout_is_mode(config) is None
+    assert rollout_is_mode(config, torch.bfloat16) == "truncated"
+    assert rollout_is_cap(config, torch.float16) == 2.0
+    off = _config(tmp_path, placement={"mode": "colocate"}, algorithm={"rollout_is": "none"})
+    assert rollout_is_mode(off, torch.bfloat16) is None

@@ -48,6 +48,40 @@ def test_lean_logits_equal_transformers_at_prefill_and_every_step(models: dict, 
             )
 
 
+def test_a_group_of_samples_is_prefilled_once(models: dict) -> None:
+    """Rows that repeat a prompt ``n`` times (GRPO's samples) are prefilled on one row per
+    group, and decode as if every row had been prefilled: the same logits at the prefill and
+    at every step after it, against the same session without grouping."""
+    model = AutoModelForCausalLM.from_pretrained(models["qwen2_tied"]).eval().requires_grad_(False)
+    ids, mask = left_padded_prompts(model.config.vocab_size)
+    n, steps = 3, 5
+    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+    decoder = LlamaFamilyDecoder(model)
+    prefilled_rows = []
+    forward = decoder.forward
+
+    def counting_forward(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+        prefilled_rows.append(input_ids.shape[0])
+        return forward(input_ids, *args)  # type: ignore[arg-type]
+
+    decoder.forward = counting_forward  # type: ignore[method-assign]
+    grouped = decoder.open(ids, mask, steps, group=n)
+    plain = decoder.open(ids, mask, steps)
+    with torch.no_grad():
+        torch.testing.assert_close(grouped.prefill(), plain.prefill(), rtol=1e-5, atol=1e-5)
+        assert prefilled_rows == [len(ids) // n, len(ids)]
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(steps):  # the rows of a group now diverge, as sampled tokens do
+            tokens = torch.randint(3, model.config.vocab_size, (len(ids),), generator=gen)
+            torch.testing.assert_close(
+                grouped.step(tokens), plain.step(tokens), rtol=1e-5, atol=1e-5
+            )
+    # rows that do not repeat are never grouped, whatever the caller says
+    assert decoder.open(ids[:-1], mask[:-1], steps, group=n).group == 1
+    shuffled = torch.roll(ids, 1, dims=0)
+    assert decoder.open(shuffled, mask, steps, group=n).group == 1
+
+
 def test_weight_sync_in_place_reaches_the_fused_projections(models: dict, tmp_path: Path) -> None:
     """q/k/v and gate/up run as one GEMM each over views of the HF parameters: weights
     copied into those parameters must change what the lean decoder computes."""

@@ -10,7 +10,10 @@ copies).  :class:`LlamaFamilyDecoder` runs the same arithmetic with fewer ops:
   so a weight sync that copies into them in place updates the fused GEMM too (no second copy);
 - a KV cache allocated once per generation and written in place;
 - rotary tables computed once per generation, applied to q and k together;
-- grouped-query attention inside SDPA (``enable_gqa``), with no copy of the keys.
+- grouped-query attention inside SDPA (``enable_gqa``), with no copy of the keys;
+- a prompt prefilled once per group of samples: GRPO-style rollouts repeat each prompt ``n``
+  times, so the prefill runs on one row per group and copies the prompt's keys and values
+  to the group's other rows (:func:`identical_groups` checks the rows really repeat).
 
 It covers decoder-only models of the Llama shape (``llama``, ``qwen2``, ``mistral`` without a
 sliding window; RMSNorm, SiLU MLP, default rotary embedding); :func:`lean_decoder_unsupported`
@@ -41,6 +44,17 @@ class DecodeSession(Protocol):
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed ``tokens [B]`` (the last sampled ones); logits ``[B, V]`` of the next."""
         ...
+
+
+def identical_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group: int) -> bool:
+    """Whether the rows come in runs of ``group`` identical prompts (ids and mask), as
+    ``expand_prompts`` lays out ``n`` samples of each prompt."""
+    rows = input_ids.shape[0]
+    if group <= 1 or rows % group:
+        return False
+    ids = input_ids.view(rows // group, group, -1)
+    mask = attention_mask.view(rows // group, group, -1)
+    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
 
 
 def _prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -191,9 +205,15 @@ class LlamaFamilyDecoder:
         self.scaling = float(body.layers[0].self_attn.scaling)
 
     def open(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        max_new_tokens: int,
+        group: int = 1,
     ) -> LlamaFamilySession:
-        return LlamaFamilySession(self, input_ids, attention_mask, max_new_tokens)
+        """A session; ``group``: the rows repeat each prompt this many times (prefilled once
+        per group when they really do)."""
+        return LlamaFamilySession(self, input_ids, attention_mask, max_new_tokens, group)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' Llama RMSNorm: normalised in float32, scaled in the input dtype."""
@@ -214,11 +234,12 @@ class LlamaFamilyDecoder:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        session: LlamaFamilySession,
+        session: LlamaFamilySession | _GroupLeaders,
         attention_mask: torch.Tensor,
     ) -> torch.Tensor:
         """Logits ``[B, V]`` after the last of ``input_ids [B, T]`` (written at cache slots
-        ``session.length .. +T``); ``attention_mask``: bool, broadcastable to ``[B, 1, T, L]``."""
+        ``session.length .. +T``); ``attention_mask``: bool, broadcastable to ``[B, 1, T, L]``.
+        ``session`` is anything with ``cache``, ``length``, ``cos`` and ``sin``."""
         body: Any = self.model.model
         heads, kv_heads, head_dim, linear = self.heads, self.kv_heads, self.head_dim, self.linear
         rows, new = input_ids.shape
@@ -263,8 +284,10 @@ class LlamaFamilySession:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         max_new_tokens: int,
+        group: int = 1,
     ) -> None:
         self.decoder, self.input_ids = decoder, input_ids
+        self.group = group if identical_groups(input_ids, attention_mask, group) else 1
         rows, prompt_len = input_ids.shape
         total = prompt_len + max_new_tokens
         device = input_ids.device
@@ -287,10 +310,31 @@ class LlamaFamilySession:
         # a padding position attends to itself: no query row is all masked (NaN in SDPA); the
         # padding's own outputs are never read, and later queries mask its keys
         mask |= torch.eye(prompt_len, dtype=torch.bool, device=device)
-        return self.decoder.forward(self.input_ids, self.positions, self, mask[:, None])
+        if self.group == 1:
+            return self.decoder.forward(self.input_ids, self.positions, self, mask[:, None])
+        g = self.group  # one row per group: the first of its copies
+        leaders = _GroupLeaders(self)
+        logits = self.decoder.forward(
+            self.input_ids[::g], self.positions[::g], leaders, mask[::g, None]
+        )
+        for layer in self.cache:
+            copies = layer.view(-1, g, *layer.shape[1:])
+            copies[:, 1:, :prompt_len] = copies[:, :1, :prompt_len]
+        self.length = leaders.length
+        return logits.repeat_interleave(g, dim=0)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.fed += 1
         positions = self.positions[:, -1:] + self.fed
         mask = self.keys_valid[:, None, None, : self.length + 1]
         return self.decoder.forward(tokens[:, None], positions, self, mask)
+
+
+class _GroupLeaders:
+    """The first row of each group of a session, for a prefill that runs once per group: its
+    cache rows are strided views of the session's, so the forward writes straight into them."""
+
+    def __init__(self, session: LlamaFamilySession) -> None:
+        self.cache = [layer[:: session.group] for layer in session.cache]
+        self.cos, self.sin = session.cos, session.sin
+        self.length = session.length

@@ -33,6 +33,7 @@ from hf_core.device import (
     ensure_process_group,
     release_cached_memory,
     resolve_device,
+    warn_if_emulated_half,
 )
 from hf_core.engines import (
     LoRAConfig,
@@ -106,6 +107,7 @@ class FSDPEngine(TrainingEngine):
         )
         if self.device.type == "cpu" and cfg.cpu_linear == "onednn":
             use_onednn_linear(model)
+        warn_if_emulated_half(self.device, fit.compute_dtype(cfg, self.device), "the FSDP engine")
         self.model = model
         self.mapping = FSDPWeightMapping(model)
         self.param_shapes = {
@@ -267,6 +269,11 @@ class FSDPEngine(TrainingEngine):
             "global_response_tokens": int(totals[1]),
             "local_response_tokens": tokens,
         }
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """bfloat16 under ``mixed_precision: auto`` on a GPU, else the configured dtype."""
+        return fit.compute_dtype(self.config, self.device)
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimiser step over this rank's ``batch``, in micro-batches.

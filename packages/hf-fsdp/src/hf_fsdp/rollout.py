@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_core.batch import Batch
-from hf_core.device import release_cached_memory, resolve_device
+from hf_core.device import release_cached_memory, resolve_device, warn_if_emulated_half
 from hf_core.engines import (
     NamedTensor,
     ResponseSteps,
@@ -71,6 +71,7 @@ class HFRolloutEngine(RolloutEngine):
         folder = check_model_folder(cfg.model_path)
         self.device = resolve_device(cfg.device)
         kwargs: dict[str, Any] = {"dtype": to_dtype(cfg.dtype)}
+        warn_if_emulated_half(self.device, kwargs["dtype"], "the HF rollout engine")
         if cfg.attn_implementation:
             kwargs["attn_implementation"] = cfg.attn_implementation
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device)
@@ -172,9 +173,12 @@ class HFRolloutEngine(RolloutEngine):
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
         stops = sorted({*params.stop_token_ids, *self.eos_token_ids})
+        # pieces hold whole groups of a prompt's n samples, so each is prefilled once
+        size = self.config.max_batch_size
+        size = size // params.n * params.n or size
         pieces = [
             self._decode(piece["input_ids"], piece["attention_mask"], params, generator, stops)
-            for piece in batch.split(self.config.max_batch_size)
+            for piece in batch.split(size)
         ]
         responses, log_probs, response_mask = (
             torch.cat(parts) for parts in zip(*pieces, strict=True)
@@ -182,10 +186,14 @@ class HFRolloutEngine(RolloutEngine):
         return assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
 
     def _session(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        max_new_tokens: int,
+        group: int,
     ) -> DecodeSession:
         if self._lean is not None:
-            return self._lean.open(input_ids, attention_mask, max_new_tokens)
+            return self._lean.open(input_ids, attention_mask, max_new_tokens, group)
         return TransformersSession(self.model, input_ids, attention_mask, max_new_tokens)
 
     @torch.no_grad()
@@ -199,7 +207,7 @@ class HFRolloutEngine(RolloutEngine):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids = input_ids.to(self.device)
         new_tokens = params.max_new_tokens
-        session = self._session(ids, attention_mask.to(self.device), new_tokens)
+        session = self._session(ids, attention_mask.to(self.device), new_tokens, params.n)
         logits = session.prefill()
         steps = ResponseSteps(ids.shape[0], stops, self.pad_token_id, self.device)
         # On an accelerator "all rows stopped?" is a host sync: ask every few steps only.

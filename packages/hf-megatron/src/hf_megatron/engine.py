@@ -34,7 +34,12 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_core.batch import Batch
-from hf_core.device import collective_device, ensure_process_group, resolve_device
+from hf_core.device import (
+    collective_device,
+    ensure_process_group,
+    resolve_device,
+    warn_if_emulated_half,
+)
 from hf_core.engines import (
     LossFn,
     NamedTensor,
@@ -120,6 +125,7 @@ class MegatronEngine(TrainingEngine):
         self.position = RankPosition(c.tp, tp, c.pp, pp)
         self.mapping = MegatronWeightMapping(self.dims, self.position, self.padded_vocab)
         self.dtype = to_dtype(cfg.param_dtype)
+        warn_if_emulated_half(self.device, self.dtype, "the megatron engine")
         self.tconfig = transformer_config(
             self.hf_config,
             self.dims,
@@ -556,6 +562,11 @@ class MegatronEngine(TrainingEngine):
         self.step = checkpoint.load(path, self)
 
     # ------------------------------------------------------------------ offload
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Every parameter, and so the forward, is in ``param_dtype``."""
+        return self.dtype
+
     def offload(self) -> int:
         """Move weights, gradients and optimiser state to host memory; the bytes moved (on
         the CPU nothing moves: the bytes a GPU run would).  Refuses work until :meth:`onload`,

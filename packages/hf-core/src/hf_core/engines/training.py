@@ -37,6 +37,12 @@ class TrainingEngine(ABC):
     :mod:`hf_core.engines.capabilities`.
     """
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward computes in: a 16-bit one makes the log-probs differ from a
+        rollout engine's by rounding (the trainer's rollout correction turns on)."""
+        return torch.float32
+
     @abstractmethod
     def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
         """Per-token ``log_probs`` (and ``entropy``) of ``responses`` under the model."""

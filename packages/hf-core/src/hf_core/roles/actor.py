@@ -74,8 +74,8 @@ class ActorRolloutRefWorker(Worker):
         """Multi-turn tool-using rollouts around the rollout engine (None: single-turn)."""
         self.loss = PolicyLoss(
             config.algorithm,
-            is_cap=rollout_is_cap(config),
-            is_mode=rollout_is_mode(config) or "truncated",
+            is_cap=rollout_is_cap(config, self.actor.compute_dtype),
+            is_mode=rollout_is_mode(config, self.actor.compute_dtype) or "truncated",
         )
         self.needs_sync = False
         self.updates = 0

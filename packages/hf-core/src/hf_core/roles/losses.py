@@ -53,23 +53,27 @@ def runs_in_half_precision(config: TrainerConfig) -> bool:
     return any(str(block.get(key)) in HALF_PRECISION for block in blocks for key in DTYPE_KEYS)
 
 
-def rollout_is_mode(config: TrainerConfig) -> Literal["truncated", "masked"] | None:
+def rollout_is_mode(
+    config: TrainerConfig, actor_dtype: torch.dtype = torch.float32
+) -> Literal["truncated", "masked"] | None:
     """The rollout correction in force, or ``None`` when it is off.
 
     ``algorithm.rollout_is: auto`` turns truncated weights on when the samples may come from
     an older policy than the one being updated (``rollout.max_staleness`` > 0) or when the
-    engines run in 16-bit floats (the training / inference mismatch).
+    engines run in 16-bit floats (the training / inference mismatch): settings that name one,
+    or an actor whose ``compute_dtype`` is one (FSDP's ``mixed_precision: auto`` on a GPU).
     """
     mode = config.algorithm.rollout_is
     if mode == "auto":
-        needed = config.rollout.max_staleness > 0 or runs_in_half_precision(config)
-        return "truncated" if needed else None
+        half = runs_in_half_precision(config) or actor_dtype in (torch.bfloat16, torch.float16)
+        return "truncated" if config.rollout.max_staleness > 0 or half else None
     return None if mode == "none" else mode
 
 
-def rollout_is_cap(config: TrainerConfig) -> float | None:
+def rollout_is_cap(config: TrainerConfig, actor_dtype: torch.dtype = torch.float32) -> float | None:
     """The cap of the rollout importance ratio, or ``None`` when the correction is off."""
-    return None if rollout_is_mode(config) is None else config.algorithm.rollout_is_cap
+    off = rollout_is_mode(config, actor_dtype) is None
+    return None if off else config.algorithm.rollout_is_cap
 
 
 def rollout_is_weights(

@@ -1,0 +1,42 @@
+"""hf_core.device: the warning for 16-bit compute a CPU would emulate."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from hf_core import device
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "warned"),
+    [
+        ({"avx2", "fma"}, torch.bfloat16, True),
+        ({"avx2", "avx512f", "avx512_bf16"}, torch.bfloat16, False),
+        ({"amx_bf16"}, torch.bfloat16, False),
+        ({"avx2"}, torch.float16, True),
+        ({"avx2"}, torch.float32, False),
+        (set(), torch.bfloat16, False),  # flags unreadable: nothing is claimed
+    ],
+)
+def test_emulated_half_precision_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    flags: set[str],
+    dtype: torch.dtype,
+    warned: bool,
+) -> None:
+    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
+    with caplog.at_level(logging.WARNING, logger="hf_core.device"):
+        device.warn_if_emulated_half(torch.device("cpu"), dtype, "the test engine")
+    assert ("the test engine computes in" in caplog.text) == warned
+    caplog.clear()
+    device.warn_if_emulated_half(torch.device("cuda", 0), dtype, "a GPU engine")
+    assert caplog.text == ""
+
+
+def test_this_machines_flags_are_read() -> None:
+    flags = device.cpu_flags()
+    assert not flags or "fpu" in flags  # /proc/cpuinfo's flags line, when there is one

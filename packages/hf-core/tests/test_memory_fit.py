@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
+from hf_core import plugins
 from hf_core.config import TrainerConfig
 from hf_core.engines.memory_fit import (
     GIB,
@@ -164,3 +167,44 @@ def test_runs_on_gpus_are_left_to_the_gpu_memory_plan(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(MemoryFitError):
         check_memory_fit(auto, node_bytes=1 * GIB)
+
+
+class _EngineWithOverhead(BaseModel):
+    """A rollout engine's settings that declare a KV cache and a runtime of their own."""
+
+    model_config = ConfigDict(extra="forbid")
+    model_path: str
+    kv_gib: int = 1
+
+    def host_overhead_bytes(self) -> int:
+        return self.kv_gib * GIB + 2 * GIB
+
+
+@pytest.fixture
+def overhead_engine() -> Iterator[str]:
+    plugins.reset()
+    registry = plugins.registry()
+    registry.rollout_engines.add("heavy-toy", dict, owner="test")
+    registry.rollout_engine_configs.add("heavy-toy", _EngineWithOverhead, owner="test")
+    yield "heavy-toy"
+    plugins.reset()
+
+
+def test_the_rollout_engines_declared_overhead_counts_before_the_run_starts(
+    tmp_path: Path, overhead_engine: str
+) -> None:
+    """What the engine holds beyond its weights (vLLM on the CPU: KV cache and ~2 GiB of its
+    own runtime) is part of the pre-start estimate, read from the validated settings block;
+    without it a run passed the check and was killed while its engines were being built."""
+    plain = _trainer_config(tmp_path, QWEN_05B_CONFIG, placement={"processes": 2})
+    heavy = _trainer_config(
+        tmp_path,
+        QWEN_05B_CONFIG,
+        placement={"processes": 2},
+        rollout={"backend": overhead_engine, "engine": {"kv_gib": 3}},
+    )
+    added = actor_process_fit(heavy, 24 * GIB).parts["resident"]
+    assert added - actor_process_fit(plain, 24 * GIB).parts["resident"] == 5 * GIB
+    check_memory_fit(plain, node_bytes=20 * GIB)
+    with pytest.raises(MemoryFitError, match="cannot fit"):
+        check_memory_fit(heavy, node_bytes=20 * GIB)

@@ -73,3 +73,29 @@ def test_cpu_kwargs_prefill_whole_prompts_within_a_budget_that_holds_the_longest
     assert llm_kwargs(chunked, path, "uni", on_gpu=False)["enable_chunked_prefill"] is True
     gpu = llm_kwargs(VLLMRolloutConfig(model_path=path), path, "uni", on_gpu=True)
     assert "enable_chunked_prefill" not in gpu and "max_num_batched_tokens" not in gpu
+
+
+def test_cpu_engines_get_a_fixed_kv_cache_and_declare_their_overhead(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left to itself vLLM's CPU worker grows to ``gpu_memory_utilization`` of the node per
+    engine (two hybrid ranks would ask for the whole node); the CPU default is a fixed KV
+    cache, and the pre-start memory check counts it and vLLM's runtime."""
+    from hf_core.engines import DeclaresHostOverhead
+    from hf_vllm.config import CPU_DEFAULT_KV_CACHE_BYTES, CPU_ENGINE_BYTES, VLLMRolloutConfig
+    from hf_vllm.engine import llm_kwargs
+
+    path = models["llama"]
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    plain = VLLMRolloutConfig(model_path=path)
+    assert isinstance(plain, DeclaresHostOverhead)
+    assert llm_kwargs(plain, path, "uni", on_gpu=False)["kv_cache_memory_bytes"] == (
+        CPU_DEFAULT_KV_CACHE_BYTES
+    )
+    assert plain.host_overhead_bytes() == CPU_DEFAULT_KV_CACHE_BYTES + CPU_ENGINE_BYTES
+    assert "kv_cache_memory_bytes" not in llm_kwargs(plain, path, "uni", on_gpu=True)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert plain.host_overhead_bytes() == 3 * 2**30 + CPU_ENGINE_BYTES
+    explicit = VLLMRolloutConfig(model_path=path, kv_cache_bytes=2**28)
+    assert llm_kwargs(explicit, path, "uni", on_gpu=False)["kv_cache_memory_bytes"] == 2**28
+    assert explicit.host_overhead_bytes() == 2**28 + CPU_ENGINE_BYTES

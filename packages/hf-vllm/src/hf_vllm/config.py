@@ -8,6 +8,7 @@ is not modelled here goes through ``engine_kwargs`` untouched.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,15 @@ from hf_core.config import EngineConfigError, parse_engine_config
 from hf_core.engines import DTypeName
 
 __all__ = ["EngineConfigError", "VLLMRolloutConfig", "parse_engine_config"]
+
+GIB = 1 << 30
+CPU_DEFAULT_KV_CACHE_BYTES = GIB
+"""A CPU engine's KV cache when neither ``kv_cache_bytes`` nor ``VLLM_CPU_KVCACHE_SPACE`` is
+set: 43,648 tokens at the Qwen2.5-0.5B shape in float32 (24 layers, 2 KV heads of 64)."""
+CPU_ENGINE_BYTES = 2 * GIB
+"""Resident bytes of a built CPU engine beyond its weights and KV cache (and beyond the
+torch runtime): measured 2.15 GB at the Qwen2.5-0.5B shape with 24 layers and with 2, so
+it does not grow with the model (docs/real_sizes.md)."""
 
 ExecutorName = Literal["auto", "external_launcher", "uni"]
 
@@ -47,7 +57,10 @@ class VLLMRolloutConfig(BaseModel):
         0.5, gt=0.0, le=1.0, description="share of device memory (hybrid: training needs the rest)"
     )
     kv_cache_bytes: int | None = Field(
-        None, ge=1, description="explicit KV-cache size (CPU default: VLLM_CPU_KVCACHE_SPACE)"
+        None,
+        ge=1,
+        description="explicit KV-cache size; CPU default: VLLM_CPU_KVCACHE_SPACE GiB when set, "
+        "else 1 GiB (GPU: gpu_memory_utilization decides)",
     )
     max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens")
     max_num_seqs: int = Field(256, ge=1, description="sequences decoded together")
@@ -76,3 +89,23 @@ class VLLMRolloutConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="passed to vllm.LLM as is (overrides the above)"
     )
+
+    def cpu_kv_cache_bytes(self) -> int:
+        """The KV cache a CPU engine allocates: ``kv_cache_bytes``, else
+        ``VLLM_CPU_KVCACHE_SPACE`` GiB, else :data:`CPU_DEFAULT_KV_CACHE_BYTES`.
+
+        Left to itself, vLLM's CPU worker grows its process to ``gpu_memory_utilization`` of
+        the node's memory: two hybrid ranks at the default 0.5 would ask for the whole node
+        before training holds a byte.  A fixed size keeps the training engine's share.
+        """
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+        if space.strip():
+            return int(space) * GIB
+        return CPU_DEFAULT_KV_CACHE_BYTES
+
+    def host_overhead_bytes(self) -> int:
+        """What a CPU engine holds beyond its weights: KV cache and vLLM's own runtime (see
+        :data:`CPU_ENGINE_BYTES`), for the pre-start memory check."""
+        return self.cpu_kv_cache_bytes() + CPU_ENGINE_BYTES

@@ -88,7 +88,7 @@ def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool
         "seed": cfg.seed,
     }
     optional = {
-        "kv_cache_memory_bytes": cfg.kv_cache_bytes,
+        "kv_cache_memory_bytes": cfg.kv_cache_bytes if on_gpu else cfg.cpu_kv_cache_bytes(),
         "max_model_len": cfg.max_model_len,
         "max_num_batched_tokens": cfg.max_num_batched_tokens,
     }

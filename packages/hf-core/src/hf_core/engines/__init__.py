@@ -4,6 +4,7 @@ from hf_core.engines.adapters import LoRAConfig, is_adapter_name, write_peft_fol
 from hf_core.engines.capabilities import (
     Closeable,
     ExportsHF,
+    DeclaresHostOverhead,
     GenerationRank,
     HasGenerationRank,
     HasWorkerMesh,
@@ -52,6 +53,7 @@ __all__ = [
     "Closeable",
     "DTypeName",
     "ExportsHF",
+    "DeclaresHostOverhead",
     "GenerationRank",
     "HasGenerationRank",
     "HasWorkerMesh",

@@ -149,3 +149,19 @@ class ServesAdapters(Protocol):
     def serves_adapters(self, config: LoRAConfig) -> bool: ...
 
     def load_adapter(self, config: LoRAConfig, tensors: list[NamedTensor]) -> None: ...
+
+
+@runtime_checkable
+class DeclaresHostOverhead(Protocol):
+    """A rollout engine's *settings* that know what the engine holds in a CPU process beyond
+    its weights (KV cache, the engine's own runtime).
+
+    The pre-start memory check (:mod:`hf_core.trainer.memory_check`) asks the validated
+    ``rollout.engine`` block, so it can refuse a run before the engine is built instead of
+    the kernel killing it mid-build.  Settings without it count the weights and an explicit
+    ``kv_cache_bytes`` only.
+    """
+
+    def host_overhead_bytes(self) -> int:
+        """Bytes the engine keeps resident in its process on the CPU, weights excluded."""
+        ...

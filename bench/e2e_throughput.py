@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import print_result, publish, section
+from _common import grpo_overrides, print_result, publish, section
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "## End-to-end RL step throughput (`bench/e2e_throughput.py`)"
@@ -109,30 +109,26 @@ def recipe_overrides(
     engine = dict(ROLLOUT_SETTINGS[backend])
     if baseline:
         engine.update(BASELINE_ROLLOUT_SETTINGS.get(backend, {}))
-    return [
-        f"model.path={model}",
-        f"data.train_files=[{data}]",
-        f"data.batch_size={prompts}",
-        "data.chat_template=false",
-        f"run.output_dir={out}",
-        f"run.total_steps={steps}",
-        "run.seed=0",
-        "run.progress=false",
-        "run.save_final=false",
-        f"run.torch_threads={threads}",
-        f"placement.processes={procs}",
-        f"rollout.backend={backend}",
-        *(f"rollout.engine.{k}={v}" for k, v in engine.items()),
-        f"rollout.n={n}",
-        "rollout.temperature=1.0",
-        f"rollout.max_new_tokens={new_tokens}",
-        "actor.backend=fsdp",
-        "actor.engine.lr=1e-4",
-        "reward.function=digits_reverse",
-        "algorithm.advantage=grpo",
-        "algorithm.ppo_epochs=1",
-        "algorithm.mini_batches=1",
-    ]
+    return grpo_overrides(
+        model,
+        data,
+        out,
+        prompts=prompts,
+        samples=n,
+        new_tokens=new_tokens,
+        steps=steps,
+        processes=procs,
+        lr="1e-4",
+        extra=[
+            "run.save_final=false",
+            f"run.torch_threads={threads}",
+            f"rollout.backend={backend}",
+            *(f"rollout.engine.{k}={v}" for k, v in engine.items()),
+            "actor.backend=fsdp",
+            "algorithm.ppo_epochs=1",
+            "algorithm.mini_batches=1",
+        ],
+    )
 
 
 def task_prompts(model: Path | str, data: Path | str, start: int, count: int) -> Any:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _common import grpo_overrides
 from e2e_throughput import write_task
 from scale import STAGES, hybridflow, median
 
@@ -40,26 +41,18 @@ STAGE_PEAK = re.compile(r"memory/\w+_peak_gib")
 
 def row_overrides(row: dict[str, Any], model: Path, data: Path, out: Path, gpus: int) -> list[str]:
     prompts, samples = row["batch"]
-    return [
-        f"model.path={model}",
-        f"data.train_files=[{data}]",
-        f"data.batch_size={prompts}",
-        "data.chat_template=false",
-        f"run.output_dir={out}",
-        f"run.total_steps={STEPS}",
-        "run.seed=0",
-        "run.progress=false",
-        f"placement.processes={gpus}",
-        f"rollout.n={samples}",
-        "rollout.temperature=1.0",
-        f"rollout.max_new_tokens={row['new']}",
-        "actor.engine.lr=1e-6",
-        "reward.function=digits_reverse",
-        "algorithm.advantage=grpo",
-        "actor.backend=fsdp",
-        "rollout.backend=hf",
-        *row["extra"],
-    ]
+    return grpo_overrides(
+        model,
+        data,
+        out,
+        prompts=prompts,
+        samples=samples,
+        new_tokens=row["new"],
+        steps=STEPS,
+        processes=gpus,
+        lr="1e-6",
+        extra=["actor.backend=fsdp", "rollout.backend=hf", *row["extra"]],
+    )
 
 
 def measure(name: str, work: Path, data: Path, gpus: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import Any
 
 from _common import (
     cpu_vector_isa,
+    grpo_overrides,
     init_gloo,
     print_result,
     publish,
@@ -98,25 +99,18 @@ def model_folder(size: str, dtype: str) -> Path:
 
 def overrides(model: Path, data: Path, out: Path, pair: str, dtype: str, size: str) -> list[str]:
     actor, rollout = pair.split("-")
-    rows = [
-        f"model.path={model}",
-        f"data.train_files=[{data}]",
-        f"data.batch_size={PROMPTS}",
-        "data.chat_template=false",
-        f"run.output_dir={out}",
-        f"run.total_steps={STEPS}",
-        "run.seed=0",
-        "run.progress=false",
-        "run.torch_threads=1",
-        "placement.processes=2",
-        f"rollout.n={SAMPLES}",
-        "rollout.temperature=1.0",
-        f"rollout.max_new_tokens={NEW_TOKENS}",
-        "actor.engine.lr=1e-5",
-        "reward.function=digits_reverse",
-        "algorithm.advantage=grpo",
-        *PAIRS[pair],
-    ]
+    rows = grpo_overrides(
+        model,
+        data,
+        out,
+        prompts=PROMPTS,
+        samples=SAMPLES,
+        new_tokens=NEW_TOKENS,
+        steps=STEPS,
+        processes=2,
+        lr="1e-5",
+        extra=["run.torch_threads=1", *PAIRS[pair]],
+    )
     if dtype != "float32":
         rows += [f"{DTYPE_KEYS[actor]}={dtype}", f"{DTYPE_KEYS[rollout]}={dtype}"]
     if size == LORA_SHAPE[0]:

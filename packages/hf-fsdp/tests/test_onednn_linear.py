@@ -160,3 +160,36 @@ def test_onednn_rollout_matches_an_aten_training_engine(
     assert onednn_calls == []  # the reference side is aten only
     diff = (recomputed - out["rollout_log_probs"]) * out["response_mask"]
     assert out["response_mask"].any() and float(diff.abs().max()) < 1e-4
+
+
+def test_bfloat16_layers_on_a_cpu_without_bfloat16_instructions_compute_in_float32(
+    models: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an AVX2-only CPU the swapped layers widen bfloat16 products to float32 (torch would
+    emulate them ~5-10x slower) and train as the native bfloat16 layers do, to rounding."""
+    from hf_core.engines import cpu_half
+    from hf_testing.dispatch import MatmulDtypes
+
+    monkeypatch.setattr(cpu_half, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    batch = rollout_batch(16, 12, 20, VOCAB, seed=3)
+    results = {}
+    for kind in ("onednn", "aten"):  # widened, then torch's own bfloat16 kernels
+        engine = FSDPEngine(
+            {
+                "model_path": str(models["llama"]),
+                "seed": 0,
+                "cpu_linear": kind,
+                "param_dtype": "bfloat16",
+            }
+        )
+        linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
+        with MatmulDtypes() as seen:
+            metrics = engine.train_step(batch, policy_loss)
+        wide = seen.dtypes.count(torch.float32)
+        if kind == "onednn":  # forward, input and weight gradients of every layer
+            assert wide >= 3 * len(linears)
+        else:
+            assert wide == 0
+        results[kind] = metrics
+    assert results["onednn"]["loss"] == pytest.approx(results["aten"]["loss"], rel=2e-2, abs=1e-3)
+    assert results["onednn"]["grad_norm"] == pytest.approx(results["aten"]["grad_norm"], rel=5e-2)

@@ -1,4 +1,5 @@
-"""float32 linear layers through oneDNN on the CPU, for calls of 64 rows (tokens) and more.
+"""CPU linear layers: float32 through oneDNN for calls of 64 rows (tokens) and more, and
+16-bit calls widened to float32 on CPUs without instructions for them.
 
 Why: torch's CPU ``linear`` calls MKL's sgemm, which on CPUs it does not tune for (AMD with
 AVX-512, the development VM among them) runs its AVX2 kernels, ~85 GFLOP/s per core; oneDNN's
@@ -12,6 +13,10 @@ than aten on most shapes (0.75x at 16 rows; 1.4-1.9x faster at 64, ~2x from 256 
 ``docs/platform.md``).  The forward and the input gradient are oneDNN GEMMs; the weight
 gradient (a reduction over the rows, which oneDNN's linear would need transposed copies for)
 stays on aten.
+
+bfloat16 / float16 calls on a CPU that lacks instructions for them (AVX2-only machines) go
+to :mod:`hf_core.engines.cpu_half` instead, whatever their size: torch would emulate them at
+a fraction of float32's speed.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hf_core.engines import cpu_half
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +80,10 @@ def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear``, through oneDNN when the call is large enough to gain from it."""
+    """``F.linear``, through oneDNN when the call is large enough to gain from it; 16-bit
+    calls on a CPU without instructions for their type in float32 (:mod:`cpu_half`)."""
+    if cpu_half.widens(x, weight, bias) and type(weight) in (torch.Tensor, nn.Parameter):
+        return cpu_half.linear(x, weight, bias)
     if not _takes_onednn(x, weight):
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1]).contiguous()

@@ -6,7 +6,9 @@ second tensor that size.  Here the head's matmul runs over ``chunk`` tokens at a
 forward keeps only per-token scalars (log-normaliser, entropy), and the backward recomputes
 each chunk's logits, turns them into the logits' gradient in place and folds it into the
 hidden states' and head weight's gradients before the next chunk.  Extra memory is about two
-chunks of logits plus the weight's gradient, whatever the token count.
+chunks of logits plus the weight's gradient, whatever the token count.  (On a CPU without
+instructions for a 16-bit compute dtype, add a float32 copy of the head weight for the pass:
+see :mod:`hf_core.engines.cpu_half`.)
 
 The price is one more head matmul per token in the backward (the recompute), which is why
 :func:`logits_chunk_tokens` returns ``None`` -- use the plain full-logits path -- when the
@@ -23,6 +25,8 @@ from typing import Any
 
 import torch
 
+from hf_core.engines import cpu_half
+
 DEFAULT_LOGITS_BUDGET_BYTES = 256 * 1024 * 1024
 """Float32 logits one chunk may hold (the recompute keeps about two such tensors)."""
 
@@ -36,10 +40,22 @@ def logits_chunk_tokens(tokens: int, vocab: int, budget_bytes: int) -> int | Non
     return max(1, budget_bytes // per_token)
 
 
+def _widened(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """The head weight in float32, once per pass, when this CPU lacks ``hidden``'s 16-bit
+    type (:mod:`hf_core.engines.cpu_half`); ``None`` elsewhere."""
+    return weight.float() if cpu_half.widens(hidden, weight) else None
+
+
 def _chunk_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, inverse_temperature: float
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    inverse_temperature: float,
+    wide_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    logits = (hidden @ weight.t()).float()
+    if wide_weight is not None:  # rounded to the compute dtype, as a native product would be
+        logits = hidden.float().mm(wide_weight.t()).to(hidden.dtype).float()
+    else:
+        logits = (hidden @ weight.t()).float()
     if inverse_temperature != 1.0:
         logits.mul_(inverse_temperature)
     return logits
@@ -60,9 +76,10 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         log_probs = hidden.new_empty(count, dtype=torch.float32)
         log_z = hidden.new_empty(count, dtype=torch.float32)
         entropy = hidden.new_empty(count if with_entropy else 0, dtype=torch.float32)
+        wide_weight = _widened(hidden, weight)
         for start in range(0, count, chunk):
             stop = min(start + chunk, count)
-            logits = _chunk_logits(hidden[start:stop], weight, inverse_temperature)
+            logits = _chunk_logits(hidden[start:stop], weight, inverse_temperature, wide_weight)
             norm = torch.logsumexp(logits, dim=-1)
             log_z[start:stop] = norm
             picked = logits.gather(-1, tokens[start:stop, None])[:, 0]
@@ -94,10 +111,11 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         # accumulate the head's gradient in float32 whatever the compute dtype
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
         count = hidden.shape[0]
+        wide_weight = _widened(hidden, weight)
         for start in range(0, count, ctx.chunk):
             stop = min(start + ctx.chunk, count)
             part = hidden[start:stop]
-            grad = _chunk_logits(part, weight, scale)
+            grad = _chunk_logits(part, weight, scale, wide_weight)
             grad.sub_(log_z[start:stop, None])  # log p
             if grad_entropy is not None:
                 # -p (log p + H) g_H  (minus p g_lp below), in place over log p
@@ -118,7 +136,9 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             if scale != 1.0:
                 grad.mul_(scale)
             grad = grad.to(hidden.dtype)
-            if grad_hidden is not None:
+            if grad_hidden is not None and wide_weight is not None:
+                grad_hidden[start:stop] = grad.float().mm(wide_weight)
+            elif grad_hidden is not None:
                 torch.matmul(grad, weight, out=grad_hidden[start:stop])
             if grad_weight is not None:
                 grad_weight.addmm_(grad.t().float(), part.float())

@@ -3,8 +3,8 @@
 from hf_core.engines.adapters import LoRAConfig, is_adapter_name, write_peft_folder
 from hf_core.engines.capabilities import (
     Closeable,
-    ExportsHF,
     DeclaresHostOverhead,
+    ExportsHF,
     GenerationRank,
     HasGenerationRank,
     HasWorkerMesh,
@@ -52,8 +52,8 @@ __all__ = [
     "CanonicalSlice",
     "Closeable",
     "DTypeName",
-    "ExportsHF",
     "DeclaresHostOverhead",
+    "ExportsHF",
     "GenerationRank",
     "HasGenerationRank",
     "HasWorkerMesh",

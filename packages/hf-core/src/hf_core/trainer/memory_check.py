@@ -4,10 +4,11 @@ A run that cannot fit used to be killed by the kernel minutes in (while loading,
 first update), and a self-healing restart walked into the same death.  This check adds up
 what one actor process holds at its peak -- the actor's training state sharded over the
 pool, a colocated reference, critic and reward model, the rollout engine's copy of the
-weights and what its settings declare beyond them (KV cache, its runtime), the runtime, and the smallest update it can make (one sample, activations
-recomputed) -- with the estimate of :mod:`hf_core.engines.memory_fit`, and refuses to start
-when even that exceeds the process's share of the machine, naming the estimate's parts and
-the budget.  Training engines choose their micro-batches within what is left at run time
+weights and what its settings declare beyond them (KV cache, its own runtime), the runtime,
+and the smallest update it can make (one sample, activations recomputed) -- with the
+estimate of :mod:`hf_core.engines.memory_fit`, and refuses to start when even that exceeds
+the process's share of the machine, naming the estimate's parts and the budget.  Training
+engines choose their micro-batches within what is left at run time
 (``max_tokens_per_micro_batch: auto``).
 
 Only where the figures mean something: a local CPU run (no Ray cluster to join, one node);

@@ -10,8 +10,8 @@ it asks ``torch.cuda`` for the current device, the RNG state and a synchronisati
 allocates buffers with ``device="cuda"`` / ``torch.cuda.current_device()`` or ``.cuda()``.
 Everything else (the layers, the TP/PP collectives over gloo, the distributed optimizer,
 the pipeline schedules) is device-agnostic.  This module redirects exactly those calls to the
-CPU, and nothing else (measured to work: see docs/platform.md, "megatron-core on
-CPU").
+CPU (measured to work: see docs/platform.md, "megatron-core on CPU"), plus one speed fix
+for CPUs without 16-bit instructions (below).
 
 Two parts:
 
@@ -19,8 +19,9 @@ Two parts:
   process-wide, once.  It refuses to run when CUDA is available: on a GPU nothing here is
   applied and megatron runs unchanged.
 * :func:`cpu_device_mode` is a ``TorchFunctionMode`` that rewrites CUDA device arguments to the
-  CPU while megatron code runs; the engine enters it around each of its entry points (it is
-  thread-local, so it is entered per call rather than left on globally).
+  CPU while megatron code runs (and runs 16-bit matmuls in float32 on CPUs without 16-bit
+  instructions, where torch would emulate them); the engine enters it around each of its
+  entry points (it is thread-local, so it is entered per call rather than left on globally).
 
 ``sequence_parallel`` is not supported on this path (the local layer spec has no CPU kernel
 for it) and is rejected by the engine's config.
@@ -37,6 +38,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from hf_core.engines import cpu_half
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +96,41 @@ def _is_cuda(device: Any) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
+_MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+
+
+def _widened_matmul_applies(args: tuple) -> bool:
+    """A 16-bit product this CPU has no instructions for, outside autograd's recording.
+
+    megatron's parallel linear layers multiply inside their own autograd functions (forward
+    and backward run without recording), where a widened product costs nothing extra; a
+    product autograd would record keeps torch's kernel rather than saving float32 copies.
+    """
+    if len(args) != 2 or not all(isinstance(t, torch.Tensor) for t in args):
+        return False
+    a, b = args
+    recording = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    return not recording and a.dtype == b.dtype and cpu_half.widens(a, b)
+
+
 class _CpuDeviceMode(TorchFunctionMode):
     """Rewrites ``device="cuda"`` (or an ordinal), ``.cuda()`` and ``.to("cuda")`` to CPU,
     and reports ``Tensor.type()`` under the CUDA names megatron checks for.
 
     Needed because megatron's DDP buffers, distributed optimizer and pipeline schedules
     allocate with ``device=torch.cuda.current_device()`` or call ``.cuda()``.
+
+    Also runs bfloat16 / float16 ``matmul`` on a CPU without instructions for the type in
+    float32, rounded once to the 16-bit type (:mod:`hf_core.engines.cpu_half`: torch would
+    emulate the product several times slower).
     """
 
     def __torch_function__(
         self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
+        if func in _MATMULS and not kwargs and _widened_matmul_applies(args):
+            a, b = args
+            return torch.matmul(a.float(), b.float()).to(a.dtype)
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]

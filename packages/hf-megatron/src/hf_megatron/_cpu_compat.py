@@ -10,18 +10,19 @@ it asks ``torch.cuda`` for the current device, the RNG state and a synchronisati
 allocates buffers with ``device="cuda"`` / ``torch.cuda.current_device()`` or ``.cuda()``.
 Everything else (the layers, the TP/PP collectives over gloo, the distributed optimizer,
 the pipeline schedules) is device-agnostic.  This module redirects exactly those calls to the
-CPU (measured to work: see docs/platform.md, "megatron-core on CPU"), plus one speed fix
-for CPUs without 16-bit instructions (below).
+CPU (measured to work: see docs/platform.md, "megatron-core on CPU").
 
-Two parts:
+Two parts for the device:
 
 * :func:`install` patches a few ``torch.cuda`` functions and megatron's own CUDA RNG helpers,
   process-wide, once.  It refuses to run when CUDA is available: on a GPU nothing here is
   applied and megatron runs unchanged.
 * :func:`cpu_device_mode` is a ``TorchFunctionMode`` that rewrites CUDA device arguments to the
-  CPU while megatron code runs (and runs 16-bit matmuls in float32 on CPUs without 16-bit
-  instructions, where torch would emulate them); the engine enters it around each of its
-  entry points (it is thread-local, so it is entered per call rather than left on globally).
+  CPU while megatron code runs; the engine enters it around each of its entry points (it is
+  thread-local, so it is entered per call rather than left on globally).
+
+And one speed fix: :func:`install` also makes megatron's linear layers multiply 16-bit
+tensors in float32 on CPUs without 16-bit instructions, where torch would emulate them.
 
 ``sequence_parallel`` is not supported on this path (the local layer spec has no CPU kernel
 for it) and is rejected by the engine's config.
@@ -96,41 +97,17 @@ def _is_cuda(device: Any) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
-_MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
-
-
-def _widened_matmul_applies(args: tuple) -> bool:
-    """A 16-bit product this CPU has no instructions for, outside autograd's recording.
-
-    megatron's parallel linear layers multiply inside their own autograd functions (forward
-    and backward run without recording), where a widened product costs nothing extra; a
-    product autograd would record keeps torch's kernel rather than saving float32 copies.
-    """
-    if len(args) != 2 or not all(isinstance(t, torch.Tensor) for t in args):
-        return False
-    a, b = args
-    recording = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
-    return not recording and a.dtype == b.dtype and cpu_half.widens(a, b)
-
-
 class _CpuDeviceMode(TorchFunctionMode):
     """Rewrites ``device="cuda"`` (or an ordinal), ``.cuda()`` and ``.to("cuda")`` to CPU,
     and reports ``Tensor.type()`` under the CUDA names megatron checks for.
 
     Needed because megatron's DDP buffers, distributed optimizer and pipeline schedules
     allocate with ``device=torch.cuda.current_device()`` or call ``.cuda()``.
-
-    Also runs bfloat16 / float16 ``matmul`` on a CPU without instructions for the type in
-    float32, rounded once to the 16-bit type (:mod:`hf_core.engines.cpu_half`: torch would
-    emulate the product several times slower).
     """
 
     def __torch_function__(
         self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        if func in _MATMULS and not kwargs and _widened_matmul_applies(args):
-            a, b = args
-            return torch.matmul(a.float(), b.float()).to(a.dtype)
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
@@ -183,6 +160,58 @@ def on_cpu(method: Callable) -> Callable:
     return wrapper
 
 
+# ------------------------------------------------------------- 16-bit products
+_MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+
+
+def _widened_matmul_applies(args: tuple) -> bool:
+    """A 16-bit product this CPU has no instructions for, outside autograd's recording
+    (a recorded product keeps torch's kernel rather than saving float32 copies)."""
+    if len(args) != 2 or not all(isinstance(t, torch.Tensor) for t in args):
+        return False
+    a, b = args
+    recording = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    return not recording and a.dtype == b.dtype and cpu_half.widens(a, b)
+
+
+class _WidenedMatmuls(TorchFunctionMode):
+    """``matmul`` of bfloat16 / float16 CPU tensors in float32, rounded once to the 16-bit
+    type, on CPUs without instructions for it (:mod:`hf_core.engines.cpu_half`; torch would
+    emulate the product, measured 18x slower on an update)."""
+
+    def __torch_function__(
+        self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        if func in _MATMULS and not kwargs and _widened_matmul_applies(args):
+            a, b = args
+            return torch.matmul(a.float(), b.float()).to(a.dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def _with_widened_matmuls(method: Callable) -> Any:
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _WidenedMatmuls():
+            return method(*args, **kwargs)
+
+    return staticmethod(run)
+
+
+def _widen_parallel_linear_products() -> None:
+    """Run megatron's linear autograd functions (forward and backward) under
+    :class:`_WidenedMatmuls`.  Their products run with autograd off, so widening them saves
+    nothing extra; a mode entered around the engine would not reach the backward, which the
+    autograd engine runs outside the caller's function modes."""
+    from megatron.core.tensor_parallel import layers
+
+    for function in (
+        layers.LinearWithGradAccumulationAndAsyncCommunication,
+        layers.LinearWithFrozenWeight,
+    ):
+        function.forward = _with_widened_matmuls(function.forward)
+        function.backward = _with_widened_matmuls(function.backward)
+
+
 # ------------------------------------------------------------------------ install
 def install() -> None:
     """Apply the process-wide patches (idempotent).  Only on a machine without CUDA."""
@@ -204,5 +233,7 @@ def install() -> None:
     # megatron's own copies of the CUDA RNG helpers (they index torch.cuda.default_generators).
     mcore_random._get_cuda_rng_state = _cpu_get_rng_state
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
+    # 16-bit GEMMs on CPUs without 16-bit instructions (a no-op per call on other CPUs).
+    _widen_parallel_linear_products()
     _INSTALLED = True
     log.info("megatron CPU compatibility layer installed (no CUDA device in this process)")

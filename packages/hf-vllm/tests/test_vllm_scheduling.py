@@ -94,8 +94,9 @@ def test_cpu_engines_get_a_fixed_kv_cache_and_declare_their_overhead(
     )
     assert plain.host_overhead_bytes() == CPU_DEFAULT_KV_CACHE_BYTES + CPU_ENGINE_BYTES
     assert "kv_cache_memory_bytes" not in llm_kwargs(plain, path, "uni", on_gpu=True)
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
-    assert plain.host_overhead_bytes() == 3 * 2**30 + CPU_ENGINE_BYTES
     explicit = VLLMRolloutConfig(model_path=path, kv_cache_bytes=2**28)
     assert llm_kwargs(explicit, path, "uni", on_gpu=False)["kv_cache_memory_bytes"] == 2**28
     assert explicit.host_overhead_bytes() == 2**28 + CPU_ENGINE_BYTES
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # vLLM lets it win on the CPU
+    assert plain.host_overhead_bytes() == explicit.host_overhead_bytes()
+    assert explicit.host_overhead_bytes() == 3 * 2**30 + CPU_ENGINE_BYTES

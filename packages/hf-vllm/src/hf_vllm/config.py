@@ -59,8 +59,8 @@ class VLLMRolloutConfig(BaseModel):
     kv_cache_bytes: int | None = Field(
         None,
         ge=1,
-        description="explicit KV-cache size; CPU default: VLLM_CPU_KVCACHE_SPACE GiB when set, "
-        "else 1 GiB (GPU: gpu_memory_utilization decides)",
+        description="explicit KV-cache size (on the CPU VLLM_CPU_KVCACHE_SPACE, when set, "
+        "overrides it; CPU default 1 GiB; GPU default: gpu_memory_utilization decides)",
     )
     max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens")
     max_num_seqs: int = Field(256, ge=1, description="sequences decoded together")
@@ -91,18 +91,19 @@ class VLLMRolloutConfig(BaseModel):
     )
 
     def cpu_kv_cache_bytes(self) -> int:
-        """The KV cache a CPU engine allocates: ``kv_cache_bytes``, else
-        ``VLLM_CPU_KVCACHE_SPACE`` GiB, else :data:`CPU_DEFAULT_KV_CACHE_BYTES`.
+        """The KV cache a CPU engine allocates: ``VLLM_CPU_KVCACHE_SPACE`` GiB when set (vLLM
+        lets it override every other setting on the CPU), else ``kv_cache_bytes``, else
+        :data:`CPU_DEFAULT_KV_CACHE_BYTES`.
 
         Left to itself, vLLM's CPU worker grows its process to ``gpu_memory_utilization`` of
         the node's memory: two hybrid ranks at the default 0.5 would ask for the whole node
         before training holds a byte.  A fixed size keeps the training engine's share.
         """
-        if self.kv_cache_bytes is not None:
-            return self.kv_cache_bytes
         space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
         if space.strip():
             return int(space) * GIB
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
         return CPU_DEFAULT_KV_CACHE_BYTES
 
     def host_overhead_bytes(self) -> int:

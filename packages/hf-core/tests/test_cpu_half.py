@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hf_core import device
 from hf_core.algorithms.chunked_head import chunked_head_log_probs_and_entropy
 from hf_core.engines import cpu_half
 from hf_testing.dispatch import MatmulDtypes
@@ -16,20 +17,20 @@ AVX512_BF16 = AVX2 | {"avx512f", "avx512_bf16"}
 
 @pytest.fixture
 def avx2_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_half, "cpu_flags", lambda: AVX2)
+    monkeypatch.setattr(device, "cpu_flags", lambda: AVX2)
 
 
 def test_only_16_bit_cpu_products_on_cpus_without_the_instructions_widen(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     half = torch.ones(2, 2, dtype=torch.bfloat16)
-    monkeypatch.setattr(cpu_half, "cpu_flags", lambda: AVX2)
+    monkeypatch.setattr(device, "cpu_flags", lambda: AVX2)
     assert cpu_half.widens(half, half, None)
-    assert cpu_half.cpu_lacks(torch.float16)
+    assert device.cpu_lacks(torch.float16)
     assert not cpu_half.widens(half.float(), half.float())
-    monkeypatch.setattr(cpu_half, "cpu_flags", lambda: AVX512_BF16)
+    monkeypatch.setattr(device, "cpu_flags", lambda: AVX512_BF16)
     assert not cpu_half.widens(half, half)
-    monkeypatch.setattr(cpu_half, "cpu_flags", frozenset)  # flags unreadable: torch's kernels
+    monkeypatch.setattr(device, "cpu_flags", frozenset)  # flags unreadable: torch's kernels
     assert not cpu_half.widens(half, half)
 
 
@@ -86,7 +87,7 @@ def test_the_chunked_head_widens_and_agrees_with_the_native_product(
     tokens = torch.randint(0, 300, (40,))
     results = []
     for flags in (AVX512_BF16, AVX2):  # native, then widened
-        monkeypatch.setattr(cpu_half, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(device, "cpu_flags", lambda flags=flags: flags)
         h = hidden.clone().requires_grad_()
         w = weight.clone().requires_grad_()
         log_probs, entropy = chunked_head_log_probs_and_entropy(h, w, tokens, chunk=16)

@@ -166,11 +166,12 @@ def test_bfloat16_layers_on_a_cpu_without_bfloat16_instructions_compute_in_float
     models: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On an AVX2-only CPU the swapped layers widen bfloat16 products to float32 (torch would
-    emulate them ~5-10x slower) and train as the native bfloat16 layers do, to rounding."""
-    from hf_core.engines import cpu_half
+    emulate them, 18x slower on a 25M update) and train as native bfloat16 layers do, to
+    rounding."""
+    from hf_core import device
     from hf_testing.dispatch import MatmulDtypes
 
-    monkeypatch.setattr(cpu_half, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     batch = rollout_batch(16, 12, 20, VOCAB, seed=3)
     results = {}
     for kind in ("onednn", "aten"):  # widened, then torch's own bfloat16 kernels

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_core.engines import cpu_half
+from hf_core import device
 from hf_megatron._cpu_compat import cpu_device_mode
 from hf_testing.dispatch import MatmulDtypes
 
@@ -32,7 +32,7 @@ def _megatron_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def test_megatron_linear_products_widen_on_cpus_without_16_bit_instructions(
     monkeypatch: pytest.MonkeyPatch, flags: set[str]
 ) -> None:
-    monkeypatch.setattr(cpu_half, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
     x = torch.randn(2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(4, 16, dtype=torch.bfloat16, requires_grad=True)
     with cpu_device_mode():
@@ -47,7 +47,7 @@ def test_megatron_linear_products_widen_on_cpus_without_16_bit_instructions(
 
 
 def test_products_autograd_records_keep_torchs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_half, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset({"avx2"}))
     a = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(16, 4, dtype=torch.bfloat16)
     with cpu_device_mode(), MatmulDtypes() as seen:

@@ -146,20 +146,34 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+NATIVE_HALF_FLAGS = {
+    torch.bfloat16: frozenset({"avx512_bf16", "amx_bf16"}),
+    torch.float16: frozenset({"avx512_fp16", "amx_fp16"}),
+}
+"""The CPU flags of which any one gives native GEMMs in each 16-bit float type."""
+
+
+def cpu_lacks(dtype: torch.dtype) -> bool:
+    """Whether this CPU has no instructions for ``dtype`` (a 16-bit float); false for other
+    dtypes and when the flags cannot be read, so an unknown CPU keeps torch's own kernels."""
+    native = NATIVE_HALF_FLAGS.get(dtype)
+    flags = cpu_flags()
+    return native is not None and bool(flags) and not flags & native
+
+
 def warn_if_emulated_half(device: torch.device, dtype: torch.dtype, what: str) -> None:
     """Say so when ``what`` will compute in a 16-bit float on a CPU that has no instructions
-    for it: the matrix products are then emulated (measured here: a 25M-parameter update
-    10x slower in bfloat16 than in float32 on an AVX2-only CPU)."""
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+    for it: its linear layers then multiply in float32 and round to the 16-bit type
+    (:mod:`hf_core.engines.cpu_half`), so it runs at float32's speed at best, and products
+    outside them (attention) are emulated by torch, several times slower."""
+    if device.type != "cpu" or not cpu_lacks(dtype):
         return
-    flags = cpu_flags()
-    native = {"avx512_bf16", "amx_bf16"} if dtype == torch.bfloat16 else {"avx512_fp16"}
-    if flags and not flags & native:
-        log.warning(
-            "%s computes in %s on a CPU without %s instructions: its matrix products are "
-            "emulated and much slower than in float32 (measured 10x on an update); float32 is "
-            "the faster choice on this machine",
-            what,
-            str(dtype).removeprefix("torch."),
-            " / ".join(sorted(native)),
-        )
+    log.warning(
+        "%s computes in %s on a CPU without %s instructions: its linear layers multiply in "
+        "float32 and round to %s, so it runs no faster than float32 here (other 16-bit "
+        "products are emulated); it still halves weight memory",
+        what,
+        str(dtype).removeprefix("torch."),
+        " / ".join(sorted(NATIVE_HALF_FLAGS[dtype])),
+        str(dtype).removeprefix("torch."),
+    )

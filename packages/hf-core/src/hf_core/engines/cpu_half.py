@@ -20,20 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hf_core.device import cpu_flags
-
-_NATIVE = {
-    torch.bfloat16: frozenset({"avx512_bf16", "amx_bf16"}),
-    torch.float16: frozenset({"avx512_fp16", "amx_fp16"}),
-}
-
-
-def cpu_lacks(dtype: torch.dtype) -> bool:
-    """Whether this CPU has no instructions for ``dtype`` (a 16-bit float); false when its
-    flags cannot be read, so an unknown CPU keeps torch's own kernels."""
-    native = _NATIVE.get(dtype)
-    flags = cpu_flags()
-    return native is not None and bool(flags) and not flags & native
+from hf_core import device
 
 
 def widens(*tensors: torch.Tensor | None) -> bool:
@@ -41,10 +28,8 @@ def widens(*tensors: torch.Tensor | None) -> bool:
     16-bit float this CPU has no instructions for."""
     first = tensors[0]
     assert first is not None
-    return (
-        all(t is None or t.device.type == "cpu" for t in tensors)
-        and first.dtype in _NATIVE
-        and cpu_lacks(first.dtype)
+    return all(t is None or t.device.type == "cpu" for t in tensors) and device.cpu_lacks(
+        first.dtype
     )
 
 

@@ -208,3 +208,18 @@ def test_the_rollout_engines_declared_overhead_counts_before_the_run_starts(
     check_memory_fit(plain, node_bytes=20 * GIB)
     with pytest.raises(MemoryFitError, match="cannot fit"):
         check_memory_fit(heavy, node_bytes=20 * GIB)
+
+
+def test_lora_counts_the_frozen_base_weights_once(tmp_path: Path) -> None:
+    """A LoRA actor holds its frozen, sharded base weights and a tiny trained state: the
+    estimate counts those weights once (as the footprint's state), not again as resident."""
+    lora = _trainer_config(
+        tmp_path,
+        QWEN_05B_CONFIG,
+        placement={"processes": 2},
+        actor={"engine": {"lora": {"rank": 16, "alpha": 32}}},
+    )
+    fit = actor_process_fit(lora, 24 * GIB)
+    frozen = 4 * QWEN_05B.num_params // 2
+    assert fit.parts["state"] == frozen
+    assert fit.parts["resident"] == RUNTIME_BYTES + 4 * QWEN_05B.num_params  # + rollout copy

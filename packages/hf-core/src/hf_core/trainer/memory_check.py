@@ -86,9 +86,7 @@ def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> M
         compute_bytes=min(param, _bytes(engine, "mixed_precision", "param_dtype")),
         trainable=not lora,
     )
-    resident = RUNTIME_BYTES
-    if lora:  # frozen base weights, tiny trained state
-        resident += _frozen_bytes(spec, engine, ranks)
+    resident = RUNTIME_BYTES  # LoRA's frozen base weights are the footprint's state
     if config.reference is not None and not lora:
         resident += _frozen_bytes(spec, config.reference.engine, ranks)
     if placement.mode != "standalone":  # the rollout engine lives in this process

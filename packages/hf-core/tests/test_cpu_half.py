@@ -28,6 +28,8 @@ def test_only_16_bit_cpu_products_on_cpus_without_the_instructions_widen(
     assert cpu_half.widens(half, half, None)
     assert device.cpu_lacks(torch.float16)
     assert not cpu_half.widens(half.float(), half.float())
+    rows = torch.ones(cpu_half.MIN_ROWS, 2, dtype=torch.bfloat16)
+    assert cpu_half.widens_linear(rows, half) and not cpu_half.widens_linear(rows[:-1], half)
     monkeypatch.setattr(device, "cpu_flags", lambda: AVX512_BF16)
     assert not cpu_half.widens(half, half)
     monkeypatch.setattr(device, "cpu_flags", frozenset)  # flags unreadable: torch's kernels

@@ -15,8 +15,8 @@ gradient (a reduction over the rows, which oneDNN's linear would need transposed
 stays on aten.
 
 bfloat16 / float16 calls on a CPU that lacks instructions for them (AVX2-only machines) go
-to :mod:`hf_core.engines.cpu_half` instead, whatever their size: torch would emulate them at
-a fraction of float32's speed.
+to :mod:`hf_core.engines.cpu_half` instead from 8 rows (``cpu_half.MIN_ROWS``): torch would
+emulate them at a fraction of float32's speed.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear``, through oneDNN when the call is large enough to gain from it; 16-bit
     calls on a CPU without instructions for their type in float32 (:mod:`cpu_half`)."""
-    if cpu_half.widens(x, weight, bias) and type(weight) in (torch.Tensor, nn.Parameter):
+    if cpu_half.widens_linear(x, weight, bias) and type(weight) in (torch.Tensor, nn.Parameter):
         return cpu_half.linear(x, weight, bias)
     if not _takes_onednn(x, weight):
         return F.linear(x, weight, bias)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hf_core.engines import cpu_half
+from hf_core.engines.row_linear import row_linear
 
 log = logging.getLogger(__name__)
 
@@ -46,27 +47,23 @@ def _onednn_mm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
 
 
-class _OneDNNLinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+class _OneDNNKernel:
+    """Forward and input gradient on oneDNN; the weight gradient (a reduction over the rows,
+    which oneDNN's linear would need transposed copies for) on aten."""
+
+    def forward(
+        self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        ctx.save_for_backward(rows, weight)
-        ctx.has_bias = bias is not None
         return _onednn_mm(rows, weight, bias)
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        rows, weight = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_rows = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_rows = _onednn_mm(grad_out, weight.t().contiguous(), None)
-        if ctx.needs_input_grad[1]:
-            grad_weight = grad_out.t().mm(rows)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_out.sum(0)
-        return grad_rows, grad_weight, grad_bias
+    def input_grad(self, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _onednn_mm(grad, weight.t().contiguous(), None)
+
+    def weight_grad(self, grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return grad.t().mm(rows)
+
+
+_ONEDNN = _OneDNNKernel()
 
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -86,15 +83,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         return cpu_half.linear(x, weight, bias)
     if not _takes_onednn(x, weight):
         return F.linear(x, weight, bias)
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    ):
-        out = _OneDNNLinearFunction.apply(rows, weight, bias)
-    else:
-        out = _onednn_mm(rows, weight, bias)
-    # not a view (as aten's matmul): FSDP warns on a view returned from a wrapped module
-    return torch.ops.aten._unsafe_view(out, (*x.shape[:-1], weight.shape[0]))
+    return row_linear(x, weight, bias, _ONEDNN)
 
 
 class OneDNNLinear(nn.Linear):

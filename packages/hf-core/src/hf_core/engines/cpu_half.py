@@ -15,12 +15,11 @@ float32 copies live across the step), and the backward's products are widened th
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
 from hf_core import device
+from hf_core.engines.row_linear import row_linear
 
 
 def widens(*tensors: torch.Tensor | None) -> bool:
@@ -50,39 +49,27 @@ def _wide(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.float()
 
 
-class _WidenedLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+class _WidenedKernel:
+    """The three products of a linear layer, each widened to float32 and rounded once."""
+
+    def forward(
+        self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        ctx.save_for_backward(rows, weight)
-        ctx.bias_dtype = None if bias is None else bias.dtype
         return F.linear(rows.float(), weight.float(), _wide(bias)).to(rows.dtype)
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        rows, weight = ctx.saved_tensors
-        grad = grad_out.float()
-        grad_rows = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_rows = grad.mm(weight.float()).to(rows.dtype)
-        if ctx.needs_input_grad[1]:
-            grad_weight = grad.t().mm(rows.float()).to(weight.dtype)
-        if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum(0).to(ctx.bias_dtype)
-        return grad_rows, grad_weight, grad_bias
+    def input_grad(self, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return grad.float().mm(weight.float()).to(grad.dtype)
+
+    def weight_grad(self, grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return grad.float().t().mm(rows.float()).to(rows.dtype)
+
+
+_WIDENED = _WidenedKernel()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` in ``x``'s 16-bit dtype, computed in float32 (see the module)."""
-    rows = x.reshape(-1, x.shape[-1])
-    if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    ):
-        out = _WidenedLinear.apply(rows, weight, bias)
-    else:
-        out = F.linear(rows.float(), weight.float(), _wide(bias)).to(x.dtype)
-    return torch.ops.aten._unsafe_view(out, (*x.shape[:-1], weight.shape[0]))
+    return row_linear(x, weight, bias, _WIDENED)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -183,8 +183,7 @@ class _WidenedMatmuls(TorchFunctionMode):
         self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         if func in _MATMULS and not kwargs and _widened_matmul_applies(args):
-            a, b = args
-            return torch.matmul(a.float(), b.float()).to(a.dtype)
+            return cpu_half.matmul(*args)
         return func(*args, **(kwargs or {}))
 
 

@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hf_core.config import EngineConfigError, parse_engine_config
 from hf_core.engines import DTypeName
+from hf_core.engines.memory_fit import GIB
 
 __all__ = ["EngineConfigError", "VLLMRolloutConfig", "parse_engine_config"]
 
-GIB = 1 << 30
 CPU_DEFAULT_KV_CACHE_BYTES = GIB
 """A CPU engine's KV cache when neither ``kv_cache_bytes`` nor ``VLLM_CPU_KVCACHE_SPACE`` is
 set: 43,648 tokens at the Qwen2.5-0.5B shape in float32 (24 layers, 2 KV heads of 64)."""

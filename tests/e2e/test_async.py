@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, exported_weights, logged_step_reached, stable_metrics
+from conftest import LONG, RECIPES, exported_weights, logged_step_reached, stable_metrics
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.runtime import WorkerLostError
@@ -239,6 +239,7 @@ HEAL_STEPS, HEAL_SAVE_EVERY, KILL_AFTER = 5, 3, 3
 4's weight sync does), so the run fails in step 4 or 5 and its latest checkpoint is step 3's."""
 
 
+@LONG  # the default run checks the kill is reported (the test above)
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_killed_rollout_process_heals_with_restarts(in_workdir: Path) -> None:
     """The healed run resumes from the step-3 checkpoint, not from step 0: its first three

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES
+from conftest import LONG, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -109,7 +109,9 @@ def instruct_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.usefixtures("ray_cluster")
 @pytest.mark.parametrize(
-    ("name", "judge"), [("gsm8k", False), ("math", False), ("gsm8k", True)], ids=str
+    ("name", "judge"),
+    [pytest.param("gsm8k", False, marks=LONG), ("math", False), ("gsm8k", True)],
+    ids=str,
 )
 def test_dataset_recipe_runs_three_steps(
     name: str, judge: bool, instruct_model: Path, tmp_path: Path

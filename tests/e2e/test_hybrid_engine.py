@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import RECIPES
+from conftest import LONG, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.engines import SamplingParams
@@ -134,7 +134,7 @@ def _greedy_matches_export(trainer: CheckedTrainer) -> None:
     assert torch.equal(out["responses"][:, :width][mask], expected[mask])
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", [pytest.param("t2", marks=LONG), "p2t2"])
 def test_paper_plan_moves_table2_volume_with_zero_redundancy(
     layout: str, in_workdir: Path, tmp_path: Path
 ) -> None:
@@ -154,7 +154,7 @@ def test_paper_plan_moves_table2_volume_with_zero_redundancy(
     _greedy_matches_export(trainer)
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", ["t2", pytest.param("p2t2", marks=LONG)])
 def test_naive_plan_moves_the_naive_volume(layout: str, in_workdir: Path, tmp_path: Path) -> None:
     rows, trainer = _run(layout, "naive", "vllm", tmp_path)
     _, t, p = LAYOUTS[layout]

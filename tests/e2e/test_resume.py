@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, exported_weights, stable_metrics
+from conftest import LONG, RECIPES, exported_weights, stable_metrics
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -63,7 +63,10 @@ def _loader_position(out: Path, step: int) -> tuple[int, int]:
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("case", ["mid_epoch", "epoch_boundary", "lora"])
+@pytest.mark.parametrize(
+    "case",
+    ["mid_epoch", pytest.param("epoch_boundary", marks=LONG), pytest.param("lora", marks=LONG)],
+)
 def test_resume_matches_an_uninterrupted_run(in_workdir: Path, case: str) -> None:
     extra = []
     if case == "epoch_boundary":

@@ -148,12 +148,13 @@ def test_crashed_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
 # --------------------------------------------------------------- pickle refusal
 
 
-def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path, mmap: bool) -> None:
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pt"
     torch.save({"rng": _Exploit(marker)}, evil)
     with pytest.raises(CheckpointError, match=rf"refusing to load {evil}"):
-        load_tensor_file(evil)
+        load_tensor_file(evil, mmap=mmap)
     assert not marker.exists()
 
 
@@ -172,11 +173,24 @@ def test_a_malicious_trainer_state_is_refused_even_with_a_matching_manifest(
     assert not marker.exists()
 
 
-def test_garbage_tensor_file_names_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mmap", [False, True])
+def test_garbage_tensor_file_names_the_file(tmp_path: Path, mmap: bool) -> None:
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\0" * 64)
     with pytest.raises(CheckpointError, match=rf"cannot read {bad}"):
-        load_tensor_file(bad)
+        load_tensor_file(bad, mmap=mmap)
+
+
+def test_a_mapped_load_reads_the_tensors_without_writing_the_file(tmp_path: Path) -> None:
+    """A resume maps its rank file: the values are the saved ones, and the tensors it later
+    updates in place (optimizer state) must not write through to the checkpoint."""
+    file = tmp_path / "state.pt"
+    torch.save({"w": torch.arange(6.0), "step": 3}, file)
+    before = file.read_bytes()
+    state = load_tensor_file(file, mmap=True)
+    assert state["step"] == 3 and torch.equal(state["w"], torch.arange(6.0))
+    state["w"].add_(1.0)
+    assert file.read_bytes() == before
 
 
 # --------------------------------------------------------------------- retention

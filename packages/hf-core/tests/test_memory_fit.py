@@ -223,3 +223,50 @@ def test_lora_counts_the_frozen_base_weights_once(tmp_path: Path) -> None:
     frozen = 4 * QWEN_05B.num_params // 2
     assert fit.parts["state"] == frozen
     assert fit.parts["resident"] == RUNTIME_BYTES + 4 * QWEN_05B.num_params  # + rollout copy
+
+
+class _MasterWeightsEngine(BaseModel):
+    """A training engine's settings that keep 18 bytes a parameter when trained (16-bit
+    weights, float32 gradients, master weights and Adam moments), 2 when frozen."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def state_bytes_per_rank(self, num_params: int, ranks: int, trainable: bool) -> int:
+        return (18 if trainable else 2) * num_params // ranks
+
+
+@pytest.fixture
+def master_weights_engine() -> Iterator[str]:
+    plugins.reset()
+    registry = plugins.registry()
+    registry.training_engines.add("master-toy", dict, owner="test")
+    registry.training_engine_configs.add("master-toy", _MasterWeightsEngine, owner="test")
+    yield "master-toy"
+    plugins.reset()
+
+
+def test_the_training_engines_declared_state_replaces_the_default_count(
+    tmp_path: Path, master_weights_engine: str
+) -> None:
+    """An engine that keeps float32 master weights for 16-bit parameters (megatron) holds more
+    than four 16-bit copies; the estimate takes the settings' own count for the actor's state
+    and the reference's weights.  Without it a megatron bfloat16 run passed the check at 8.6
+    GiB and resumed at 10.3 GiB."""
+    sections = {
+        "placement": {"processes": 2},
+        "actor": {"backend": master_weights_engine, "engine": {"param_dtype": "bfloat16"}},
+        "reference": {"backend": master_weights_engine},
+    }
+    fit = actor_process_fit(_trainer_config(tmp_path, QWEN_05B_CONFIG, **sections), 24 * GIB)
+    params = QWEN_05B.num_params
+    assert fit.parts["state"] == 18 * params // 2
+    default = actor_process_fit(
+        _trainer_config(
+            tmp_path, QWEN_05B_CONFIG, placement={"processes": 2}, reference={"backend": "fsdp"},
+            actor={"engine": {"param_dtype": "bfloat16"}},
+        ),
+        24 * GIB,
+    )  # fmt: skip
+    assert default.parts["state"] == 4 * 2 * params // 2
+    # the reference's frozen weights: the declared 2 bytes, against fsdp's float32 default
+    assert default.parts["resident"] - fit.parts["resident"] == (4 - 2) * params // 2

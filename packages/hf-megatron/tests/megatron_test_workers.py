@@ -110,6 +110,22 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
         }
 
     @register("ONE_TO_ALL")
+    def state_bytes(self, name: str) -> int:
+        """Bytes of every distinct storage behind this rank's weights, gradient buffers and
+        optimizer state (float32 master shards included): what the memory check's
+        ``state_bytes_per_rank`` claims to count."""
+        engine = self.engines[name]
+        tensors = [p for p in engine.module.parameters()]
+        tensors += [p.main_grad for p in engine.module.parameters() if hasattr(p, "main_grad")]
+        for sub in getattr(engine.optimizer, "chained_optimizers", [engine.optimizer]):
+            for group in sub.optimizer.param_groups:
+                tensors += group["params"]  # float32 master shards of 16-bit weights
+            for state in sub.optimizer.state.values():
+                tensors += [v for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
+
+    @register("ONE_TO_ALL")
     def log_probs_everywhere(self, batch: Batch, name: str, temperature: float = 1.0) -> Batch:
         """The whole batch on every rank: what each rank (not just the collected one) returns."""
         return self.engines[name].compute_log_probs(batch, temperature=temperature)

@@ -215,6 +215,30 @@ def test_actor_update_matches_tp1_and_single_process(
         assert diff < ATOL, (worst, diff)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_declared_state_bytes_match_what_the_engine_holds(
+    group: WorkerGroup, models: dict, dtype: str
+) -> None:
+    """The pre-start memory check takes megatron's own count of a rank's weights, gradients
+    and optimizer state (``state_bytes_per_rank``): TP=2 x DP=2 with the distributed
+    optimizer, after a step (Adam's moments exist), against the storages the engine holds."""
+    from hf_core.engines.hf_folder import read_model_config
+    from hf_core.planner.models import from_hf_config
+    from hf_megatron.config import MegatronEngineConfig
+
+    path = models["qwen2_tied"]
+    settings = _engine(path, 2, 1, **TRAIN, param_dtype=dtype)
+    group.build("actor", settings)
+    group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor", loss="policy")
+    held = group.state_bytes("actor")
+    group.drop("actor")
+
+    params = from_hf_config(read_model_config(path)).num_params
+    declared = MegatronEngineConfig(**settings).state_bytes_per_rank(params, 4, trainable=True)
+    # padding (vocabulary to a multiple of 64 / TP, buckets for DP) is the only difference
+    assert all(declared <= bytes_ <= 1.1 * declared for bytes_ in held), (held, declared)
+
+
 def test_critic_update_under_tp2_pp2(group: WorkerGroup, models: dict) -> None:
     path = models["value"]
     group.build("critic", _engine(path, 2, 2, head="value", **TRAIN))

@@ -142,17 +142,21 @@ def read_manifest(folder: Path, kind: str) -> dict[str, Any]:
 # ------------------------------------------------------------- safe tensor files
 
 
-def load_tensor_file(path: Path, map_location: Any = "cpu") -> Any:
+def load_tensor_file(path: Path, map_location: Any = "cpu", *, mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)``: tensors, dicts, lists, tuples and plain
     values only.  A pickle that asks for anything else (a class, a function: what an
     attack's ``__reduce__`` needs) is refused before it runs, as a :class:`CheckpointError`
-    naming the file; so is an unreadable or truncated file."""
+    naming the file; so is an unreadable or truncated file.
+
+    ``mmap=True`` maps the tensors from the file instead of reading them into memory: a
+    caller that copies them into tensors it already holds (a resume) then needs no second
+    copy of the state in anonymous memory, only page cache the kernel can drop."""
     import pickle
 
     import torch
 
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         reason = _unpickler_reason(str(exc))
         if "global" in reason.lower():

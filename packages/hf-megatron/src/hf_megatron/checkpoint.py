@@ -105,7 +105,9 @@ def save(path: str | Path, engine: MegatronEngine) -> None:
         "coords": tuple(engine.layout.coords),
         "head": engine.config.head,
         "step": engine.step,
-        "model": {n: p.detach().cpu().clone() for n, p in engine.module.named_parameters()},
+        # .cpu() copies from a GPU; on the CPU it is the parameter itself (torch.save writes
+        # it before returning), so a save does not hold a second copy of the weights
+        "model": {n: p.detach().cpu() for n, p in engine.module.named_parameters()},
         "optimizer": optimizer,
         "param_state": param_state,
         "rng": _rng_state(engine),
@@ -142,7 +144,9 @@ def load(path: str | Path, engine: MegatronEngine) -> int:
             f"{path} was written by layout {got} head={meta.get('head')!r}; this engine is "
             f"{want} head={engine.config.head!r} (export_hf to change layouts)"
         )
-    state = load_tensor_file(_rank_file(path, engine.rank), map_location="cpu")
+    # mapped, not read: the state is copied into tensors the engine already holds, so
+    # reading the file into memory first would hold the whole state twice
+    state = load_tensor_file(_rank_file(path, engine.rank), map_location="cpu", mmap=True)
     if tuple(state["coords"]) != tuple(engine.layout.coords):
         raise CheckpointError(f"{path}: rank {engine.rank} file is for coords {state['coords']}")
     params = dict(engine.module.named_parameters())

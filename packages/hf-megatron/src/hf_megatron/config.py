@@ -65,6 +65,21 @@ class MegatronEngineConfig(TrainingEngineConfig):
     def model_parallel_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    def state_bytes_per_rank(self, num_params: int, ranks: int, trainable: bool) -> int:
+        """One rank's weights, gradients and optimizer state, as the engine builds them
+        (:class:`~hf_core.engines.DeclaresTrainingState`): weights in ``param_dtype`` split
+        over TP x PP only (replicated over DP); a float32 gradient buffer beside them
+        (``grad_reduce_in_fp32``); Adam's two float32 moments, plus float32 master weights
+        for 16-bit parameters, split over DP as well with the distributed optimizer."""
+        shard = num_params // self.model_parallel_size
+        width = to_dtype(self.param_dtype).itemsize
+        if not trainable:
+            return width * shard
+        data_parallel = max(1, ranks // self.model_parallel_size)
+        optimizer_shard = shard // data_parallel if self.use_distributed_optimizer else shard
+        master = 4 if width < 4 else 0  # float32 weights are their own master copy
+        return width * shard + 4 * shard + (8 + master) * optimizer_shard
+
 
 class MegatronRolloutConfig(BaseModel):
     """The megatron rollout engine: generation with tensor parallelism over a process group.

@@ -4,6 +4,7 @@ from hf_core.engines.adapters import LoRAConfig, is_adapter_name, write_peft_fol
 from hf_core.engines.capabilities import (
     Closeable,
     DeclaresHostOverhead,
+    DeclaresTrainingState,
     ExportsHF,
     GenerationRank,
     HasGenerationRank,
@@ -53,6 +54,7 @@ __all__ = [
     "Closeable",
     "DTypeName",
     "DeclaresHostOverhead",
+    "DeclaresTrainingState",
     "ExportsHF",
     "GenerationRank",
     "HasGenerationRank",

@@ -152,6 +152,23 @@ class ServesAdapters(Protocol):
 
 
 @runtime_checkable
+class DeclaresTrainingState(Protocol):
+    """A training engine's *settings* that know the bytes one rank holds for its weights,
+    gradients and optimizer state.
+
+    The pre-start memory check otherwise assumes FSDP's layout: four copies (weights,
+    gradients, Adam's two moments) in the parameter dtype, all sharded over every rank.  An
+    engine that keeps float32 master weights and gradients for 16-bit parameters, or shards
+    its weights over model-parallel ranks only, says so here.
+    """
+
+    def state_bytes_per_rank(self, num_params: int, ranks: int, trainable: bool) -> int:
+        """Bytes of weights, gradients and optimizer state on one of ``ranks`` processes
+        holding a model of ``num_params`` parameters (``trainable=False``: weights only)."""
+        ...
+
+
+@runtime_checkable
 class DeclaresHostOverhead(Protocol):
     """A rollout engine's *settings* that know what the engine holds in a CPU process beyond
     its weights (KV cache, the engine's own runtime).

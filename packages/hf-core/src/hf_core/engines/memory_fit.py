@@ -61,8 +61,13 @@ class TrainingFootprint:
     trainable: bool = True
     per_layer_units: bool = True
     logits_budget_bytes: int = 256 * 1024**2
+    declared_state_bytes: int | None = None
+    """What the engine's settings declare for :meth:`state_bytes`
+    (:class:`~hf_core.engines.DeclaresTrainingState`), when they do."""
 
     def state_bytes(self) -> int:
+        if self.declared_state_bytes is not None:
+            return self.declared_state_bytes
         copies = 4 if self.trainable else 1  # weights, gradients, Adam's m and v
         return copies * self.param_bytes * self.spec.num_params // self.ranks
 

@@ -21,7 +21,7 @@ import os
 from typing import Any, get_args
 
 from hf_core.config import TrainerConfig
-from hf_core.engines.capabilities import DeclaresHostOverhead
+from hf_core.engines.capabilities import DeclaresHostOverhead, DeclaresTrainingState
 from hf_core.engines.dtypes import DTypeName, to_dtype
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.memory_fit import (
@@ -34,7 +34,7 @@ from hf_core.engines.memory_fit import (
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import ModelSpec, from_hf_config
 from hf_core.plugins import UnknownEngineError, get_engine_config
-from hf_core.roles.common import rollout_engine_args
+from hf_core.roles.common import rollout_engine_args, training_engine_args
 
 
 def _bytes(engine: dict[str, Any], *keys: str) -> int:
@@ -51,8 +51,29 @@ def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
     return from_hf_config(read_model_config(folder, key=key), name=str(folder))
 
 
-def _frozen_bytes(spec: ModelSpec, engine: dict[str, Any], ranks: int) -> int:
-    return _bytes(engine, "param_dtype", "dtype") * spec.num_params // ranks
+def _declared_state_bytes(
+    config: TrainerConfig, role: Any, spec: ModelSpec, ranks: int, *, trainable: bool
+) -> int | None:
+    """What the role's engine settings declare for one rank's weights, gradients and
+    optimizer state (:class:`~hf_core.engines.DeclaresTrainingState`), or None."""
+    try:
+        model = get_engine_config("training", role.backend)
+    except UnknownEngineError:  # not installed here: building the workers will say so
+        return None
+    if model is None:
+        return None
+    args = training_engine_args(config, role, head="lm", trainable=trainable)
+    settings = model.model_validate({**args, **role.engine})
+    if not isinstance(settings, DeclaresTrainingState):
+        return None
+    return settings.state_bytes_per_rank(spec.num_params, ranks, trainable)
+
+
+def _frozen_bytes(config: TrainerConfig, role: Any, spec: ModelSpec, ranks: int) -> int:
+    declared = _declared_state_bytes(config, role, spec, ranks, trainable=False)
+    if declared is not None:
+        return declared
+    return _bytes(role.engine, "param_dtype", "dtype") * spec.num_params // ranks
 
 
 def rollout_overhead_bytes(config: TrainerConfig) -> int:
@@ -85,10 +106,13 @@ def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> M
         param_bytes=param,
         compute_bytes=min(param, _bytes(engine, "mixed_precision", "param_dtype")),
         trainable=not lora,
+        declared_state_bytes=_declared_state_bytes(
+            config, config.actor, spec, ranks, trainable=not lora
+        ),
     )
     resident = RUNTIME_BYTES  # LoRA's frozen base weights are the footprint's state
     if config.reference is not None and not lora:
-        resident += _frozen_bytes(spec, config.reference.engine, ranks)
+        resident += _frozen_bytes(config, config.reference, spec, ranks)
     if placement.mode != "standalone":  # the rollout engine lives in this process
         rollout = config.rollout
         shards = rollout.tensor_parallel_size * rollout.pipeline_parallel_size

@@ -180,14 +180,20 @@ class _EngineWithOverhead(BaseModel):
         return self.kv_gib * GIB + 2 * GIB
 
 
-@pytest.fixture
-def overhead_engine() -> Iterator[str]:
+def _registered(kind: str, name: str, settings: type[BaseModel]) -> Iterator[str]:
+    """A toy engine ``name`` of ``kind`` ("rollout" / "training") whose settings model is
+    ``settings``, registered for one test."""
     plugins.reset()
     registry = plugins.registry()
-    registry.rollout_engines.add("heavy-toy", dict, owner="test")
-    registry.rollout_engine_configs.add("heavy-toy", _EngineWithOverhead, owner="test")
-    yield "heavy-toy"
+    getattr(registry, f"{kind}_engines").add(name, dict, owner="test")
+    getattr(registry, f"{kind}_engine_configs").add(name, settings, owner="test")
+    yield name
     plugins.reset()
+
+
+@pytest.fixture
+def overhead_engine() -> Iterator[str]:
+    yield from _registered("rollout", "heavy-toy", _EngineWithOverhead)
 
 
 def test_the_rollout_engines_declared_overhead_counts_before_the_run_starts(
@@ -237,12 +243,7 @@ class _MasterWeightsEngine(BaseModel):
 
 @pytest.fixture
 def master_weights_engine() -> Iterator[str]:
-    plugins.reset()
-    registry = plugins.registry()
-    registry.training_engines.add("master-toy", dict, owner="test")
-    registry.training_engine_configs.add("master-toy", _MasterWeightsEngine, owner="test")
-    yield "master-toy"
-    plugins.reset()
+    yield from _registered("training", "master-toy", _MasterWeightsEngine)
 
 
 def test_the_training_engines_declared_state_replaces_the_default_count(

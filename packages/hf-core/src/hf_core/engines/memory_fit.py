@@ -218,18 +218,37 @@ def available_bytes() -> int:
     return min(free)
 
 
+RAY_KILL_THRESHOLD = 0.95
+"""Ray's memory monitor kills a worker once the node's used memory passes this share of its
+total (``RAY_memory_usage_threshold``, Ray's default)."""
+
+
+def ray_kill_margin_bytes(total: int) -> int:
+    """Memory Ray's monitor keeps unused on a node of ``total`` bytes: a process that grows into
+    it is killed, so no budget may count it (0 when the monitor is off,
+    ``RAY_memory_monitor_refresh_ms=0``)."""
+    if os.environ.get("RAY_memory_monitor_refresh_ms") == "0":
+        return 0
+    threshold = float(os.environ.get("RAY_memory_usage_threshold", RAY_KILL_THRESHOLD))
+    return round(max(0.0, 1.0 - threshold) * total)
+
+
 def process_budget_bytes(processes_on_node: int, node_bytes: int | None = None) -> int:
     """One of ``processes_on_node`` engine processes' share of the node, after the reserve
-    for the driver and Ray (:data:`DRIVER_RESERVE_BYTES`)."""
+    for the driver and Ray (:data:`DRIVER_RESERVE_BYTES`) and the margin below Ray's kill
+    line (:func:`ray_kill_margin_bytes`)."""
     total = node_memory_bytes() if node_bytes is None else node_bytes
-    return max(0, total - DRIVER_RESERVE_BYTES) // max(1, processes_on_node)
+    usable = total - DRIVER_RESERVE_BYTES - ray_kill_margin_bytes(total)
+    return max(0, usable) // max(1, processes_on_node)
 
 
 def growth_budget_bytes(processes_on_node: int, reserve_bytes: int = GIB) -> int:
     """What this process may still add, when ``processes_on_node`` processes (this one
     included) are about to grow alike (the ranks of a data-parallel update): an equal share
-    of the memory available now, less ``reserve_bytes`` kept free for the rest of the node."""
-    return max(0, available_bytes() - reserve_bytes) // max(1, processes_on_node)
+    of the memory available now, less ``reserve_bytes`` kept free for the rest of the node
+    and the margin below Ray's kill line."""
+    free = available_bytes() - reserve_bytes - ray_kill_margin_bytes(node_memory_bytes())
+    return max(0, free) // max(1, processes_on_node)
 
 
 def device_growth_budget_bytes(device: torch.device, reserve_bytes: int = GIB) -> int:

@@ -52,10 +52,17 @@ def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
 
 
 def _declared_state_bytes(
-    config: TrainerConfig, role: Any, spec: ModelSpec, ranks: int, *, trainable: bool
+    config: TrainerConfig,
+    role: Any,
+    spec: ModelSpec,
+    ranks: int,
+    *,
+    trainable: bool,
+    weights_only: bool = False,
 ) -> int | None:
     """What the role's engine settings declare for one rank's weights, gradients and
-    optimizer state (:class:`~hf_core.engines.DeclaresTrainingState`), or None."""
+    optimizer state (:class:`~hf_core.engines.DeclaresTrainingState`), or None.
+    ``weights_only``: a trained engine whose base weights are frozen (LoRA)."""
     try:
         model = get_engine_config("training", role.backend)
     except UnknownEngineError:  # not installed here: building the workers will say so
@@ -66,7 +73,7 @@ def _declared_state_bytes(
     settings = model.model_validate({**args, **role.engine})
     if not isinstance(settings, DeclaresTrainingState):
         return None
-    return settings.state_bytes_per_rank(spec.num_params, ranks, trainable)
+    return settings.state_bytes_per_rank(spec.num_params, ranks, trainable and not weights_only)
 
 
 def _frozen_bytes(config: TrainerConfig, role: Any, spec: ModelSpec, ranks: int) -> int:
@@ -107,7 +114,7 @@ def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> M
         compute_bytes=min(param, _bytes(engine, "mixed_precision", "param_dtype")),
         trainable=not lora,
         declared_state_bytes=_declared_state_bytes(
-            config, config.actor, spec, ranks, trainable=not lora
+            config, config.actor, spec, ranks, trainable=True, weights_only=lora
         ),
     )
     resident = RUNTIME_BYTES  # LoRA's frozen base weights are the footprint's state

@@ -114,10 +114,12 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
         """Bytes of every distinct storage behind this rank's weights, gradient buffers and
         optimizer state (float32 master shards included): what the memory check's
         ``state_bytes_per_rank`` claims to count."""
+        from hf_megatron.checkpoint import sub_optimizers
+
         engine = self.engines[name]
         tensors = [p for p in engine.module.parameters()]
         tensors += [p.main_grad for p in engine.module.parameters() if hasattr(p, "main_grad")]
-        for sub in getattr(engine.optimizer, "chained_optimizers", [engine.optimizer]):
+        for sub in sub_optimizers(engine.optimizer):
             for group in sub.optimizer.param_groups:
                 tensors += group["params"]  # float32 master shards of 16-bit weights
             for state in sub.optimizer.state.values():

@@ -18,7 +18,8 @@ GPU memory and other machines are not visible from here.
 from __future__ import annotations
 
 import os
-from typing import Any, get_args
+from collections.abc import Callable
+from typing import Any, Literal, get_args
 
 from hf_core.config import TrainerConfig
 from hf_core.engines.capabilities import DeclaresHostOverhead, DeclaresTrainingState
@@ -51,6 +52,19 @@ def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
     return from_hf_config(read_model_config(folder, key=key), name=str(folder))
 
 
+def _engine_settings(
+    kind: Literal["training", "rollout"], backend: str, block: Callable[[], dict[str, Any]]
+) -> Any:
+    """Engine ``backend``'s settings validated from ``block()``, or None when the engine is
+    not installed here (building the workers will say so) or registered no settings model.
+    ``block`` is called only then: core's engine arguments ask the registry too."""
+    try:
+        model = get_engine_config(kind, backend)
+        return None if model is None else model.model_validate(block())
+    except UnknownEngineError:
+        return None
+
+
 def _declared_state_bytes(
     config: TrainerConfig,
     role: Any,
@@ -63,14 +77,11 @@ def _declared_state_bytes(
     """What the role's engine settings declare for one rank's weights, gradients and
     optimizer state (:class:`~hf_core.engines.DeclaresTrainingState`), or None.
     ``weights_only``: a trained engine whose base weights are frozen (LoRA)."""
-    try:
-        model = get_engine_config("training", role.backend)
-    except UnknownEngineError:  # not installed here: building the workers will say so
-        return None
-    if model is None:
-        return None
-    args = training_engine_args(config, role, head="lm", trainable=trainable)
-    settings = model.model_validate({**args, **role.engine})
+
+    def block() -> dict[str, Any]:
+        return {**training_engine_args(config, role, head="lm", trainable=trainable), **role.engine}
+
+    settings = _engine_settings("training", role.backend, block)
     if not isinstance(settings, DeclaresTrainingState):
         return None
     return settings.state_bytes_per_rank(spec.num_params, ranks, trainable and not weights_only)
@@ -88,14 +99,11 @@ def rollout_overhead_bytes(config: TrainerConfig) -> int:
     declare one (:class:`~hf_core.engines.DeclaresHostOverhead`), else an explicit
     ``kv_cache_bytes``."""
     rollout = config.rollout
-    try:
-        model = get_engine_config("rollout", rollout.backend)
-    except UnknownEngineError:  # not installed here: building the workers will say so
-        model = None
-    if model is not None:
-        settings = model.model_validate({**rollout_engine_args(config), **rollout.engine})
-        if isinstance(settings, DeclaresHostOverhead):
-            return settings.host_overhead_bytes()
+    settings = _engine_settings(
+        "rollout", rollout.backend, lambda: {**rollout_engine_args(config), **rollout.engine}
+    )
+    if isinstance(settings, DeclaresHostOverhead):
+        return settings.host_overhead_bytes()
     return int(rollout.engine.get("kv_cache_bytes", 0) or 0)
 
 

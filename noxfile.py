@@ -272,7 +272,6 @@ def bench_scale(session: nox.Session) -> None:
     session.install(*_constraints(), *_editable("hf-fsdp", "hf-megatron", "hf-vllm[cpu]"))
     _remove_cuda_only_extras(session)
     session.install("matplotlib")
-    session.env.update(VLLM_CPU_ENV)
     session.run("python", str(ROOT / "bench" / "scale.py"), *session.posargs)
 
 

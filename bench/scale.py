@@ -59,16 +59,14 @@ LORA_SHAPE = ("1.5B-lora", "qwen2.5-1.5b")
 LORA_DTYPE = "bfloat16"
 """In float32 the frozen weights and the HF rollout's copy estimate 10.7 GiB a process, over
 the 10.2 GiB budget two processes get on 24 GiB: the pre-start check refuses it."""
-VLLM_ENGINE = ["rollout.engine.kv_cache_bytes=536870912"]
 PAIRS: dict[str, list[str]] = {
     "fsdp-hf": ["actor.backend=fsdp", "rollout.backend=hf"],
-    "fsdp-vllm": ["actor.backend=fsdp", "rollout.backend=vllm", *VLLM_ENGINE],
+    "fsdp-vllm": ["actor.backend=fsdp", "rollout.backend=vllm"],
     "megatron-vllm": [
         "actor.backend=megatron",
         "actor.engine.tensor_parallel_size=2",
         "rollout.backend=vllm",
         "rollout.tensor_parallel_size=2",
-        *VLLM_ENGINE,
     ],
 }
 DTYPE_KEYS = {  # backend -> its dtype setting
@@ -177,6 +175,7 @@ def floor_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> di
     mask = out["response_mask"].float()
     out["old_log_probs"] = out["rollout_log_probs"] if "rollout_log_probs" in out else 0 * mask
     out["advantages"] = torch.randn(mask.shape[0], 1).expand_as(mask).contiguous()
+    rollout.release_memory()  # as the loop's hand-over does before an update
     actor.train_step(out, policy_loss)  # warm-up (optimiser state appears)
     began = time.perf_counter()
     actor.train_step(out, policy_loss)

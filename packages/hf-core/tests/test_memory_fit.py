@@ -49,7 +49,8 @@ def test_state_is_sharded_and_counts_adam() -> None:
     assert frozen.state_bytes() == 2 * QWEN_05B.num_params // 2
     assert footprint(1).gathered_bytes() == 0
     whole = footprint(2, per_layer_units=False).gathered_bytes()
-    assert footprint(2).gathered_bytes() < whole == 4 * QWEN_05B.num_params
+    assert footprint(2).gathered_bytes() < whole == 2 * 4 * QWEN_05B.num_params  # + gradient
+    assert footprint(2, trainable=False).gathered_bytes() * 2 == footprint(2).gathered_bytes()
 
 
 def test_checkpointing_keeps_layer_inputs_only() -> None:
@@ -190,7 +191,10 @@ class _EngineWithOverhead(BaseModel):
     kv_gib: int = 1
 
     def host_overhead_bytes(self) -> int:
-        return self.kv_gib * GIB + 2 * GIB
+        return self.kv_gib * GIB + self.training_overhead_bytes()
+
+    def training_overhead_bytes(self) -> int:
+        return 2 * GIB  # the KV cache is handed back while the actor trains
 
 
 def _registered(kind: str, name: str, settings: type[BaseModel]) -> Iterator[str]:
@@ -212,21 +216,32 @@ def overhead_engine() -> Iterator[str]:
 def test_the_rollout_engines_declared_overhead_counts_before_the_run_starts(
     tmp_path: Path, overhead_engine: str
 ) -> None:
-    """What the engine holds beyond its weights (vLLM on the CPU: KV cache and ~2 GiB of its
-    own runtime) is part of the pre-start estimate, read from the validated settings block;
-    without it a run passed the check and was killed while its engines were being built."""
+    """What the engine holds beyond its weights (vLLM on the CPU: KV cache, a packed LM head
+    and its own runtime) is part of the pre-start estimate, read from the validated settings
+    block; without it a run passed the check and was killed while its engines were being
+    built.  A KV cache handed back during training counts while generating only."""
     plain = _trainer_config(tmp_path, QWEN_05B_CONFIG, placement={"processes": 2})
     heavy = _trainer_config(
         tmp_path,
         QWEN_05B_CONFIG,
         placement={"processes": 2},
-        rollout={"backend": overhead_engine, "engine": {"kv_gib": 3}},
+        rollout={"backend": overhead_engine, "engine": {"kv_gib": 1}},
     )
     added = actor_process_fit(heavy, 24 * GIB).parts["resident"]
-    assert added - actor_process_fit(plain, 24 * GIB).parts["resident"] == 5 * GIB
+    assert added - actor_process_fit(plain, 24 * GIB).parts["resident"] == 2 * GIB
     check_memory_fit(plain, node_bytes=20 * GIB)
-    with pytest.raises(MemoryFitError, match="cannot fit"):
+    with pytest.raises(MemoryFitError, match="cannot fit this machine: while training"):
         check_memory_fit(heavy, node_bytes=20 * GIB)
+    huge_kv = _trainer_config(
+        tmp_path,
+        QWEN_05B_CONFIG,
+        placement={"processes": 2},
+        rollout={"backend": overhead_engine, "engine": {"kv_gib": 9}},
+    )
+    actor_process_fit(huge_kv, 24 * GIB)  # the update alone fits ...
+    check_memory_fit(heavy, node_bytes=24 * GIB)
+    with pytest.raises(MemoryFitError, match="while generating"):  # ... generation does not
+        check_memory_fit(huge_kv, node_bytes=24 * GIB)
 
 
 def test_lora_counts_the_frozen_base_weights_once(tmp_path: Path) -> None:

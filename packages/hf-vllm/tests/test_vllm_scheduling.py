@@ -82,21 +82,25 @@ def test_cpu_engines_get_a_fixed_kv_cache_and_declare_their_overhead(
     engine (two hybrid ranks would ask for the whole node); the CPU default is a fixed KV
     cache, and the pre-start memory check counts it and vLLM's runtime."""
     from hf_core.engines import DeclaresHostOverhead
-    from hf_vllm.config import CPU_DEFAULT_KV_CACHE_BYTES, CPU_ENGINE_BYTES, VLLMRolloutConfig
+    from hf_vllm.config import CPU_DEFAULT_KV_CACHE_BYTES, CPU_RUNTIME_BYTES, VLLMRolloutConfig
     from hf_vllm.engine import llm_kwargs
 
     path = models["llama"]
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     plain = VLLMRolloutConfig(model_path=path)
+    shape = json.loads((path / "config.json").read_text())
+    head = shape["vocab_size"] * shape["hidden_size"] * 4  # float32, one rank
+    assert plain.packed_head_bytes() == head
+    engine_bytes = CPU_RUNTIME_BYTES + head
     assert isinstance(plain, DeclaresHostOverhead)
     assert llm_kwargs(plain, path, "uni", on_gpu=False)["kv_cache_memory_bytes"] == (
         CPU_DEFAULT_KV_CACHE_BYTES
     )
-    assert plain.host_overhead_bytes() == CPU_DEFAULT_KV_CACHE_BYTES + CPU_ENGINE_BYTES
+    assert plain.host_overhead_bytes() == CPU_DEFAULT_KV_CACHE_BYTES + engine_bytes
     assert "kv_cache_memory_bytes" not in llm_kwargs(plain, path, "uni", on_gpu=True)
     explicit = VLLMRolloutConfig(model_path=path, kv_cache_bytes=2**28)
     assert llm_kwargs(explicit, path, "uni", on_gpu=False)["kv_cache_memory_bytes"] == 2**28
-    assert explicit.host_overhead_bytes() == 2**28 + CPU_ENGINE_BYTES
+    assert explicit.host_overhead_bytes() == 2**28 + engine_bytes
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # vLLM lets it win on the CPU
     assert plain.host_overhead_bytes() == explicit.host_overhead_bytes()
-    assert explicit.host_overhead_bytes() == 3 * 2**30 + CPU_ENGINE_BYTES
+    assert explicit.host_overhead_bytes() == 3 * 2**30 + engine_bytes

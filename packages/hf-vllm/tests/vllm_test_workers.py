@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from hf_core.batch import Batch
@@ -184,12 +185,16 @@ class HybridWorker(Worker):
         return ""
 
     @register("ONE_TO_ALL")
-    def memory_calls(self) -> tuple[bool, bool]:
+    def memory_calls(self) -> tuple[bool, bool, int, int]:
+        """Whether weights count as released during and after; on the CPU the KV cache's
+        bytes freed and the fall of this process's RSS."""
         engine = self.rollouts["vllm"]
+        rss = psutil.Process().memory_info().rss
         engine.release_memory()
         released = engine.memory_released
+        fall = rss - psutil.Process().memory_info().rss
         engine.resume_memory()
-        return released, engine.memory_released
+        return released, engine.memory_released, engine._memory.cpu_freed_bytes, fall
 
     @register("ONE_TO_ALL")
     def memory_bytes(self) -> tuple[int, int]:

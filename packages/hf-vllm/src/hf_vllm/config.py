@@ -8,6 +8,7 @@ is not modelled here goes through ``engine_kwargs`` untouched.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hf_core.config import EngineConfigError, parse_engine_config
-from hf_core.engines import DTypeName
+from hf_core.engines import DTypeName, to_dtype
 from hf_core.engines.memory_fit import GIB
 
 __all__ = ["EngineConfigError", "VLLMRolloutConfig", "parse_engine_config"]
@@ -23,10 +24,10 @@ __all__ = ["EngineConfigError", "VLLMRolloutConfig", "parse_engine_config"]
 CPU_DEFAULT_KV_CACHE_BYTES = GIB
 """A CPU engine's KV cache when neither ``kv_cache_bytes`` nor ``VLLM_CPU_KVCACHE_SPACE`` is
 set: 43,648 tokens at the Qwen2.5-0.5B shape in float32 (24 layers, 2 KV heads of 64)."""
-CPU_ENGINE_BYTES = 2 * GIB
-"""Resident bytes of a built CPU engine beyond its weights and KV cache (and beyond the
-torch runtime): measured 2.15 GB at the Qwen2.5-0.5B shape with 24 layers and with 2, so
-it does not grow with the model (docs/real_sizes.md)."""
+CPU_RUNTIME_BYTES = GIB
+"""Resident bytes of a built CPU engine beyond its weights, KV cache and packed LM head (and
+beyond the torch runtime): measured 0.9-1.0 GiB at the Qwen2.5-0.5B shape with 24 layers
+and with 2, so it does not grow with the layers (docs/real_sizes.md)."""
 
 ExecutorName = Literal["auto", "external_launcher", "uni"]
 
@@ -106,7 +107,20 @@ class VLLMRolloutConfig(BaseModel):
             return self.kv_cache_bytes
         return CPU_DEFAULT_KV_CACHE_BYTES
 
+    def packed_head_bytes(self) -> int:
+        """The CPU engine's packed copy of this rank's LM head, kept beside the original
+        (vocabulary x hidden in ``dtype``; :mod:`hf_vllm.cpu_embedding`)."""
+        config = json.loads((Path(self.model_path) / "config.json").read_text())
+        text = config.get("text_config") or config
+        head = int(text["vocab_size"]) * int(text["hidden_size"]) * to_dtype(self.dtype).itemsize
+        return head // self.tensor_parallel_size
+
     def host_overhead_bytes(self) -> int:
-        """What a CPU engine holds beyond its weights: KV cache and vLLM's own runtime (see
-        :data:`CPU_ENGINE_BYTES`), for the pre-start memory check."""
-        return self.cpu_kv_cache_bytes() + CPU_ENGINE_BYTES
+        """What a CPU engine holds beyond its weights: KV cache, the packed LM head and
+        vLLM's own runtime (:data:`CPU_RUNTIME_BYTES`), for the pre-start memory check."""
+        return self.cpu_kv_cache_bytes() + self.training_overhead_bytes()
+
+    def training_overhead_bytes(self) -> int:
+        """The same while the actor trains: the KV cache's pages are handed back then
+        (:mod:`hf_vllm.cpu_kv_cache`)."""
+        return self.packed_head_bytes() + CPU_RUNTIME_BYTES

@@ -41,6 +41,8 @@ from hf_core.engines import (
 from hf_core.resharding import GenerationLayout
 from hf_vllm.adapters import AdapterFolders
 from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
+from hf_vllm.cpu_embedding import skip_input_embedding_packing
+from hf_vllm.cpu_kv_cache import drop_kv_cache_pages
 from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
 from hf_vllm.model_info import has_tokenizer, max_positions
 from hf_vllm.outputs import pack_completions
@@ -54,6 +56,7 @@ from hf_vllm.parallel import (
 from hf_vllm.runtime import require_vllm, torch_threads
 from hf_vllm.sampling import build_sampling_params, request_seeds, truncates
 from hf_vllm.tp_slices import VLLMPartition, reload_presharded, vllm_param_name
+from hf_vllm.vocab_weights import load_vocab_in_place, repack_heads, vocab_parameter_names
 from hf_vllm.weights import (
     DEFAULT_PACKED_MODULES,
     FusedGroupBuffer,
@@ -138,6 +141,8 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         params = canonical_params(folder)
 
         kwargs = llm_kwargs(cfg, folder, self.executor, self.on_gpu)
+        if not self.on_gpu:
+            skip_input_embedding_packing()
         start = time.perf_counter()
         # CPU + external_launcher: vLLM's shared-memory names would clash across engines.
         shm_token = (
@@ -156,6 +161,8 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         self._buffer = FusedGroupBuffer(
             params, self._packed_modules(), self.partition, rank.tp_rank
         )
+        self._vocab_params = set(self.llm.collective_rpc(vocab_parameter_names)[0])
+        self._heads_to_repack: set[str] = set()
         self._tag_bytes = {
             "weights": self.partition.shard_bytes(
                 params.shapes, rank.tp_rank, self._weight_element_size()
@@ -172,9 +179,10 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             on_gpu=self.on_gpu,
             release=lambda _tags: self.llm.sleep(level=cfg.sleep_level),
             resume=lambda tag: self.llm.wake_up(tags=[tag]),
-            cpu_note="vLLM's sleep mode needs CUDA; weights and the KV cache "
-            "(VLLM_CPU_KVCACHE_SPACE / kv_cache_bytes) stay allocated during training",
+            cpu_note="vLLM's sleep mode needs CUDA; on the CPU the weights stay and only the "
+            "KV cache's pages go back to the kernel during training",
             tag_bytes=lambda tag: self._tag_bytes.get(tag, 0),
+            cpu_release=self._drop_kv_cache_pages,
         )
         log.info(
             "vLLM engine ready in %.1f s (executor=%s, %s)",
@@ -182,6 +190,13 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             self.executor,
             self._generation_rank,
         )
+
+    def _drop_kv_cache_pages(self) -> int:
+        """CPU: forget the prefix cache, then hand the KV cache's pages back to the kernel
+        (:mod:`hf_vllm.cpu_kv_cache`); the bytes freed on this rank."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+        return int(self.llm.collective_rpc(drop_kv_cache_pages)[0])
 
     def close(self) -> None:
         """Stop the engine core a lone-process engine started (it holds a process group).
@@ -277,20 +292,31 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         sync.engine_seconds += time.perf_counter() - now
 
     def _reload(self, ready: list[ReadyTensor]) -> None:
-        """One in-place ``reload_weights`` of complete layers.  With blocks among them, vLLM's
-        loaders of their parameters are told the tensors are already this rank's shard."""
+        """Load complete layers: whole vocabulary tensors straight into their parameters
+        (:mod:`hf_vllm.vocab_weights`), the rest by one in-place ``reload_weights``.  With
+        blocks among them, vLLM's loaders of their parameters are told the tensors are
+        already this rank's shard."""
+        vocab = [
+            (item.name, item.tensor)
+            for item in ready
+            if not item.sharded and self._vllm_name(item.name) in self._vocab_params
+        ]
+        if vocab:
+            loaded = self.llm.collective_rpc(load_vocab_in_place, args=(vocab,))[0]
+            self._heads_to_repack.update(loaded)
+            done = {name for name, _ in vocab}
+            ready = [item for item in ready if item.sharded or item.name not in done]
+        if not ready:
+            return
         weights = [(item.name, item.tensor) for item in ready]
-        sharded = sorted(
-            {
-                vllm_param_name(self._buffer.group_of[item.name], item.name)
-                for item in ready
-                if item.sharded
-            }
-        )
+        sharded = sorted({self._vllm_name(item.name) for item in ready if item.sharded})
         if not sharded:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             return
         self.llm.collective_rpc(reload_presharded, args=(weights, sharded))
+
+    def _vllm_name(self, canonical: str) -> str:
+        return vllm_param_name(self._buffer.group_of[canonical], canonical)
 
     def finish_weight_sync(self) -> None:
         """End a sync: check no fused layer was left half-sent, drop stale prefix-cache KV."""
@@ -306,8 +332,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
                 "weight sync ended with fused vLLM layers only partly sent (nothing was loaded "
                 f"into them; vLLM reloads a fused layer whole, send all its parts): {shown}"
             )
-        if stale:
-            self._refresh_tied(stale)
+        self._repack_heads(stale)
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
         self.weight_version += 1
@@ -317,30 +342,19 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         self.last_sync = sync
         log.debug("weight sync %d: %s", self.weight_version, sync)
 
-    def _refresh_tied(self, aliases: list[str]) -> None:
-        """Re-run weight post-processing of layers that share a reloaded tensor.
+    def _repack_heads(self, aliases: list[str]) -> None:
+        """Re-run the weight post-processing of LM heads loaded directly this sync, and of
+        tied heads whose tensor was reloaded.
 
-        vLLM's layerwise reload post-processes only the layers it loaded into.  A tied
-        ``lm_head`` shares the embedding's tensor but is never loaded itself, and on CPU its
-        post-processing made a packed copy of that tensor for the GEMM kernel: without this,
-        logits would keep coming from the old embedding.  (On GPU it is a no-op.)
+        A tied ``lm_head`` shares the embedding's tensor but is never loaded itself, and on
+        CPU its post-processing made a packed copy of that tensor for the GEMM kernel:
+        without this, logits would keep coming from the old embedding.  (On GPU it is a
+        no-op.)
         """
-        modules = sorted({alias.rpartition(".")[0] for alias in aliases})
-
-        def refresh(model: torch.nn.Module) -> list[str]:
-            done = []
-            for name in modules:
-                try:
-                    module = model.get_submodule(name)
-                except AttributeError:
-                    continue
-                method = getattr(module, "quant_method", None)
-                if method is not None and hasattr(method, "process_weights_after_loading"):
-                    method.process_weights_after_loading(module)
-                    done.append(name)
-            return done
-
-        self.llm.apply_model(refresh)
+        modules = sorted(self._heads_to_repack | {a.rpartition(".")[0] for a in aliases})
+        self._heads_to_repack.clear()
+        if modules:
+            self.llm.collective_rpc(repack_heads, args=(modules,))
 
     # --------------------------------------------------------------- generation
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:

@@ -182,3 +182,8 @@ class DeclaresHostOverhead(Protocol):
     def host_overhead_bytes(self) -> int:
         """Bytes the engine keeps resident in its process on the CPU, weights excluded."""
         ...
+
+    def training_overhead_bytes(self) -> int:
+        """Of those, the bytes still resident while the training engine updates (an engine
+        that hands its KV cache back during training declares less than the above)."""
+        ...

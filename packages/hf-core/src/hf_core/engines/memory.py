@@ -23,7 +23,9 @@ class TaggedMemory:
     ``release(tags)`` frees all of them at once; ``resume(tag)`` brings one back.
     ``tag_bytes(tag)`` says how many bytes a tag holds, so release and resume report what they
     move -- or, on the CPU where they move nothing, what they would move.  ``cpu_note``
-    explains why nothing happens without CUDA (logged once).
+    explains why nothing happens without CUDA (logged once).  ``cpu_release``, when given,
+    is what a CPU engine can really free between generations (its KV cache's pages, say): it
+    runs on release and returns the bytes it freed; resuming needs nothing.
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class TaggedMemory:
         cpu_note: str,
         tag_bytes: Callable[[str], int] = lambda _tag: 0,
         tags: Sequence[str] = MEMORY_TAGS,
+        cpu_release: Callable[[], int] | None = None,
     ) -> None:
         self.on_gpu = on_gpu
         self.tags = tuple(tags)
@@ -42,6 +45,8 @@ class TaggedMemory:
         self._release, self._resume = release, resume
         self._tag_bytes = tag_bytes
         self._cpu_note = cpu_note
+        self._cpu_release = cpu_release
+        self.cpu_freed_bytes = 0
         self._said_cpu_noop = False
 
     def nbytes(self, tags: Sequence[str] | None = None) -> int:
@@ -49,12 +54,15 @@ class TaggedMemory:
         return sum(self._tag_bytes(tag) for tag in (self.tags if tags is None else tags))
 
     def release_all(self) -> int:
-        """Free every tag; the bytes freed.  On the CPU nothing moves: the state is tracked
-        all the same and the bytes it would free are returned."""
+        """Free every tag; the bytes freed.  On the CPU only ``cpu_release`` frees anything
+        (its bytes: :attr:`cpu_freed_bytes`): the state is tracked all the same and the bytes
+        a GPU would free are returned."""
         if self.released:
             return 0
         if self._on_gpu("release_memory"):
             self._release(self.tags)
+        elif self._cpu_release is not None:
+            self.cpu_freed_bytes = self._cpu_release()
         self.released = set(self.tags)
         return self.nbytes()
 

@@ -72,6 +72,9 @@ class TrainingFootprint:
         return copies * self.param_bytes * self.spec.num_params // self.ranks
 
     def gathered_bytes(self) -> int:
+        """The largest unit gathered whole on a sharded rank, and for a trained model its
+        unsharded gradient beside it until the reduce-scatter (the root unit -- embeddings,
+        a tied head, the final norm -- holds both through the whole backward)."""
         if self.ranks == 1:
             return 0
         if self.per_layer_units:  # the root (embeddings, head, norm) stays gathered
@@ -79,7 +82,8 @@ class TrainingFootprint:
             unit = self.spec.num_params - (self.spec.num_layers - 1) * layer
         else:
             unit = self.spec.num_params
-        return self.compute_bytes * unit
+        copies = 2 if self.trainable else 1
+        return copies * self.compute_bytes * unit
 
     def activation_bytes_per_token(self, checkpointing: bool) -> int:
         per_layer = activation_elements_per_token_layer(self.spec)

@@ -31,6 +31,7 @@ from hf_core.engines.memory_fit import (
     TrainingFootprint,
     fit_micro_batch,
     process_budget_bytes,
+    size_text,
 )
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import ModelSpec, from_hf_config
@@ -94,21 +95,28 @@ def _frozen_bytes(config: TrainerConfig, role: Any, spec: ModelSpec, ranks: int)
     return _bytes(role.engine, "param_dtype", "dtype") * spec.num_params // ranks
 
 
-def rollout_overhead_bytes(config: TrainerConfig) -> int:
-    """What the rollout engine holds beyond its weights: its settings' own estimate when they
-    declare one (:class:`~hf_core.engines.DeclaresHostOverhead`), else an explicit
-    ``kv_cache_bytes``."""
+def rollout_overhead_bytes(config: TrainerConfig, *, training: bool = False) -> int:
+    """What the rollout engine holds beyond its weights (``training``: while the actor
+    updates): its settings' own estimate when they declare one
+    (:class:`~hf_core.engines.DeclaresHostOverhead`), else an explicit ``kv_cache_bytes``."""
     rollout = config.rollout
     settings = _engine_settings(
         "rollout", rollout.backend, lambda: {**rollout_engine_args(config), **rollout.engine}
     )
     if isinstance(settings, DeclaresHostOverhead):
-        return settings.host_overhead_bytes()
+        return settings.training_overhead_bytes() if training else settings.host_overhead_bytes()
     return int(rollout.engine.get("kv_cache_bytes", 0) or 0)
 
 
 def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> MicroBatchFit:
-    """The smallest update of one actor process and the budget it has (see the module)."""
+    """The smallest update of one actor process and the budget it has (see the module); the
+    rollout engine counts what it keeps while the actor trains."""
+    return _actor_process(config, node_bytes)[0]
+
+
+def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[MicroBatchFit, int]:
+    """The update's fit, and what the rollout engine adds back while generating (what it
+    hands back during training)."""
     placement = config.placement
     ranks = placement.processes
     spec = _spec(config, config.actor, "actor.model_path")
@@ -126,13 +134,17 @@ def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> M
         ),
     )
     resident = RUNTIME_BYTES  # LoRA's frozen base weights are the footprint's state
+    rollout_growth = 0
     if config.reference is not None and not lora:
         resident += _frozen_bytes(config, config.reference, spec, ranks)
     if placement.mode != "standalone":  # the rollout engine lives in this process
         rollout = config.rollout
         shards = rollout.tensor_parallel_size * rollout.pipeline_parallel_size
         resident += _bytes(rollout.engine, "dtype") * spec.num_params // shards
-        resident += rollout_overhead_bytes(config)
+        resident += rollout_overhead_bytes(config, training=True)
+        rollout_growth = rollout_overhead_bytes(config) - rollout_overhead_bytes(
+            config, training=True
+        )
     if placement.mode == "colocate":
         if config.critic is not None:
             critic = _spec(config, config.critic, "critic.model_path").with_value_head()
@@ -140,9 +152,10 @@ def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> M
     per_node = max(1, ranks // placement.nodes)
     budget = process_budget_bytes(per_node, node_bytes)
     sample = config.rollout.max_new_tokens + 1
-    return fit_micro_batch(
+    fit = fit_micro_batch(
         footprint, budget, resident_bytes=resident, checkpointing=True, min_tokens=sample
     )
+    return fit, rollout_growth
 
 
 def _runs_on_gpus(config: TrainerConfig) -> bool:
@@ -160,10 +173,22 @@ def check_memory_fit(config: TrainerConfig, node_bytes: int | None = None) -> No
         return
     if config.placement.mode == "auto" or config.placement.nodes != 1:
         return
-    fit = actor_process_fit(config, node_bytes)
+    fit, rollout_growth = _actor_process(config, node_bytes)
+    # while generating: no update, but the rollout engine whole (its KV cache back)
+    generating = fit.parts["state"] + fit.parts["resident"] + rollout_growth
+    shortfall = ""
     if fit.total_bytes > fit.budget_bytes:
+        shortfall = f"while training, {fit.describe()}"
+    elif generating > fit.budget_bytes:
+        shortfall = (
+            f"while generating, estimated peak {size_text(generating)} (the training state, "
+            f"the resident parts and {size_text(rollout_growth)} the rollout engine hands back "
+            "during training) "
+            f"against a budget of {size_text(fit.budget_bytes)} per process"
+        )
+    if shortfall:
         raise MemoryFitError(
-            f"the actor's processes cannot fit this machine: {fit.describe()} "
+            f"the actor's processes cannot fit this machine: {shortfall} "
             f"({config.placement.processes} processes share it).  Use bfloat16 weights "
             "(actor.engine.param_dtype, rollout.engine.dtype), LoRA (actor.engine.lora), "
             "fewer colocated roles, or a machine with more memory"

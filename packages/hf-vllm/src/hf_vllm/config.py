@@ -8,7 +8,6 @@ is not modelled here goes through ``engine_kwargs`` untouched.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hf_core.config import EngineConfigError, parse_engine_config
 from hf_core.engines import DTypeName, to_dtype
+from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.memory_fit import GIB
 
 __all__ = ["EngineConfigError", "VLLMRolloutConfig", "parse_engine_config"]
@@ -110,7 +110,7 @@ class VLLMRolloutConfig(BaseModel):
     def packed_head_bytes(self) -> int:
         """The CPU engine's packed copy of this rank's LM head, kept beside the original
         (vocabulary x hidden in ``dtype``; :mod:`hf_vllm.cpu_embedding`)."""
-        config = json.loads((Path(self.model_path) / "config.json").read_text())
+        config = read_model_config(Path(self.model_path), key="rollout.engine.model_path")
         text = config.get("text_config") or config
         head = int(text["vocab_size"]) * int(text["hidden_size"]) * to_dtype(self.dtype).itemsize
         return head // self.tensor_parallel_size

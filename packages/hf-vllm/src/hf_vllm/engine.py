@@ -194,9 +194,13 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
     def _drop_kv_cache_pages(self) -> int:
         """CPU: forget the prefix cache, then hand the KV cache's pages back to the kernel
         (:mod:`hf_vllm.cpu_kv_cache`); the bytes freed on this rank."""
+        self._reset_prefix_cache()
+        return int(self.llm.collective_rpc(drop_kv_cache_pages)[0])
+
+    def _reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block (their KV is stale or about to be dropped)."""
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
-        return int(self.llm.collective_rpc(drop_kv_cache_pages)[0])
 
     def close(self) -> None:
         """Stop the engine core a lone-process engine started (it holds a process group).
@@ -333,8 +337,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
                 f"into them; vLLM reloads a fused layer whole, send all its parts): {shown}"
             )
         self._repack_heads(stale)
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+        self._reset_prefix_cache()
         self.weight_version += 1
         end = time.perf_counter()
         sync.engine_seconds += end - now

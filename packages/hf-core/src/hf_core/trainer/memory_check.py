@@ -141,10 +141,9 @@ def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[Micro
         rollout = config.rollout
         shards = rollout.tensor_parallel_size * rollout.pipeline_parallel_size
         resident += _bytes(rollout.engine, "dtype") * spec.num_params // shards
-        resident += rollout_overhead_bytes(config, training=True)
-        rollout_growth = rollout_overhead_bytes(config) - rollout_overhead_bytes(
-            config, training=True
-        )
+        while_training = rollout_overhead_bytes(config, training=True)
+        resident += while_training
+        rollout_growth = rollout_overhead_bytes(config) - while_training
     if placement.mode == "colocate":
         if config.critic is not None:
             critic = _spec(config, config.critic, "critic.model_path").with_value_head()

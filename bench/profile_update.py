@@ -6,7 +6,7 @@ the micro-batch fit is made), then profiles one ``train_step`` with ``torch.prof
 prints, for rank 0: the step's seconds, its share in collectives, the optimiser step, the
 LM head / loss and the rest, and the top ops by self CPU time.
 
-    python bench/profile_update.py --shape qwen2.5-0.5b --rows 16 --prompt 18 --response 32
+    python bench/profile_update.py --shape 0.5B --rows 16 --prompt 18 --response 32
     python bench/profile_update.py --shape 25M --layouts 1x2,2x1
 """
 
@@ -16,31 +16,14 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
-from _common import init_gloo, machine_line, print_result, run_ranks
+from _common import bench_model, init_gloo, machine_line, print_result, run_ranks
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "runs" / "bench-models"
 COLLECTIVE = ("c10d::", "gloo:", "nccl:", "record_param_comms", "all_gather", "reduce_scatter",
               "allreduce", "all_reduce")  # fmt: skip
 OPTIMIZER = ("Optimizer.step", "_multi_tensor_adam", "_single_tensor_adam", "_fused_adam",
              "foreach")  # fmt: skip
-
-
-def model_path(shape: str) -> Path:
-    if shape == "25M":
-        from hf_testing.tiny import build_tiny_model
-
-        folder = CACHE / "tiny-25M"
-        if not (folder / "config.json").is_file():
-            build_tiny_model(folder, "qwen2", vocab_size=1024, hidden_size=512, num_layers=8,
-                             num_heads=8, num_kv_heads=4, intermediate_size=1408)  # fmt: skip
-        return folder
-    from hf_testing.real_shapes import cached_shape_model
-
-    return Path(cached_shape_model(shape, CACHE))  # type: ignore[arg-type]
 
 
 def profile_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -55,7 +38,7 @@ def profile_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> 
     from hf_fsdp.engine import FSDPEngine
     from hf_testing.workers import policy_loss, rollout_batch
 
-    path = model_path(args.shape)
+    path = bench_model(args.shape)
     engine = FSDPEngine({"model_path": str(path), "lr": 1e-6})
     vocab = engine.model.config.vocab_size
     batch = rollout_batch(args.rows, args.prompt, args.response, vocab, seed=1)
@@ -85,7 +68,9 @@ def profile_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="qwen2.5-0.5b")
+    parser.add_argument(
+        "--shape", default="0.5B", help="a bench model: 0.85M, 25M, 0.5B-2layers, 0.5B"
+    )
     parser.add_argument("--rows", type=int, default=16, help="samples in the step (all ranks)")
     parser.add_argument("--prompt", type=int, default=18)
     parser.add_argument("--response", type=int, default=32)
@@ -93,6 +78,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from hf_core.runtime.process_env import worker_process_env
+
+    os.environ.update(worker_process_env())  # as the trainer's workers run (huge pages)
     print(machine_line())
     for layout in args.layouts.split(","):
         processes, threads = (int(x) for x in layout.split("x"))

@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    REAL_SHAPES,
+    TINY_SHAPES,
+    bench_model,
     cpu_vector_isa,
     grpo_overrides,
     init_gloo,
@@ -47,14 +50,6 @@ from e2e_throughput import task_prompts, worker_env, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "## Cost of a GRPO step against model size (`bench/scale.py`)"
-CACHE = ROOT / "runs" / "bench-models"
-TINY_SHAPES = {  # name -> hf_testing.tiny.build_tiny_model arguments
-    "0.85M": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
-              "intermediate_size": 256},
-    "25M": {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
-            "intermediate_size": 1408},
-}  # fmt: skip
-REAL_SHAPES = {"0.5B-2layers": "qwen2.5-0.5b-2layers", "0.5B": "qwen2.5-0.5b"}
 LORA_SHAPE = ("1.5B-lora", "qwen2.5-1.5b")
 LORA_DTYPE = "bfloat16"
 """In float32 the frozen weights and the HF rollout's copy estimate 10.7 GiB a process, over
@@ -85,17 +80,7 @@ PEAK = re.compile(r"memory/(peak_rss|\w+_peak)_gib")
 
 def model_folder(size: str, dtype: str) -> Path:
     """The row's model, built once into the cache (real shapes in their dtype)."""
-    if size in TINY_SHAPES:
-        from hf_testing.tiny import build_tiny_model
-
-        folder = CACHE / f"tiny-{size}"
-        if not (folder / "config.json").is_file():
-            build_tiny_model(folder, "qwen2", vocab_size=1024, **TINY_SHAPES[size])
-        return folder
-    from hf_testing.real_shapes import cached_shape_model
-
-    shape = LORA_SHAPE[1] if size == LORA_SHAPE[0] else REAL_SHAPES[size]
-    return Path(cached_shape_model(shape, CACHE, dtype=dtype))  # type: ignore[arg-type]
+    return bench_model(LORA_SHAPE[1] if size == LORA_SHAPE[0] else size, dtype)
 
 
 def overrides(model: Path, data: Path, out: Path, pair: str, dtype: str, size: str) -> list[str]:

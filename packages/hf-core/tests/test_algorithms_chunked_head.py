@@ -66,6 +66,34 @@ def test_without_entropy_returns_none() -> None:
     torch.testing.assert_close(log_probs, expected)
 
 
+def test_an_engine_linear_computes_every_chunk_forward_and_recompute() -> None:
+    """The engine's kernel (``linear``) makes each chunk's logits, in the forward and in the
+    backward's recompute; values and gradients are the default kernel's."""
+    import torch.nn.functional as F
+
+    calls: list[int] = []
+
+    def counting(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return F.linear(x, w, b)
+
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 11, (7,), generator=gen)
+    base = torch.randn(7, 6, generator=gen), torch.randn(11, 6, generator=gen)
+    results = []
+    for kernel in (F.linear, counting):
+        hidden, weight = (t.clone().requires_grad_() for t in base)
+        log_probs, entropy = chunked_head_log_probs_and_entropy(
+            hidden, weight, tokens, chunk=4, linear=kernel
+        )
+        assert entropy is not None
+        (log_probs.sum() + entropy.sum()).backward()
+        results.append((log_probs.detach(), entropy.detach(), hidden.grad, weight.grad))
+    assert calls == [4, 3, 4, 3]
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_bfloat16_inputs_get_gradients_in_their_dtype() -> None:
     hidden = torch.randn(10, 16, dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(32, 16, dtype=torch.bfloat16, requires_grad=True)

@@ -16,8 +16,16 @@ import torch.nn.functional as F
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
+from hf_fsdp import onednn_linear as onednn_module
 from hf_fsdp.engine import FSDPEngine
-from hf_fsdp.onednn_linear import MIN_ROWS, OneDNNLinear, linear, onednn_linear_available
+from hf_fsdp.onednn_linear import (
+    LARGE_WEIGHT_BYTES,
+    MIN_ROWS,
+    THREADED_WEIGHT_BYTES,
+    OneDNNLinear,
+    linear,
+    onednn_linear_available,
+)
 from hf_fsdp.rollout import HFRolloutEngine
 from hf_testing.workers import policy_loss, rollout_batch
 
@@ -67,8 +75,14 @@ def _grads(fn, x, w, b):  # type: ignore[no-untyped-def]
     return out.detach(), x.grad, w.grad, b.grad
 
 
+@pytest.mark.parametrize("input_grad_on_onednn", [True, False], ids=["avx512", "avx2"])
 @pytest.mark.parametrize("rows", [MIN_ROWS, 3 * MIN_ROWS + 7])
-def test_values_and_gradients_match_aten(rows: int) -> None:
+def test_values_and_gradients_match_aten(
+    rows: int, input_grad_on_onednn: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both input-gradient routes (oneDNN on a transposed weight copy for AVX-512 CPUs,
+    aten's ``grad @ weight`` for AVX2-only ones) give aten's gradients."""
+    monkeypatch.setattr(onednn_module, "_input_grad_on_onednn", lambda: input_grad_on_onednn)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows // 4 + 1, 4, 96, generator=gen)[: rows // 4 + (rows % 4 > 0)]
     w, b = torch.randn(160, 96, generator=gen), torch.randn(160, generator=gen)
@@ -107,6 +121,31 @@ def test_small_and_non_float32_calls_stay_on_aten(onednn_calls: list[int]) -> No
     assert calls == []
     linear(torch.randn(2, MIN_ROWS // 2, 16), w, None)
     assert calls == [MIN_ROWS]
+
+
+def test_large_weights_take_onednn_at_any_row_count(onednn_calls: list[int]) -> None:
+    """A decode step's few rows over a weight too large for the caches go to oneDNN (aten's
+    sgemm repacks the weight per call); a mid-sized weight does so only with more than one
+    thread.  Values match aten's."""
+    gen = torch.Generator().manual_seed(3)
+    large = torch.randn(LARGE_WEIGHT_BYTES // 4 // 256, 256, generator=gen)
+    mid = torch.randn(THREADED_WEIGHT_BYTES // 4 // 256, 256, generator=gen)
+    x = torch.randn(4, 256, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.testing.assert_close(
+            linear(x, large, None), F.linear(x, large, None), rtol=1e-5, atol=1e-4
+        )
+        linear(x, mid, None)
+        assert onednn_calls == [4]
+        torch.set_num_threads(2)
+        torch.testing.assert_close(
+            linear(x, mid, None), F.linear(x, mid, None), rtol=1e-5, atol=1e-4
+        )
+        assert onednn_calls == [4, 4]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("folder", ["llama", "qwen2_biased"])  # no biases; q/k/v biases

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hf_core.algorithms import token_log_probs_and_entropy
@@ -31,6 +32,8 @@ from hf_core.algorithms.chunked_head import (
 )
 from hf_core.batch import Batch
 from hf_fsdp.config import HeadKind
+from hf_fsdp.onednn_linear import OneDNNLinear
+from hf_fsdp.onednn_linear import linear as onednn_linear
 
 OUTPUT_KEYS: dict[HeadKind, tuple[str, ...]] = {
     "lm": ("log_probs", "entropy"),
@@ -107,6 +110,7 @@ def _head_as_log_probs(
             temperature=temperature,
             with_entropy=with_entropy,
             chunk=chunk,
+            linear=onednn_linear if isinstance(head, OneDNNLinear) else F.linear,
         )
         return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1)
 

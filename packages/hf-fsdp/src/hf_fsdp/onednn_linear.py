@@ -10,9 +10,10 @@ mode), so results agree with aten's to float32 rounding.
 
 Only calls with at least :data:`MIN_ROWS` rows take the oneDNN path: below that it is slower
 than aten on most shapes (0.75x at 16 rows; 1.4-1.9x faster at 64, ~2x from 256 rows;
-``docs/platform.md``).  The forward and the input gradient are oneDNN GEMMs; the weight
-gradient (a reduction over the rows, which oneDNN's linear would need transposed copies for)
-stays on aten.
+``docs/platform.md``); a weight too large for the caches takes it at any row count
+(:data:`LARGE_WEIGHT_BYTES`).  The forward is a oneDNN GEMM, and so is the input gradient on
+AVX-512 CPUs; the weight gradient (a reduction over the rows, which oneDNN's linear would need
+transposed copies for) stays on aten.
 
 bfloat16 / float16 calls on a CPU that lacks instructions for them (AVX2-only machines) go
 to :mod:`hf_core.engines.cpu_half` instead from 8 rows (``cpu_half.MIN_ROWS``): torch would
@@ -21,6 +22,7 @@ emulate them at a fraction of float32's speed.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -34,7 +36,18 @@ from hf_core.engines.row_linear import row_linear
 log = logging.getLogger(__name__)
 
 MIN_ROWS = 64
-"""Fewer rows than this (decode steps of small batches) stay on aten."""
+"""Fewer rows than this (decode steps of small batches) stay on aten, unless the weight is
+large (:data:`LARGE_WEIGHT_BYTES`)."""
+LARGE_WEIGHT_BYTES = 16 * 2**20
+"""A weight this large takes oneDNN at any row count.  A decode step reads every weight
+from memory (the model outgrows the caches), and MKL's sgemm repacks the whole weight on each
+call: a small-batch GEMM over a large weight runs at 2-3 GB/s on aten and 5-10 GB/s on oneDNN
+(the 0.5B shape's MLP and LM head: 2-3x faster at 2 threads, 1.3-1.9x at 1;
+``docs/performance.md``)."""
+THREADED_WEIGHT_BYTES = 2 * 2**20
+"""With more than one thread, weights from this size take oneDNN at any row count too
+(1.1-1.6x on the 25M model's decode GEMMs at 2 threads; at 1 thread aten is as fast or
+faster there)."""
 
 
 def onednn_linear_available() -> bool:
@@ -47,9 +60,19 @@ def _onednn_mm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
 
 
+@functools.cache
+def _input_grad_on_onednn() -> bool:
+    """Whether the input gradient is faster on oneDNN (with a transposed copy of the weight)
+    than on aten's ``grad @ weight``: on AVX-512 CPUs, where MKL runs its AVX2 kernels; on an
+    AVX2-only CPU the copy costs more than oneDNN saves (an 816 x 4864 x 896 step of the
+    0.5B shape's MLP: 71 ms against 56 ms on aten)."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
 class _OneDNNKernel:
-    """Forward and input gradient on oneDNN; the weight gradient (a reduction over the rows,
-    which oneDNN's linear would need transposed copies for) on aten."""
+    """Forward on oneDNN, the input gradient too where that is faster (AVX-512); the weight
+    gradient (a reduction over the rows, which oneDNN's linear would need transposed copies
+    for) on aten."""
 
     def forward(
         self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -57,7 +80,9 @@ class _OneDNNKernel:
         return _onednn_mm(rows, weight, bias)
 
     def input_grad(self, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return _onednn_mm(grad, weight.t().contiguous(), None)
+        if _input_grad_on_onednn():
+            return _onednn_mm(grad, weight.t().contiguous(), None)
+        return grad.mm(weight)
 
     def weight_grad(self, grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return grad.t().mm(rows)
@@ -72,8 +97,16 @@ def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and type(weight) in (torch.Tensor, nn.Parameter)  # not a DTensor shard
-        and x.numel() >= MIN_ROWS * x.shape[-1]
+        and (x.numel() >= MIN_ROWS * x.shape[-1] or _streams_faster(weight))
     )
+
+
+def _streams_faster(weight: torch.Tensor) -> bool:
+    """Whether a small-batch call over ``weight`` is faster on oneDNN (see
+    :data:`LARGE_WEIGHT_BYTES`)."""
+    size = weight.numel() * weight.element_size()
+    limit = LARGE_WEIGHT_BYTES if torch.get_num_threads() == 1 else THREADED_WEIGHT_BYTES
+    return size >= limit
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -21,9 +21,11 @@ Gradients, with ``z = h W^T / T``, ``p = softmax(z)``, ``H = -sum p log p``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from hf_core.engines import cpu_half
 
@@ -46,16 +48,22 @@ def _widened(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     return weight.float() if cpu_half.widens(hidden, weight) else None
 
 
+HeadLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+"""``linear(hidden, weight, bias)``: the engine's own linear kernel for the head's forward
+(e.g. hf-fsdp's oneDNN linear on CPU); ``F.linear`` by default."""
+
+
 def _chunk_logits(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     inverse_temperature: float,
     wide_weight: torch.Tensor | None = None,
+    linear: HeadLinear = F.linear,
 ) -> torch.Tensor:
     if wide_weight is not None:  # rounded to the compute dtype, as a native product would be
         logits = hidden.float().mm(wide_weight.t()).to(hidden.dtype).float()
     else:
-        logits = (hidden @ weight.t()).float()
+        logits = linear(hidden, weight, None).float()
     if inverse_temperature != 1.0:
         logits.mul_(inverse_temperature)
     return logits
@@ -71,6 +79,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         inverse_temperature: float,
         with_entropy: bool,
         chunk: int,
+        linear: HeadLinear,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         count = hidden.shape[0]
         log_probs = hidden.new_empty(count, dtype=torch.float32)
@@ -79,7 +88,9 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         wide_weight = _widened(hidden, weight)
         for start in range(0, count, chunk):
             stop = min(start + chunk, count)
-            logits = _chunk_logits(hidden[start:stop], weight, inverse_temperature, wide_weight)
+            logits = _chunk_logits(
+                hidden[start:stop], weight, inverse_temperature, wide_weight, linear
+            )
             norm = torch.logsumexp(logits, dim=-1)
             log_z[start:stop] = norm
             picked = logits.gather(-1, tokens[start:stop, None])[:, 0]
@@ -92,6 +103,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, tokens, log_z, entropy)
         ctx.inverse_temperature = inverse_temperature
         ctx.chunk = chunk
+        ctx.linear = linear
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(tokens)
         if not with_entropy:
@@ -101,10 +113,10 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None]:
         hidden, weight, tokens, log_z, entropy = ctx.saved_tensors
         if grad_log_probs is None and grad_entropy is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         scale = ctx.inverse_temperature
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
@@ -115,7 +127,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         for start in range(0, count, ctx.chunk):
             stop = min(start + ctx.chunk, count)
             part = hidden[start:stop]
-            grad = _chunk_logits(part, weight, scale, wide_weight)
+            grad = _chunk_logits(part, weight, scale, wide_weight, ctx.linear)
             grad.sub_(log_z[start:stop, None])  # log p
             if grad_entropy is not None:
                 # -p (log p + H) g_H  (minus p g_lp below), in place over log p
@@ -145,7 +157,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             del grad
         if grad_weight is not None and grad_weight.dtype != weight.dtype:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def chunked_head_log_probs_and_entropy(
@@ -156,13 +168,15 @@ def chunked_head_log_probs_and_entropy(
     temperature: float = 1.0,
     with_entropy: bool = True,
     chunk: int,
+    linear: HeadLinear = F.linear,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log softmax(h W^T / T)[tokens]`` and (when ``with_entropy``) its entropy, for
     ``hidden`` ``[..., H]`` and a bias-free head ``weight`` ``[V, H]``; outputs have
     ``hidden.shape[:-1]``, float32, differentiable in ``hidden`` and ``weight``.
 
     ``temperature`` 0 (greedy) or 1 uses the raw logits.  Logits never exist for more than
-    ``chunk`` tokens at a time (see the module docstring).
+    ``chunk`` tokens at a time (see the module docstring).  ``linear`` computes a chunk's
+    logits (the engine's kernel; the backward's products stay on torch's matmul).
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1 token, got {chunk}")
@@ -171,7 +185,7 @@ def chunked_head_log_probs_and_entropy(
     flat_tokens = tokens.reshape(-1)
     inverse = 1.0 / temperature if temperature > 0 else 1.0
     log_probs, entropy = _ChunkedHeadLogProbs.apply(
-        flat_hidden, weight, flat_tokens, inverse, with_entropy, chunk
+        flat_hidden, weight, flat_tokens, inverse, with_entropy, chunk, linear
     )
     if not with_entropy:
         return log_probs.reshape(lead), None

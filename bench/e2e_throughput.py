@@ -263,6 +263,11 @@ def over_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "shares": shares}
 
 
+def rate(tokens_per_s: float) -> str:
+    """Tokens/s as printed: three significant figures below 100 (the 0.5B rows)."""
+    return f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.3g}"
+
+
 RunKey = tuple[str, str, str, tuple[int, int]]
 """(config, rollout backend, side, layout)"""
 
@@ -277,7 +282,7 @@ def table(results: dict[RunKey, dict[str, Any]], baseline: str | None) -> str:
         shares = " | ".join(f"{100 * res['shares'].get(s, 0.0):.0f}" for s in STAGES)
         lines.append(
             f"| {config} | {backend} | {side} | {label} | {res['step_s']:.3f} "
-            f"| {res['tokens_per_s']:,.0f} | {res['raw_generate_s']:.3f} | {ratio:.2f} "
+            f"| {rate(res['tokens_per_s'])} | {res['raw_generate_s']:.3f} | {ratio:.2f} "
             f"| {shares} |"
         )
     lines.append("")
@@ -302,11 +307,11 @@ def best_line(
     if "current" not in best:
         return None
     cur = best["current"]
-    line = f"- {config}, {backend}: best current {cur['tokens_per_s']:,.0f} tokens/s, step = "
+    line = f"- {config}, {backend}: best current {rate(cur['tokens_per_s'])} tokens/s, step = "
     line += f"{cur['step_s'] / cur['raw_generate_s']:.2f} x raw generation"
     if baseline in best:
         speedup = cur["tokens_per_s"] / best[baseline]["tokens_per_s"]
-        line += f"; best {baseline} {best[baseline]['tokens_per_s']:,.0f} tokens/s "
+        line += f"; best {baseline} {rate(best[baseline]['tokens_per_s'])} tokens/s "
         line += f"-> {speedup:.2f}x"
     return line
 

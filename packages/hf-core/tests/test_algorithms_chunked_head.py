@@ -68,7 +68,8 @@ def test_without_entropy_returns_none() -> None:
 
 def test_an_engine_linear_computes_every_chunk_forward_and_recompute() -> None:
     """The engine's kernel (``linear``) makes each chunk's logits, in the forward and in the
-    backward's recompute; values and gradients are the default kernel's."""
+    backward's recompute, except the last full chunk's, which the backward reuses; values and
+    gradients are the default kernel's."""
     import torch.nn.functional as F
 
     calls: list[int] = []
@@ -89,9 +90,27 @@ def test_an_engine_linear_computes_every_chunk_forward_and_recompute() -> None:
         assert entropy is not None
         (log_probs.sum() + entropy.sum()).backward()
         results.append((log_probs.detach(), entropy.detach(), hidden.grad, weight.grad))
-    assert calls == [4, 3, 4, 3]
+    assert calls == [3, 4, 3]  # forward: remainder then full chunk; backward: remainder only
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_second_backward_recomputes_what_the_first_consumed() -> None:
+    """The reused logits are turned into the gradient in place; a retained graph's second
+    backward must recompute them and add the same gradients again."""
+    gen = torch.Generator().manual_seed(6)
+    hidden = torch.randn(7, 6, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 6, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, 11, (7,), generator=gen)
+    log_probs, entropy = chunked_head_log_probs_and_entropy(hidden, weight, tokens, chunk=4)
+    assert entropy is not None
+    loss = log_probs.sum() + entropy.sum()
+    loss.backward(retain_graph=True)
+    assert hidden.grad is not None and weight.grad is not None
+    first = hidden.grad.clone(), weight.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(hidden.grad, 2 * first[0])
+    torch.testing.assert_close(weight.grad, 2 * first[1])
 
 
 def test_bfloat16_inputs_get_gradients_in_their_dtype() -> None:

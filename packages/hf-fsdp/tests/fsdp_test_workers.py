@@ -24,7 +24,11 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
         engine = FSDPEngine(config)
         self.engines[name] = engine
         report = engine.load_report
-        return {"initialized": report.initialized, "unused": report.unused}
+        return {
+            "initialized": report.initialized,
+            "unused": report.unused,
+            "collectives": engine.collectives,
+        }
 
     @register("ONE_TO_ALL")
     def build_rollout(self, name: str, config: dict[str, Any]) -> None:

@@ -161,6 +161,8 @@ MICRO_BATCHING = {
     "chunked-head-per-layer": {**CHUNKED_HEAD, "fsdp_unit": "layer"},
     # recomputed activations (what gradient_checkpointing: auto turns on at real sizes)
     "gradient-checkpointing": {"gradient_checkpointing": True, "fsdp_unit": "layer"},
+    # FSDP's collectives on gloo instead of the default shared-memory copies
+    "process-group-collectives": {"cpu_collectives": "process_group", "fsdp_unit": "layer"},
 }
 
 
@@ -169,7 +171,9 @@ def test_actor_update_matches_single_process(
     group: WorkerGroup, models: dict, micro_batching: dict
 ) -> None:
     path = models["qwen2_tied"]
-    group.build("actor", {"model_path": str(path), **TRAIN, **micro_batching})
+    built = group.build("actor", {"model_path": str(path), **TRAIN, **micro_batching})
+    expected_collectives = micro_batching.get("cpu_collectives", "shared_memory")
+    assert [b["collectives"] for b in built] == [expected_collectives] * 2
     before = group.weights("actor")[0]
     batch = rollout_batch(B, P, R, _vocab(path), seed=21)
     metrics = group.train(batch, name="actor", loss="policy")

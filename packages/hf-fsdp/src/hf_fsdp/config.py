@@ -78,6 +78,12 @@ class FSDPEngineConfig(TrainingEngineConfig):
     disable_dropout: bool = Field(True, description="RL needs the same function in every pass")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'eager'")
     cpu_linear: CPULinear = "onednn"
+    cpu_collectives: Literal["shared_memory", "process_group"] = Field(
+        "shared_memory",
+        description="CPU ranks on one host: FSDP's all-gather and reduce-scatter copy through "
+        "a /dev/shm file (hf_fsdp.cpu_shared_memory; gloo where ranks cannot share one), or "
+        "process_group: always gloo.  GPUs use NCCL either way",
+    )
     lora: LoRAConfig | None = Field(
         None,
         description="train LoRA adapters (rank, alpha, dropout, target_modules) over frozen "

@@ -51,7 +51,7 @@ from hf_core.engines import (
     write_peft_folder,
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
-from hf_fsdp import checkpoint, fit, heads, lora
+from hf_fsdp import checkpoint, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
@@ -96,6 +96,10 @@ class FSDPEngine(TrainingEngine):
         names = {native: canonical_name(native) for native, _ in model.named_parameters()}
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
         shard_model(model, self.mesh, cfg, self.device)
+        self.collectives = "process_group"
+        if self.device.type == "cpu" and cfg.cpu_collectives == "shared_memory":
+            if cpu_shared_memory.attach(model, self.mesh.get_group()):
+                self.collectives = "shared_memory"
         self.load_report = materialize_and_load(
             model,
             self.folder,

@@ -21,6 +21,7 @@ Gradients, with ``z = h W^T / T``, ``p = softmax(z)``, ``H = -sum p log p``:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,16 @@ def _chunk_logits(
     return logits
 
 
+def _spans(count: int, chunk: int) -> list[tuple[int, int]]:
+    """Token ranges of at most ``chunk``, the remainder first so that the last one (whose
+    logits the backward reuses) is a full chunk."""
+    if count == 0:
+        return []
+    first = count % chunk or min(chunk, count)
+    bounds = [0, *range(first, count + 1, chunk)]
+    return list(itertools.pairwise(bounds))
+
+
 class _ChunkedHeadLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -86,8 +97,10 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         log_z = hidden.new_empty(count, dtype=torch.float32)
         entropy = hidden.new_empty(count if with_entropy else 0, dtype=torch.float32)
         wide_weight = _widened(hidden, weight)
-        for start in range(0, count, chunk):
-            stop = min(start + chunk, count)
+        spans = _spans(count, chunk)
+        logits = hidden.new_empty(0)
+        for start, stop in spans:
+            del logits
             logits = _chunk_logits(
                 hidden[start:stop], weight, inverse_temperature, wide_weight, linear
             )
@@ -99,8 +112,11 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
                 # H = log_z - sum p z; softmax in place over the chunk's logits
                 weighted = torch.linalg.vecdot(torch.softmax(logits, dim=-1), logits)
                 entropy[start:stop] = norm - weighted
-            del logits
         ctx.save_for_backward(hidden, weight, tokens, log_z, entropy)
+        # the last (full-sized) chunk's logits stay for the backward, which starts with them:
+        # one chunk's recompute saved at no extra peak (the forward ends holding them anyway)
+        ctx.kept_logits = logits
+        ctx.spans = spans
         ctx.inverse_temperature = inverse_temperature
         ctx.chunk = chunk
         ctx.linear = linear
@@ -122,12 +138,14 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         # accumulate the head's gradient in float32 whatever the compute dtype
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
-        count = hidden.shape[0]
         wide_weight = _widened(hidden, weight)
-        for start in range(0, count, ctx.chunk):
-            stop = min(start + ctx.chunk, count)
+        kept, ctx.kept_logits = ctx.kept_logits, None  # a second backward recomputes
+        for start, stop in reversed(ctx.spans):
             part = hidden[start:stop]
-            grad = _chunk_logits(part, weight, scale, wide_weight, ctx.linear)
+            if kept is not None:
+                grad, kept = kept, None
+            else:
+                grad = _chunk_logits(part, weight, scale, wide_weight, ctx.linear)
             grad.sub_(log_z[start:stop, None])  # log p
             if grad_entropy is not None:
                 # -p (log p + H) g_H  (minus p g_lp below), in place over log p

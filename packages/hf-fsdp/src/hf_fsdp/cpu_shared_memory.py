@@ -191,6 +191,10 @@ def _map_shared_file(group: dist.ProcessGroup, size: int) -> torch.Tensor | None
                 buffer = None  # a different file of that name: another host
         except (OSError, RuntimeError):
             buffer = None
+    if buffer is not None and rank == 0:
+        # fault every page in now: the memory fit, measured at the first update, then sees
+        # the file's pages as used instead of finding them taken during the first collectives
+        buffer[_TOKEN_BYTES:].zero_()
     mapped: list[Any] = [None] * group.size()
     dist.all_gather_object(mapped, buffer is not None, group=group)
     if rank == 0 and path:

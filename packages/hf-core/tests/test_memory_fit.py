@@ -318,3 +318,35 @@ def test_a_lora_actor_declares_its_frozen_base_weights(
     lora = {"backend": master_weights_engine, "engine": engine}
     config = _trainer_config(tmp_path, QWEN_05B_CONFIG, placement={"processes": 2}, actor=lora)
     assert actor_process_fit(config, 24 * GIB).parts["state"] == 2 * QWEN_05B.num_params // 2
+
+
+class _NodeSharedEngine(BaseModel):
+    """A training engine's settings whose ranks on a node share a 300 MiB file."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def node_shared_bytes(self, ranks_per_node: int) -> int:
+        return 300 * 2**20 if ranks_per_node > 1 else 0
+
+
+@pytest.fixture
+def node_shared_engine() -> Iterator[str]:
+    yield from _registered("training", "shared-toy", _NodeSharedEngine)
+
+
+def test_memory_the_ranks_of_a_node_share_is_split_among_them(
+    tmp_path: Path, node_shared_engine: str
+) -> None:
+    """What the actor's ranks on a node hold together (FSDP's shared-memory file for its CPU
+    collectives) counts once per node: each of the node's processes carries its share."""
+
+    def resident(processes: int) -> int:
+        config = _trainer_config(
+            tmp_path, QWEN_05B_CONFIG, placement={"processes": processes},
+            actor={"backend": node_shared_engine},
+        )  # fmt: skip
+        return actor_process_fit(config, 64 * GIB).parts["resident"]
+
+    # the rest of a process's resident memory does not depend on the rank count
+    assert resident(2) - resident(1) == 150 * 2**20
+    assert resident(4) - resident(1) == 75 * 2**20

@@ -110,3 +110,19 @@ def test_plugin_factory_validates_config() -> None:
 
     with pytest.raises(EngineConfigError, match="lr: got -1"):
         create_training_engine(model_path="/x", lr=-1)
+
+
+def test_the_shared_memory_collectives_declare_their_file_per_node() -> None:
+    """The pre-start memory check counts FSDP's shared-memory file (hf_fsdp.cpu_shared_memory)
+    once per node when two or more ranks share it, and nothing when they do not use it."""
+    from hf_core.engines import DeclaresNodeSharedMemory
+    from hf_fsdp.config import SHARED_MEMORY_FILE_BYTES
+
+    settings = FSDPEngineConfig(model_path="m")
+    assert isinstance(settings, DeclaresNodeSharedMemory)
+    assert (
+        settings.node_shared_bytes(2) == settings.node_shared_bytes(8) == SHARED_MEMORY_FILE_BYTES
+    )
+    assert settings.node_shared_bytes(1) == 0
+    gloo = FSDPEngineConfig(model_path="m", cpu_collectives="process_group")
+    assert gloo.node_shared_bytes(4) == 0

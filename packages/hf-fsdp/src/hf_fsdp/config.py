@@ -32,6 +32,11 @@ CPULinear = Annotated[
 ]
 
 
+SHARED_MEMORY_FILE_BYTES = 256 * 1024 * 1024
+"""The file FSDP's CPU ranks on one node copy their collectives through (one per node and
+process group, whatever the rank count: hf_fsdp.cpu_shared_memory)."""
+
+
 class FSDPEngineConfig(TrainingEngineConfig):
     """Everything one FSDP training engine (any role) needs.
 
@@ -89,6 +94,13 @@ class FSDPEngineConfig(TrainingEngineConfig):
         description="train LoRA adapters (rank, alpha, dropout, target_modules) over frozen "
         "base weights instead of the whole model; None: full fine-tuning",
     )
+
+    def node_shared_bytes(self, ranks_per_node: int) -> int:
+        """The shared-memory collectives' file, when it is used (``DeclaresNodeSharedMemory``;
+        CPU runs only reach the check that asks)."""
+        if self.cpu_collectives != "shared_memory" or ranks_per_node < 2:
+            return 0
+        return SHARED_MEMORY_FILE_BYTES
 
     @model_validator(mode="after")
     def _lora_needs_training(self) -> FSDPEngineConfig:

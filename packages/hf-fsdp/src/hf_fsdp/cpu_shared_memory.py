@@ -33,10 +33,12 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from hf_fsdp.config import SHARED_MEMORY_FILE_BYTES
+
 log = logging.getLogger(__name__)
 
 SHARED_FOLDER = "/dev/shm"
-FILE_BUDGET_BYTES = 256 * 1024 * 1024
+FILE_BUDGET_BYTES = SHARED_MEMORY_FILE_BYTES
 """The shared file's size for a group (one per host, whatever the rank count)."""
 _ALIGN = 4096
 _TOKEN_BYTES = 16

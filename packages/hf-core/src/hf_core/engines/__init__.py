@@ -4,6 +4,7 @@ from hf_core.engines.adapters import LoRAConfig, is_adapter_name, write_peft_fol
 from hf_core.engines.capabilities import (
     Closeable,
     DeclaresHostOverhead,
+    DeclaresNodeSharedMemory,
     DeclaresTrainingState,
     ExportsHF,
     GenerationRank,
@@ -54,6 +55,7 @@ __all__ = [
     "Closeable",
     "DTypeName",
     "DeclaresHostOverhead",
+    "DeclaresNodeSharedMemory",
     "DeclaresTrainingState",
     "ExportsHF",
     "GenerationRank",

@@ -169,6 +169,17 @@ class DeclaresTrainingState(Protocol):
 
 
 @runtime_checkable
+class DeclaresNodeSharedMemory(Protocol):
+    """A training engine's *settings* that know what its ranks on one CPU node hold together,
+    outside any one process (e.g. a ``/dev/shm`` file their collectives copy through).  The
+    pre-start memory check shares it among the node's processes."""
+
+    def node_shared_bytes(self, ranks_per_node: int) -> int:
+        """Bytes the engine's ``ranks_per_node`` ranks on one node hold together."""
+        ...
+
+
+@runtime_checkable
 class DeclaresHostOverhead(Protocol):
     """A rollout engine's *settings* that know what the engine holds in a CPU process beyond
     its weights (KV cache, the engine's own runtime).

@@ -22,7 +22,11 @@ from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from hf_core.config import TrainerConfig
-from hf_core.engines.capabilities import DeclaresHostOverhead, DeclaresTrainingState
+from hf_core.engines.capabilities import (
+    DeclaresHostOverhead,
+    DeclaresNodeSharedMemory,
+    DeclaresTrainingState,
+)
 from hf_core.engines.dtypes import DTypeName, to_dtype
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.memory_fit import (
@@ -66,6 +70,24 @@ def _engine_settings(
         return None
 
 
+def _training_settings(config: TrainerConfig, role: Any, *, trainable: bool) -> Any:
+    """The role's training-engine settings, validated (None: not installed here)."""
+
+    def block() -> dict[str, Any]:
+        return {**training_engine_args(config, role, head="lm", trainable=trainable), **role.engine}
+
+    return _engine_settings("training", role.backend, block)
+
+
+def _node_shared_share(config: TrainerConfig, per_node: int) -> int:
+    """One process's share of what the actor engine's ranks on a node hold together
+    (:class:`~hf_core.engines.DeclaresNodeSharedMemory`; e.g. FSDP's shared-memory file)."""
+    settings = _training_settings(config, config.actor, trainable=True)
+    if not isinstance(settings, DeclaresNodeSharedMemory):
+        return 0
+    return settings.node_shared_bytes(per_node) // per_node
+
+
 def _declared_state_bytes(
     config: TrainerConfig,
     role: Any,
@@ -79,10 +101,7 @@ def _declared_state_bytes(
     optimizer state (:class:`~hf_core.engines.DeclaresTrainingState`), or None.
     ``weights_only``: a trained engine whose base weights are frozen (LoRA)."""
 
-    def block() -> dict[str, Any]:
-        return {**training_engine_args(config, role, head="lm", trainable=trainable), **role.engine}
-
-    settings = _engine_settings("training", role.backend, block)
+    settings = _training_settings(config, role, trainable=trainable)
     if not isinstance(settings, DeclaresTrainingState):
         return None
     return settings.state_bytes_per_rank(spec.num_params, ranks, trainable and not weights_only)
@@ -149,6 +168,7 @@ def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[Micro
             critic = _spec(config, config.critic, "critic.model_path").with_value_head()
             resident += 4 * _bytes(config.critic.engine, "param_dtype") * critic.num_params // ranks
     per_node = max(1, ranks // placement.nodes)
+    resident += _node_shared_share(config, per_node)
     budget = process_budget_bytes(per_node, node_bytes)
     sample = config.rollout.max_new_tokens + 1
     fit = fit_micro_batch(

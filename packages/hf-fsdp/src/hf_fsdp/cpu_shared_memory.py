@@ -229,6 +229,17 @@ def exchange_for(group: dist.ProcessGroup) -> SharedMemoryExchange | None:
     return exchange
 
 
+def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """``output`` = every rank's ``local`` in rank order: through the group's shared memory
+    when its FSDP engine set it up (the weight export's buckets), else the process group."""
+    cached = _EXCHANGES.get(id(group))
+    exchange = cached[1] if cached is not None and cached[0] is group else None
+    if exchange is None or local.device.type != "cpu":
+        dist.all_gather_into_tensor(output, local, group=group)
+    else:
+        SharedMemoryAllGather(exchange)(output, local, group)
+
+
 def attach(model: torch.nn.Module, group: dist.ProcessGroup) -> bool:
     """Route every FSDP unit of ``model`` through shared memory; ``False`` (and gloo kept)
     when ``group`` has one rank or its ranks cannot share a file.  CPU models only."""

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hf_core.engines import NamedTensor, WeightMapping
+from hf_fsdp import cpu_shared_memory
 from hf_fsdp.lora import canonical_lora_name
 
 WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
@@ -180,8 +180,9 @@ def _gathered(
         chunks.append(rows)
         send.append(padded.reshape(-1))
     flat = torch.cat(send)
-    pieces = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(pieces, flat, group=group)
+    gathered = flat.new_empty(world * flat.numel())
+    cpu_shared_memory.all_gather_into(gathered, flat, group)
+    pieces = gathered.chunk(world)
     offset = 0
     for (native, param), rows, part in zip(params, chunks, send, strict=True):
         numel = part.numel()

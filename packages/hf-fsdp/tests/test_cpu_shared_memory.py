@@ -34,8 +34,7 @@ def _init(rank: int, world: int, port: int) -> None:
 def _exchange(budget: int) -> Any:
     from hf_fsdp import cpu_shared_memory as shm
 
-    shm.FILE_BUDGET_BYTES = budget
-    exchange = shm.exchange_for(dist.group.WORLD)
+    exchange = shm.exchange_for(dist.group.WORLD, file_bytes=budget)
     assert exchange is not None
     return shm, exchange
 

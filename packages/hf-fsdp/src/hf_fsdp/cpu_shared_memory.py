@@ -38,8 +38,6 @@ from hf_fsdp.config import SHARED_MEMORY_FILE_BYTES
 log = logging.getLogger(__name__)
 
 SHARED_FOLDER = "/dev/shm"
-FILE_BUDGET_BYTES = SHARED_MEMORY_FILE_BYTES
-"""The shared file's size for a group (one per host, whatever the rank count)."""
 _ALIGN = 4096
 _TOKEN_BYTES = 16
 
@@ -75,14 +73,18 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-class SharedMemoryAllGather(AllGather):
+class _PlainBuffers:
+    """FSDP's buffers in ordinary memory: only the slots live in the shared file."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(size, dtype=dtype, device=device)
+
+
+class SharedMemoryAllGather(_PlainBuffers, AllGather):
     """``all_gather_into_tensor`` over the shared file (FSDP2 ``AllGather``)."""
 
     def __init__(self, exchange: SharedMemoryExchange) -> None:
         self.exchange = exchange
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(size, dtype=dtype, device=device)
 
     def __call__(
         self,
@@ -114,15 +116,12 @@ class SharedMemoryAllGather(AllGather):
         return None
 
 
-class SharedMemoryReduceScatter(ReduceScatter):
+class SharedMemoryReduceScatter(_PlainBuffers, ReduceScatter):
     """``reduce_scatter_tensor`` (sum or average) over the shared file (FSDP2
     ``ReduceScatter``); other reduce ops go to the process group."""
 
     def __init__(self, exchange: SharedMemoryExchange) -> None:
         self.exchange = exchange
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(size, dtype=dtype, device=device)
 
     def __call__(  # type: ignore[override]
         self,
@@ -207,14 +206,25 @@ def _map_shared_file(group: dist.ProcessGroup, size: int) -> torch.Tensor | None
 _EXCHANGES: dict[int, tuple[dist.ProcessGroup, SharedMemoryExchange | None]] = {}
 
 
-def exchange_for(group: dist.ProcessGroup) -> SharedMemoryExchange | None:
-    """The group's exchange, set up once per process (engines on one group share it), or
-    ``None`` when its ranks cannot share a file."""
-    cached = _EXCHANGES.get(id(group))
-    if cached is not None and cached[0] is group:
-        return cached[1]
+def _entry(
+    group: dist.ProcessGroup,
+) -> tuple[dist.ProcessGroup, SharedMemoryExchange | None] | None:
+    """What this process set up for ``group``, if anything (ids of dead groups are reused,
+    hence the identity check)."""
+    entry = _EXCHANGES.get(id(group))
+    return entry if entry is not None and entry[0] is group else None
+
+
+def exchange_for(
+    group: dist.ProcessGroup, file_bytes: int = SHARED_MEMORY_FILE_BYTES
+) -> SharedMemoryExchange | None:
+    """The group's exchange over a ``file_bytes`` file, set up once per process (engines on
+    one group share it), or ``None`` when its ranks cannot share a file."""
+    entry = _entry(group)
+    if entry is not None:
+        return entry[1]
     world = group.size()
-    slot_bytes = FILE_BUDGET_BYTES // (2 * world) // _ALIGN * _ALIGN
+    slot_bytes = file_bytes // (2 * world) // _ALIGN * _ALIGN
     buffer = _map_shared_file(group, 2 * world * slot_bytes)
     exchange = None if buffer is None else SharedMemoryExchange(group, buffer, slot_bytes)
     if exchange is None:
@@ -223,7 +233,7 @@ def exchange_for(group: dist.ProcessGroup) -> SharedMemoryExchange | None:
         log.info(
             "FSDP collectives of %d ranks copy through shared memory (%d MiB)",
             world,
-            buffer.numel() >> 20 if buffer is not None else 0,
+            (2 * world * slot_bytes) >> 20,
         )
     _EXCHANGES[id(group)] = (group, exchange)
     return exchange
@@ -232,8 +242,8 @@ def exchange_for(group: dist.ProcessGroup) -> SharedMemoryExchange | None:
 def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: dist.ProcessGroup) -> None:
     """``output`` = every rank's ``local`` in rank order: through the group's shared memory
     when its FSDP engine set it up (the weight export's buckets), else the process group."""
-    cached = _EXCHANGES.get(id(group))
-    exchange = cached[1] if cached is not None and cached[0] is group else None
+    entry = _entry(group)
+    exchange = entry[1] if entry is not None else None
     if exchange is None or local.device.type != "cpu":
         dist.all_gather_into_tensor(output, local, group=group)
     else:

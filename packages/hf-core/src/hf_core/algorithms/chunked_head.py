@@ -118,7 +118,6 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         ctx.kept_logits = logits
         ctx.spans = spans
         ctx.inverse_temperature = inverse_temperature
-        ctx.chunk = chunk
         ctx.linear = linear
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(tokens)

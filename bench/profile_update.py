@@ -7,7 +7,7 @@ prints, for rank 0: the step's seconds, its share in collectives, the optimiser 
 LM head / loss and the rest, and the top ops by self CPU time.
 
     python bench/profile_update.py --shape 0.5B --rows 16 --prompt 18 --response 32
-    python bench/profile_update.py --shape 25M --layouts 1x2,2x1
+    python bench/profile_update.py --shape 25M --layouts 1x2,2x1 --shared-prefix off
 """
 
 from __future__ import annotations
@@ -39,9 +39,13 @@ def profile_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> 
     from hf_testing.workers import policy_loss, rollout_batch
 
     path = bench_model(args.shape)
-    engine = FSDPEngine({"model_path": str(path), "lr": 1e-6})
+    engine = FSDPEngine(
+        {"model_path": str(path), "lr": 1e-6, "shared_prefix": args.shared_prefix == "on"}
+    )
     vocab = engine.model.config.vocab_size
-    batch = rollout_batch(args.rows, args.prompt, args.response, vocab, seed=1)
+    batch = rollout_batch(
+        args.rows, args.prompt, args.response, vocab, seed=1, group_size=args.group
+    )
     mine = batch.chunk(world)[rank]
     for _ in range(2):
         engine.train_step(mine, policy_loss)
@@ -74,6 +78,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16, help="samples in the step (all ranks)")
     parser.add_argument("--prompt", type=int, default=18)
     parser.add_argument("--response", type=int, default=32)
+    parser.add_argument("--group", type=int, default=4, help="samples per prompt (GRPO's n)")
+    parser.add_argument(
+        "--shared-prefix", default="on", choices=("on", "off"), help="the engine's shared_prefix"
+    )
     parser.add_argument("--layouts", default="1x2,2x1", help="processes x threads, comma-separated")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)

@@ -91,3 +91,28 @@ def test_combine_metric_rows_means_maxima_and_sums() -> None:
     rows = [{"a": 1.0, "x_max": 3.0, "n_sum": 2.0, "loss": 1.0}, {"a": 3.0, "x_max": 5.0}]
     combined = combine_metric_rows([*rows, {"n_sum": 4.0, "loss": 2.0}], sums=("loss",))
     assert combined == {"a": 2.0, "x_max": 5.0, "n_sum": 6.0, "loss": 3.0}
+
+
+def test_prompt_groups_stay_in_one_micro_batch_where_they_fit() -> None:
+    # three groups of two rows; lengths interleave across groups, so a plain length sort
+    # would put each group's rows into different micro-batches
+    lengths = [(2, 1), (2, 5), (4, 2), (4, 4), (3, 3), (3, 1)]
+    batch = _rollouts([p for p, _ in lengths], [r for _, r in lengths])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    plain = plan_micro_batches(batch, max_tokens=20)
+    assert any(len(set(groups[m.rows].tolist())) > 1 for m in plain)  # groups split apart
+    micro = plan_micro_batches(batch, max_tokens=20, prompt_groups=groups)
+    assert sorted(torch.cat([m.rows for m in micro]).tolist()) == list(range(6))
+    for m in micro:
+        assert m.batch["input_ids"].numel() <= 20
+        for g in set(groups[m.rows].tolist()):  # a group present is present whole
+            assert set(torch.nonzero(groups == g).flatten().tolist()) <= set(m.rows.tolist())
+    # a group larger than the budget is split by length, still under it
+    one_group = torch.zeros(6, dtype=torch.long)
+    split = plan_micro_batches(batch, max_tokens=12, prompt_groups=one_group)
+    assert len(split) > 1
+    real = batch["attention_mask"].sum(-1)
+    assert all(len(m.rows) * int(real[m.rows].max()) <= 12 or len(m.rows) == 1 for m in split)
+    # no repeated prompt: the plain plan, unchanged
+    unique = plan_micro_batches(batch, max_tokens=20, prompt_groups=torch.arange(6))
+    assert [m.rows.tolist() for m in unique] == [m.rows.tolist() for m in plain]

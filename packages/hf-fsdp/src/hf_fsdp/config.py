@@ -82,6 +82,11 @@ class FSDPEngineConfig(TrainingEngineConfig):
     )
     disable_dropout: bool = Field(True, description="RL needs the same function in every pass")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'eager'")
+    shared_prefix: bool = Field(
+        True,
+        description="forwards lay out the samples of one prompt as one row, the prompt "
+        "computed once (hf_core.engines.shared_prefix), where that costs less than plain rows",
+    )
     cpu_linear: CPULinear = "onednn"
     cpu_collectives: Literal["shared_memory", "process_group"] = Field(
         "shared_memory",

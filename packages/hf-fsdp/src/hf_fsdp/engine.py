@@ -51,6 +51,7 @@ from hf_core.engines import (
     write_peft_folder,
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
+from hf_core.engines.shared_prefix import prompt_groups
 from hf_fsdp import checkpoint, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
@@ -207,7 +208,13 @@ class FSDPEngine(TrainingEngine):
         one and drop the result: FSDP's collectives need every rank in every pass.
         """
         cfg = self.config
-        micro = plan_micro_batches(batch, self._token_budget(batch, training), cfg.micro_batch_size)
+        groups = None
+        if cfg.shared_prefix and "responses" in batch and len(batch):
+            groups = prompt_groups(
+                batch["input_ids"], batch["attention_mask"], int(batch["responses"].shape[1])
+            )
+        budget = self._token_budget(batch, training)
+        micro = plan_micro_batches(batch, budget, cfg.micro_batch_size, groups)
         count = all_reduce_int(len(micro), dist.ReduceOp.MAX)
         if count and not micro:
             raise ValueError(
@@ -229,6 +236,7 @@ class FSDPEngine(TrainingEngine):
                 part,
                 self.device,
                 logits_budget_bytes=self.config.logits_budget_bytes,
+                shared_prefix=self.config.shared_prefix,
                 **kwargs,
             )
             if i < len(micro):
@@ -319,6 +327,7 @@ class FSDPEngine(TrainingEngine):
                 self.device,
                 temperature,
                 logits_budget_bytes=self.config.logits_budget_bytes,
+                shared_prefix=self.config.shared_prefix,
             )
             loss, metrics = loss_fn(outputs, mb)
             if not real:

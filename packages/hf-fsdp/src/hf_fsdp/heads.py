@@ -31,6 +31,7 @@ from hf_core.algorithms.chunked_head import (
     logits_chunk_tokens,
 )
 from hf_core.batch import Batch
+from hf_core.engines.shared_prefix import PackedPrefixes, pack_shared_prefixes
 from hf_fsdp.config import HeadKind
 from hf_fsdp.onednn_linear import OneDNNLinear
 from hf_fsdp.onednn_linear import linear as onednn_linear
@@ -55,6 +56,48 @@ def _model_inputs(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]
         "input_ids": batch["input_ids"].to(device),
         "attention_mask": batch["attention_mask"].to(device),
         "position_ids": position_ids_of(batch).to(device),
+    }
+
+
+PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
+"""Attention implementations that take a ready 4D mask (the packed layout's block mask)."""
+
+
+def packed_inputs(
+    model: nn.Module, batch: Batch, device: torch.device
+) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
+    """The micro-batch with each prompt group packed into one row
+    (:mod:`hf_core.engines.shared_prefix`) and the index of the position that predicts each
+    response token; ``None`` where packing does not apply or pay."""
+    config = getattr(model, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in PACKABLE_ATTENTION or "responses" not in batch:
+        return None
+    packed = pack_shared_prefixes(
+        batch["input_ids"],
+        batch["attention_mask"],
+        position_ids_of(batch),
+        response_length(batch),
+        int(config.hidden_size),  # type: ignore[union-attr]
+    )
+    if packed is None:
+        return None
+    return _as_model_inputs(packed, implementation, model, device), packed.predict_from.to(device)
+
+
+def _as_model_inputs(
+    packed: PackedPrefixes, implementation: str, model: nn.Module, device: torch.device
+) -> dict[str, torch.Tensor]:
+    mask = packed.attention_mask.to(device)
+    if implementation == "eager":  # eager adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
+            ~mask, torch.finfo(dtype).min
+        )
+    return {
+        "input_ids": packed.input_ids.to(device),
+        "attention_mask": mask,
+        "position_ids": packed.position_ids.to(device),
     }
 
 
@@ -92,9 +135,22 @@ def _chunkable_head(model: nn.Module) -> nn.Module | None:
     return head if isinstance(getattr(head, "weight", None), torch.Tensor) else None
 
 
+def _response_positions(states: torch.Tensor, predict_from: torch.Tensor | None) -> torch.Tensor:
+    """``[B, R, ...]``: the states (hidden, logits, values) that predict each response token,
+    from a plain forward's last ``R + 1`` positions or a packed one's index."""
+    if predict_from is None:
+        return states[:, :-1]
+    return states.reshape(-1, *states.shape[2:])[predict_from]
+
+
 @contextmanager
 def _head_as_log_probs(
-    head: nn.Module, tokens: torch.Tensor, temperature: float, with_entropy: bool, chunk: int
+    head: nn.Module,
+    tokens: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk: int,
+    predict_from: torch.Tensor | None,
 ) -> Iterator[None]:
     """Make ``head`` return ``[B, R, 2]`` (log-prob, entropy) of ``tokens`` instead of logits.
 
@@ -104,7 +160,7 @@ def _head_as_log_probs(
 
     def forward(hidden: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
         log_probs, entropy = chunked_head_log_probs_and_entropy(
-            hidden[:, :-1],
+            _response_positions(hidden, predict_from),
             head.weight,
             tokens,
             temperature=temperature,
@@ -128,22 +184,22 @@ def lm_forward(
     temperature: float,
     with_entropy: bool,
     logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
+    shared_prefix: bool = True,
 ) -> dict[str, torch.Tensor]:
-    length = response_length(batch)
     responses = batch["responses"].to(device)
-    inputs = _model_inputs(batch, device)
+    inputs, predict_from, keep = _inputs_and_positions(model, batch, device, shared_prefix)
     head = _chunkable_head(model)
     vocab = int(head.weight.shape[0]) if head is not None else 0
     chunk = logits_chunk_tokens(responses.numel(), vocab, logits_budget_bytes) if vocab else None
     if head is not None and chunk is not None:
-        with _head_as_log_probs(head, responses, temperature, with_entropy, chunk):
-            pairs = model(**inputs, use_cache=False, logits_to_keep=length + 1).logits
+        with _head_as_log_probs(head, responses, temperature, with_entropy, chunk, predict_from):
+            pairs = model(**inputs, use_cache=False, logits_to_keep=keep).logits
         result = {"log_probs": pairs[..., 0]}
         if with_entropy:
             result["entropy"] = pairs[..., 1]
         return result
-    out = model(**inputs, use_cache=False, logits_to_keep=length + 1)
-    logits = out.logits[:, :-1, :]
+    out = model(**inputs, use_cache=False, logits_to_keep=keep)
+    logits = _response_positions(out.logits, predict_from)
     log_probs, entropy = token_log_probs(logits, responses, temperature, with_entropy)
     result = {"log_probs": log_probs}
     if entropy is not None:
@@ -151,11 +207,26 @@ def lm_forward(
     return result
 
 
-def value_forward(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+def _inputs_and_positions(
+    model: nn.Module, batch: Batch, device: torch.device, shared_prefix: bool
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, int]:
+    """Model inputs, the packed layout's response index (``None``: plain rows), and how many
+    last positions the head must keep (0: all, for the packed layout's index)."""
+    packed = packed_inputs(model, batch, device) if shared_prefix else None
+    if packed is not None:
+        return packed[0], packed[1], 0
+    return _model_inputs(batch, device), None, response_length(batch) + 1
+
+
+def value_forward(
+    model: nn.Module, batch: Batch, device: torch.device, shared_prefix: bool = True
+) -> dict[str, torch.Tensor]:
     length = response_length(batch)
-    out = model(**_model_inputs(batch, device), use_cache=False)
-    values = out.logits.squeeze(-1).float()
-    return {"values": values[:, -length - 1 : -1]}
+    inputs, predict_from, _ = _inputs_and_positions(model, batch, device, shared_prefix)
+    values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
+    if predict_from is None:
+        return {"values": values[:, -length - 1 : -1]}
+    return {"values": values.reshape(-1)[predict_from]}
 
 
 @contextmanager
@@ -196,10 +267,14 @@ def forward(
     temperature: float = 1.0,
     with_entropy: bool = True,
     logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
+    shared_prefix: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """The head kind's outputs for one micro-batch (with autograd if enabled)."""
+    """The head kind's outputs for one micro-batch (with autograd if enabled);
+    ``shared_prefix``: pack rows that repeat a prompt where that pays (:func:`packed_inputs`)."""
     if head == "lm":
-        return lm_forward(model, batch, device, temperature, with_entropy, logits_budget_bytes)
+        return lm_forward(
+            model, batch, device, temperature, with_entropy, logits_budget_bytes, shared_prefix
+        )
     if head == "value":
-        return value_forward(model, batch, device)
+        return value_forward(model, batch, device, shared_prefix)
     return score_forward(model, batch, device)

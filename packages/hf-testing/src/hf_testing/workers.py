@@ -62,11 +62,13 @@ def rollout_batch(
     seed: int,
     pad_id: int = 0,
     first_id: int = 3,
+    group_size: int = 1,
 ) -> Batch:
     """Left-padded prompts + right-padded responses with uneven lengths, and RL targets.
 
     Real tokens are never ``pad_id``, so HF's own pad-based pooling finds the same last
-    token as the attention mask.
+    token as the attention mask.  ``group_size`` consecutive rows share one prompt (GRPO's
+    samples of a prompt).
     """
     gen = torch.Generator().manual_seed(seed)
     prompts = torch.randint(first_id, vocab_size, (batch_size, prompt_len), generator=gen)
@@ -76,6 +78,8 @@ def rollout_batch(
     for i in range(batch_size):
         left = int(torch.randint(0, prompt_len - 1, (1,), generator=gen))
         kept = int(torch.randint(1, response_len + 1, (1,), generator=gen))
+        if i % group_size:  # a later sample of the group: the group's prompt
+            prompts[i], left = prompts[i - 1], int((prompt_mask[i - 1] == 0).sum())
         prompt_mask[i, :left] = 0
         response_mask[i, kept:] = 0
     prompts = prompts.masked_fill(prompt_mask == 0, pad_id)

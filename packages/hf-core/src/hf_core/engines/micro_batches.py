@@ -43,14 +43,20 @@ def sample_lengths(batch: Batch) -> torch.Tensor:
 
 
 def plan_micro_batches(
-    batch: Batch, max_tokens: int | None, max_samples: int | None = None
+    batch: Batch,
+    max_tokens: int | None,
+    max_samples: int | None = None,
+    prompt_groups: torch.Tensor | None = None,
 ) -> list[MicroBatch]:
     """Split ``batch`` into length-grouped micro-batches, each trimmed of shared padding.
 
     A micro-batch holds at most ``max_samples`` rows and, once trimmed, at most
     ``max_tokens`` tokens (rows x its longest row); a row longer than the budget goes alone.
     ``max_tokens=None`` groups by ``max_samples`` alone (in the original order, as fixed-size
-    micro-batches did).  Deterministic: the same batch gives the same micro-batches.
+    micro-batches did).  ``prompt_groups`` (a group index per row, rows sharing a prompt
+    share one) keeps each group in one micro-batch where it fits, so a forward can compute
+    its prompt once (:mod:`hf_core.engines.shared_prefix`).  Deterministic: the same batch
+    gives the same micro-batches.
     """
     size = len(batch)
     if size == 0:
@@ -59,9 +65,39 @@ def plan_micro_batches(
     if max_tokens is None:
         order = torch.arange(size)
         groups = [order[i : i + cap] for i in range(0, size, cap)]
+    elif prompt_groups is not None and int(prompt_groups.max()) + 1 < size:
+        groups = _pack_prompt_groups(sample_lengths(batch), prompt_groups, max_tokens, cap)
     else:
         groups = _pack_by_length(sample_lengths(batch), max_tokens, cap)
     return [MicroBatch(trim_padding(batch.index(rows)), rows) for rows in groups]
+
+
+def _pack_prompt_groups(
+    lengths: torch.Tensor, prompt_groups: torch.Tensor, max_tokens: int, cap: int
+) -> list[torch.Tensor]:
+    """Whole prompt groups, ordered by their longest row, packed under the budget; a group
+    too large for one micro-batch is split by length on its own."""
+    members = [
+        torch.nonzero(prompt_groups == g).flatten() for g in range(int(prompt_groups.max()) + 1)
+    ]
+    members = [m for m in members if len(m)]
+    members.sort(key=lambda rows: int(lengths[rows].max()))  # stable: ties keep group order
+    out: list[torch.Tensor] = []
+    current: list[torch.Tensor] = []
+    count = 0
+    for rows in members:
+        longest = int(lengths[rows].max())  # sorted: the newest group is the longest
+        if current and (count + len(rows) > cap or (count + len(rows)) * longest > max_tokens):
+            out.append(torch.cat(current))
+            current, count = [], 0
+        if len(rows) <= cap and len(rows) * longest <= max_tokens:
+            current.append(rows)
+            count += len(rows)
+        else:
+            out.extend(rows[part] for part in _pack_by_length(lengths[rows], max_tokens, cap))
+    if current:
+        out.append(torch.cat(current))
+    return out
 
 
 def _pack_by_length(lengths: torch.Tensor, max_tokens: int, cap: int) -> list[torch.Tensor]:

@@ -36,21 +36,22 @@ def test_packed_layout_gives_each_response_token_its_own_context() -> None:
     ids, mask, positions = _rows(prompts, responses)
     packed = pack_shared_prefixes(ids, mask, positions, 3, hidden_size=1024)
     assert packed is not None
-    # group 0: prompt once, then both responses; group 1 alone
-    assert packed.input_ids.tolist() == [[7, 8, 9, 11, 12, 13, 21], [5, 6, 31, 32, 0, 0, 0]]
-    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 3], [0, 1, 2, 3, 0, 0, 0]]
-    flat = packed.input_ids.flatten()
-    allowed = packed.attention_mask[:, 0].reshape(-1, 7)  # [G * L, L]
+    # group 0: prompt once, then each response but its last token (an input to nothing);
+    # group 1 alone
+    assert packed.input_ids.tolist() == [[7, 8, 9, 11, 12], [5, 6, 31, 0, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]]
+    length = packed.input_ids.shape[1]
+    allowed = packed.attention_mask[:, 0].reshape(-1, length)  # [G * L, L]
     for row in range(3):
-        for t, token in enumerate(responses[row]):
+        for t in range(len(responses[row])):
             source = int(packed.predict_from[row, t])
             # the predicting position is the token just before t in this row's own sequence
-            context = flat.reshape(2, 7)[source // 7][allowed[source].nonzero().flatten()]
+            group = packed.input_ids[source // length]
+            context = group[allowed[source].nonzero().flatten()]
             assert context.tolist() == prompts[row] + responses[row][:t], (row, t)
-            del token
     # padding predicts from a real position (finite outputs), never from another group
     assert packed.predict_from[1, 1:].tolist() == [2, 2]
-    assert int(packed.predict_from[2, 0]) // 7 == 1
+    assert int(packed.predict_from[2, 0]) // length == 1
 
 
 def test_no_packing_without_repeats_or_when_rows_are_long() -> None:

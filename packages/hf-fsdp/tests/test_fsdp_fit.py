@@ -86,7 +86,8 @@ def test_an_update_that_cannot_fit_says_so(models: dict, monkeypatch: pytest.Mon
         MemoryFitError, match=r"cannot fit even one sample of \d+ tokens.*MiB.*budget of"
     ):
         engine.train_step(rollout_batch(4, 5, 6, VOCAB, seed=4), policy_loss)
-    assert torch.isfinite(next(engine.model.parameters()).to_local()).all()
+    weight = next(engine.model.parameters())  # a plain tensor on one CPU process
+    assert torch.isfinite(getattr(weight, "to_local", lambda: weight)()).all()
 
 
 def test_a_resumed_engine_keeps_the_saved_choice(

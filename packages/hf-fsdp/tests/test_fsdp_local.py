@@ -89,16 +89,55 @@ def test_fsdp_units_per_layer_or_whole_model(models: dict) -> None:
     path = str(models["qwen2_tied"])
     batch = rollout_batch(4, 5, 6, VOCAB, seed=3)
     engines = {
-        unit: FSDPEngine({"model_path": path, "fsdp_unit": unit, "trainable": False})
+        unit: FSDPEngine(
+            {
+                "model_path": path,
+                "fsdp_unit": unit,
+                "trainable": False,
+                "cpu_single_process": "fsdp",
+            }
+        )
         for unit in ("auto", "layer", "model")
     }
+    # one CPU process trains a plain module by default (hf_fsdp.cpu_single_process)
+    engines["plain"] = FSDPEngine({"model_path": path, "trainable": False})
     units = {
         k: sum(isinstance(m, FSDPModule) for m in e.model.modules()) for k, e in engines.items()
     }
     layers = engines["layer"].hf_config.num_hidden_layers
-    assert units == {"auto": 1, "layer": layers + 1, "model": 1}  # tiny: auto = one unit
+    assert units == {"auto": 1, "layer": layers + 1, "model": 1, "plain": 0}  # tiny: auto = 1
     out = {k: e.compute_log_probs(batch)["log_probs"] for k, e in engines.items()}
     assert torch.allclose(out["layer"], out["model"], atol=1e-6)
+    assert torch.allclose(out["plain"], out["model"], atol=1e-6)
+
+
+def test_a_plain_single_process_engine_trains_and_resumes_as_fsdp_does(
+    models: dict, tmp_path: Path
+) -> None:
+    """The plain module of one CPU process: the same update as FSDP's, tied weights still
+    tied, and its checkpoint loads into an FSDP engine (a later run on FSDP resumes it)."""
+    path = str(models["qwen2_tied"])
+    batch = rollout_batch(6, 5, 6, VOCAB, seed=5, group_size=2)
+    plain, wrapped = (
+        FSDPEngine({"model_path": path, "lr": 1e-3, "cpu_single_process": mode})
+        for mode in ("plain", "fsdp")
+    )
+    assert not plain.sharded and wrapped.sharded
+    head = plain.model.get_output_embeddings().weight
+    assert head is plain.model.get_input_embeddings().weight  # the tie survived loading
+    steps = [e.train_step(batch, policy_loss) for e in (plain, wrapped)]
+    assert steps[0]["grad_norm"] == pytest.approx(steps[1]["grad_norm"], rel=1e-5)
+    trained = _weights(plain)
+    for name, value in _weights(wrapped).items():
+        assert torch.allclose(trained[name], value, atol=1e-5), name
+    plain.save_checkpoint(tmp_path / "ckpt")
+    resumed = FSDPEngine({"model_path": path, "lr": 1e-3, "cpu_single_process": "fsdp"})
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert resumed.step == 1
+    for name, value in _weights(resumed).items():
+        assert torch.equal(trained[name], value), name
+    after = [e.train_step(batch, policy_loss)["loss"] for e in (plain, resumed)]
+    assert after[0] == pytest.approx(after[1], rel=1e-5)
 
 
 def test_micro_batch_size_does_not_change_results(models: dict) -> None:

@@ -94,6 +94,12 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "a /dev/shm file (hf_fsdp.cpu_shared_memory; gloo where ranks cannot share one), or "
         "process_group: always gloo.  GPUs use NCCL either way",
     )
+    cpu_single_process: Literal["plain", "fsdp"] = Field(
+        "plain",
+        description="a CPU run on one process trains the model as a plain module (FSDP's "
+        "gather and reduce copies cost seconds a step there with nothing to gather; "
+        "hf_fsdp.cpu_single_process), or fsdp: wrap it anyway.  GPUs always use FSDP",
+    )
     lora: LoRAConfig | None = Field(
         None,
         description="train LoRA adapters (rank, alpha, dropout, target_modules) over frozen "

@@ -52,7 +52,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
-from hf_fsdp import checkpoint, cpu_shared_memory, fit, heads, lora
+from hf_fsdp import checkpoint, cpu_shared_memory, cpu_single_process, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
@@ -96,7 +96,9 @@ class FSDPEngine(TrainingEngine):
             lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
         names = {native: canonical_name(native) for native, _ in model.named_parameters()}
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
-        shard_model(model, self.mesh, cfg, self.device)
+        self.sharded = not cpu_single_process.trains_unsharded(cfg, self.device, self.world_size)
+        if self.sharded:
+            shard_model(model, self.mesh, cfg, self.device)
         self.collectives = "process_group"
         if self.device.type == "cpu" and cfg.cpu_collectives == "shared_memory":
             if cpu_shared_memory.attach(model, self.mesh.get_group()):
@@ -314,6 +316,7 @@ class FSDPEngine(TrainingEngine):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         rows: list[dict[str, float]] = []
+        tokens = heads.ForwardTokens()
         for i in range(count):
             real = i < len(micro)
             mb = micro[i].batch if real else micro[0].batch
@@ -328,6 +331,7 @@ class FSDPEngine(TrainingEngine):
                 temperature,
                 logits_budget_bytes=self.config.logits_budget_bytes,
                 shared_prefix=self.config.shared_prefix,
+                tokens=tokens if real else None,
             )
             loss, metrics = loss_fn(outputs, mb)
             if not real:
@@ -348,6 +352,8 @@ class FSDPEngine(TrainingEngine):
         self.scheduler.step()
         self.step += 1
         # each micro-batch's loss is its share of the global loss: they add up on a rank
+        if tokens.rows:  # below 1 where shared_prefix packed prompt groups
+            rows.append({"forward_token_fraction": tokens.fraction})
         local = combine_metric_rows(rows, sums=("loss",))
         metrics_out = combine_metric_rows(all_gather_objects(local))
         metrics_out.update(

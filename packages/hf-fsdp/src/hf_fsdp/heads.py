@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -185,9 +186,10 @@ def lm_forward(
     with_entropy: bool,
     logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
     shared_prefix: bool = True,
+    tokens: ForwardTokens | None = None,
 ) -> dict[str, torch.Tensor]:
     responses = batch["responses"].to(device)
-    inputs, predict_from, keep = _inputs_and_positions(model, batch, device, shared_prefix)
+    inputs, predict_from, keep = _inputs_and_positions(model, batch, device, shared_prefix, tokens)
     head = _chunkable_head(model)
     vocab = int(head.weight.shape[0]) if head is not None else 0
     chunk = logits_chunk_tokens(responses.numel(), vocab, logits_budget_bytes) if vocab else None
@@ -207,22 +209,50 @@ def lm_forward(
     return result
 
 
+@dataclass
+class ForwardTokens:
+    """Tokens the forwards computed against the plain rows' tokens (``shared_prefix``'s
+    saving, reported as a metric)."""
+
+    computed: int = 0
+    rows: int = 0
+
+    def add(self, inputs: dict[str, torch.Tensor], batch: Batch) -> None:
+        self.computed += int(inputs["input_ids"].numel())
+        self.rows += int(batch["input_ids"].numel())
+
+    @property
+    def fraction(self) -> float:
+        return self.computed / self.rows if self.rows else 1.0
+
+
 def _inputs_and_positions(
-    model: nn.Module, batch: Batch, device: torch.device, shared_prefix: bool
+    model: nn.Module,
+    batch: Batch,
+    device: torch.device,
+    shared_prefix: bool,
+    tokens: ForwardTokens | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, int]:
     """Model inputs, the packed layout's response index (``None``: plain rows), and how many
     last positions the head must keep (0: all, for the packed layout's index)."""
     packed = packed_inputs(model, batch, device) if shared_prefix else None
+    inputs = packed[0] if packed is not None else _model_inputs(batch, device)
+    if tokens is not None:
+        tokens.add(inputs, batch)
     if packed is not None:
-        return packed[0], packed[1], 0
-    return _model_inputs(batch, device), None, response_length(batch) + 1
+        return inputs, packed[1], 0
+    return inputs, None, response_length(batch) + 1
 
 
 def value_forward(
-    model: nn.Module, batch: Batch, device: torch.device, shared_prefix: bool = True
+    model: nn.Module,
+    batch: Batch,
+    device: torch.device,
+    shared_prefix: bool = True,
+    tokens: ForwardTokens | None = None,
 ) -> dict[str, torch.Tensor]:
     length = response_length(batch)
-    inputs, predict_from, _ = _inputs_and_positions(model, batch, device, shared_prefix)
+    inputs, predict_from, _ = _inputs_and_positions(model, batch, device, shared_prefix, tokens)
     values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
     if predict_from is None:
         return {"values": values[:, -length - 1 : -1]}
@@ -268,13 +298,22 @@ def forward(
     with_entropy: bool = True,
     logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
     shared_prefix: bool = True,
+    tokens: ForwardTokens | None = None,
 ) -> dict[str, torch.Tensor]:
     """The head kind's outputs for one micro-batch (with autograd if enabled);
-    ``shared_prefix``: pack rows that repeat a prompt where that pays (:func:`packed_inputs`)."""
+    ``shared_prefix``: pack rows that repeat a prompt where that pays (:func:`packed_inputs`);
+    ``tokens`` counts what the forward computed."""
     if head == "lm":
         return lm_forward(
-            model, batch, device, temperature, with_entropy, logits_budget_bytes, shared_prefix
+            model,
+            batch,
+            device,
+            temperature,
+            with_entropy,
+            logits_budget_bytes,
+            shared_prefix,
+            tokens,
         )
     if head == "value":
-        return value_forward(model, batch, device, shared_prefix)
+        return value_forward(model, batch, device, shared_prefix, tokens)
     return score_forward(model, batch, device)

@@ -277,6 +277,25 @@ def _keep_buffers(model: nn.Module, device: torch.device) -> Iterator[None]:
                 module._buffers[name] = saved[key].to(device)
 
 
+@contextmanager
+def _keep_tied_parameters(model: nn.Module) -> Iterator[None]:
+    """``to_empty`` on a plain (unsharded) module gives each module its own new tensor, so
+    weights shared under two names (a tied LM head) come apart; share them again after."""
+    first: dict[int, tuple[nn.Module, str]] = {}
+    ties: list[tuple[nn.Module, str, nn.Module, str]] = []
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is None:
+                continue
+            if id(param) in first:
+                ties.append((module, name, *first[id(param)]))
+            else:
+                first[id(param)] = (module, name)
+    yield
+    for module, name, owner, owner_name in ties:
+        module._parameters[name] = owner._parameters[owner_name]
+
+
 @dataclass
 class LoadReport:
     """What loading did, for logs and tests."""
@@ -325,7 +344,7 @@ def materialize_and_load(
     base_prefix = getattr(model, "base_model_prefix", "")
     std = float(getattr(model.config, "initializer_range", 0.02))
     head_modules = HEAD_MODULES[head]
-    with _keep_buffers(model, device):
+    with _keep_buffers(model, device), _keep_tied_parameters(model):
         model.to_empty(device=shard_device or device)
     with SafetensorsReader(folder) as reader:
         used: set[str] = set()

@@ -7,6 +7,7 @@ tokens are repeated prompt).  Packing lays a group out as one sequence,
 ``[prompt, response_1, ..., response_n]``, with each response attending to the prompt and to
 itself only (a block mask) and keeping the positions it had in its own row, so every
 response token sees exactly the context it saw unpacked: the outputs agree to rounding.
+A response's last token is left out: it is an input to no prediction.
 
 :func:`pack_shared_prefixes` decides and builds; the head then reads the hidden state that
 predicts response token ``t`` of row ``b`` at ``predict_from[b, t]`` of the flattened packed
@@ -112,7 +113,8 @@ def pack_shared_prefixes(
     if count == rows:
         return None
     prompt_lengths = prompt_mask.sum(-1).tolist()
-    response_lengths = response_mask.sum(-1).tolist()
+    # a response's last token predicts nothing: only its first ``length - 1`` are inputs
+    response_lengths = (response_mask.sum(-1) - 1).clamp(min=0).tolist()
     members: list[list[int]] = [[] for _ in range(count)]
     for row, group in enumerate(groups.tolist()):
         members[group].append(row)
@@ -151,15 +153,14 @@ def _build(
         base = group * length
         start = prompt
         for slot, row in enumerate(rows_of_group, start=1):
-            real = int(response_lengths[row])
-            end = start + real
-            ids[group, start:end] = input_ids[row, prompt_width : prompt_width + real]
-            positions[group, start:end] = position_ids[row, prompt_width : prompt_width + real]
+            fed = int(response_lengths[row])  # the response's tokens but its last
+            end = start + fed
+            ids[group, start:end] = input_ids[row, prompt_width : prompt_width + fed]
+            positions[group, start:end] = position_ids[row, prompt_width : prompt_width + fed]
             segment[group, start:end] = slot
             # token 0 is predicted by the prompt's last position, token t by response t - 1
             sources = torch.full((response_width,), base + prompt - 1, dtype=torch.long)
-            if real > 1:
-                sources[1:real] = base + torch.arange(start, end - 1)
+            sources[1 : fed + 1] = base + torch.arange(start, end)
             predict_from[row] = sources
             start = end
     return PackedPrefixes(

@@ -123,7 +123,15 @@ def pack_shared_prefixes(
     ]
     if not packing_pays(rows, width, packed_lengths, hidden_size):
         return None
-    return _build(input_ids, position_ids, prompt_width, members, prompt_lengths, response_lengths)
+    return _build(
+        input_ids,
+        position_ids,
+        prompt_width,
+        members,
+        prompt_lengths,
+        response_lengths,
+        max(packed_lengths),
+    )
 
 
 def _build(
@@ -133,13 +141,11 @@ def _build(
     members: list[list[int]],
     prompt_lengths: list[int],
     response_lengths: list[int],
+    length: int,
 ) -> PackedPrefixes:
     rows, width = input_ids.shape
     response_width = width - prompt_width
     count = len(members)
-    length = max(
-        int(prompt_lengths[m[0]]) + sum(int(response_lengths[r]) for r in m) for m in members
-    )
     ids = torch.zeros(count, length, dtype=input_ids.dtype)
     positions = torch.zeros(count, length, dtype=position_ids.dtype)
     segment = torch.full((count, length), -1, dtype=torch.long)  # 0 prompt, i response i

@@ -7,8 +7,10 @@ import torch
 
 from hf_core.algorithms import entropy_from_logits
 from hf_core.algorithms.chunked_head import (
+    TiedHeadGradient,
     chunked_head_log_probs_and_entropy,
     logits_chunk_tokens,
+    tied_embedding,
 )
 from hf_testing.memory import policy_loss_peak_bytes
 
@@ -151,3 +153,61 @@ def test_memory_does_not_grow_with_tokens_at_a_real_vocabulary() -> None:
     assert large < small * 1.25 + 16 * 2**20
     # full logits hold tokens x vocab floats, and their gradient as much again
     assert full >= 2 * 2048 * vocab * 4
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("head_runs", [True, False])
+def test_a_tied_embedding_adds_its_gradient_into_the_heads(
+    padding_idx: int | None, head_runs: bool
+) -> None:
+    """A tiny tied LM (embedding -> tanh -> chunked head): the shared weight's gradient,
+    accumulated over two backward passes, is plain autograd's, whether the head's backward
+    hands its gradient over (in place) or does not run (the embedding's own dense one)."""
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(11, 6, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, 11, (2, 2, 5), generator=gen)
+    ids[:, :, 0] = 2  # a padding token in every row
+    tokens = torch.randint(0, 11, (2, 2, 5), generator=gen)
+
+    def grad_of(tied: bool) -> torch.Tensor:
+        weight = base.clone().requires_grad_()
+        for step in range(2):  # .grad accumulates as over micro-batches
+            share = TiedHeadGradient()
+            embed = (
+                tied_embedding(ids[step], weight, padding_idx, share)
+                if tied
+                else torch.nn.functional.embedding(ids[step], weight, padding_idx)
+            )
+            hidden = torch.tanh(embed)
+            if head_runs:
+                log_probs, _ = chunked_head_log_probs_and_entropy(
+                    hidden, weight, tokens[step], chunk=3, share=share if tied else None
+                )
+                log_probs.sum().backward()
+            else:
+                hidden.pow(2).sum().backward()
+        assert weight.grad is not None
+        return weight.grad
+
+    torch.testing.assert_close(grad_of(tied=True), grad_of(tied=False), rtol=1e-6, atol=1e-6)
+
+
+def test_the_tied_embedding_writes_into_the_tensor_the_head_handed_over() -> None:
+    """The saving itself: the head's gradient tensor ends up holding the whole gradient."""
+    handed: list[torch.Tensor] = []
+
+    class Recording(TiedHeadGradient):
+        def __setattr__(self, name: str, value: object) -> None:
+            if isinstance(value, torch.Tensor):
+                handed.append(value)
+            super().__setattr__(name, value)
+
+    weight = torch.randn(11, 6, requires_grad=True)
+    share = Recording()
+    ids = torch.randint(0, 11, (2, 5))
+    hidden = torch.tanh(tied_embedding(ids, weight, None, share))
+    log_probs, _ = chunked_head_log_probs_and_entropy(hidden, weight, ids, chunk=4, share=share)
+    log_probs.sum().backward()
+    assert len(handed) == 1 and share.head_grad is None
+    assert weight.grad is not None
+    torch.testing.assert_close(handed[0], weight.grad)

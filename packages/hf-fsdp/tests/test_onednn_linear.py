@@ -34,6 +34,13 @@ pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="torch wit
 VOCAB = 128
 
 
+@pytest.fixture(autouse=True)
+def mkl_untuned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rules as on a CPU MKL is not tuned for (AMD), wherever the tests run: on Intel
+    only the large-weight rule applies (``test_on_intel_only_large_weights_take_onednn``)."""
+    monkeypatch.setattr(onednn_module, "_mkl_tuned_here", lambda: False)
+
+
 @pytest.fixture(scope="module")
 def biased_qwen2(models: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen2 with random q/k/v biases: freshly built ones are all zero, which no
@@ -121,6 +128,23 @@ def test_small_and_non_float32_calls_stay_on_aten(onednn_calls: list[int]) -> No
     assert calls == []
     linear(torch.randn(2, MIN_ROWS // 2, 16), w, None)
     assert calls == [MIN_ROWS]
+
+
+def test_on_intel_only_large_weights_take_onednn(
+    onednn_calls: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where MKL runs its own best kernels, many rows over a small weight stay on aten, a
+    large weight still streams through oneDNN, and the input gradient is aten's."""
+    monkeypatch.setattr(onednn_module, "_mkl_tuned_here", lambda: True)
+    onednn_module._input_grad_on_onednn.cache_clear()
+    try:
+        assert not onednn_module._input_grad_on_onednn()
+    finally:
+        onednn_module._input_grad_on_onednn.cache_clear()
+    linear(torch.randn(4 * MIN_ROWS, 16), torch.randn(32, 16), None)
+    assert onednn_calls == []
+    linear(torch.randn(4, 256), torch.randn(LARGE_WEIGHT_BYTES // 4 // 256, 256), None)
+    assert onednn_calls == [4]
 
 
 def test_large_weights_take_onednn_at_any_row_count(onednn_calls: list[int]) -> None:

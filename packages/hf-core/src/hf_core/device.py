@@ -134,16 +134,27 @@ def stage_peak_gib() -> float:
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags from ``/proc/cpuinfo`` (empty where it cannot be read)."""
+def _cpuinfo_field(name: str) -> str:
+    """The first ``name`` line's value in ``/proc/cpuinfo`` ("" where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        if line.split(":", 1)[0].strip() == name:
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from ``/proc/cpuinfo`` (empty where it cannot be read)."""
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """This CPU's vendor as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``;
+    "" where it cannot be read)."""
+    return _cpuinfo_field("vendor_id")
 
 
 NATIVE_HALF_FLAGS = {

@@ -28,8 +28,10 @@ from torch import nn
 from hf_core.algorithms import token_log_probs_and_entropy
 from hf_core.algorithms.chunked_head import (
     DEFAULT_LOGITS_BUDGET_BYTES,
+    TiedHeadGradient,
     chunked_head_log_probs_and_entropy,
     logits_chunk_tokens,
+    tied_embedding,
 )
 from hf_core.batch import Batch
 from hf_core.engines.shared_prefix import PackedPrefixes, pack_shared_prefixes
@@ -144,8 +146,19 @@ def _response_positions(states: torch.Tensor, predict_from: torch.Tensor | None)
     return states.reshape(-1, *states.shape[2:])[predict_from]
 
 
+def _tied_input_embedding(model: nn.Module, head: nn.Module) -> nn.Embedding | None:
+    """The model's input embedding when it is a plain lookup sharing ``head``'s weight."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(embed, nn.Embedding) or embed.weight is not head.weight:
+        return None
+    if embed.max_norm is not None or embed.scale_grad_by_freq or embed.sparse:
+        return None
+    return embed
+
+
 @contextmanager
 def _head_as_log_probs(
+    model: nn.Module,
     head: nn.Module,
     tokens: torch.Tensor,
     temperature: float,
@@ -157,7 +170,11 @@ def _head_as_log_probs(
 
     The result goes out as the model's ``logits``, so it stays an output of the model's
     forward: FSDP's backward hooks, registered on forward outputs, see it as they saw logits.
+    A tied input embedding adds its gradient into the head's in place
+    (:class:`~hf_core.algorithms.chunked_head.TiedHeadGradient`).
     """
+    embed = _tied_input_embedding(model, head)
+    share = TiedHeadGradient() if embed is not None else None
 
     def forward(hidden: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
         log_probs, entropy = chunked_head_log_probs_and_entropy(
@@ -168,14 +185,23 @@ def _head_as_log_probs(
             with_entropy=with_entropy,
             chunk=chunk,
             linear=onednn_linear if isinstance(head, OneDNNLinear) else F.linear,
+            share=share,
         )
         return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1)
 
+    def lookup(ids: torch.Tensor) -> torch.Tensor:
+        assert embed is not None and share is not None
+        return tied_embedding(ids, embed.weight, embed.padding_idx, share)
+
     head.forward = forward  # type: ignore[method-assign]
+    if embed is not None:
+        embed.forward = lookup  # type: ignore[method-assign]
     try:
         yield
     finally:
         del head.forward
+        if embed is not None:
+            del embed.forward
 
 
 def lm_forward(
@@ -194,7 +220,9 @@ def lm_forward(
     vocab = int(head.weight.shape[0]) if head is not None else 0
     chunk = logits_chunk_tokens(responses.numel(), vocab, logits_budget_bytes) if vocab else None
     if head is not None and chunk is not None:
-        with _head_as_log_probs(head, responses, temperature, with_entropy, chunk, predict_from):
+        with _head_as_log_probs(
+            model, head, responses, temperature, with_entropy, chunk, predict_from
+        ):
             pairs = model(**inputs, use_cache=False, logits_to_keep=keep).logits
         result = {"log_probs": pairs[..., 0]}
         if with_entropy:

@@ -11,7 +11,8 @@ mode), so results agree with aten's to float32 rounding.
 Only calls with at least :data:`MIN_ROWS` rows take the oneDNN path: below that it is slower
 than aten on most shapes (0.75x at 16 rows; 1.4-1.9x faster at 64, ~2x from 256 rows;
 ``docs/platform.md``); a weight too large for the caches takes it at any row count
-(:data:`LARGE_WEIGHT_BYTES`).  The forward is a oneDNN GEMM, and so is the input gradient on
+(:data:`LARGE_WEIGHT_BYTES`).  On Intel CPUs, where MKL runs its AVX-512 kernels, only the
+large-weight rule applies.  The forward is a oneDNN GEMM, and so is the input gradient on
 AVX-512 CPUs; the weight gradient (a reduction over the rows, which oneDNN's linear would need
 transposed copies for) stays on aten.
 
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hf_core import device
 from hf_core.engines import cpu_half
 from hf_core.engines.row_linear import row_linear
 
@@ -61,12 +63,23 @@ def _onednn_mm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 @functools.cache
+def _mkl_tuned_here() -> bool:
+    """Whether MKL runs its best kernels on this CPU (Intel's).  There aten's GEMMs match
+    oneDNN's on training shapes (560 x 4864 x 896: 21.1 ms against 22.7 ms at 2 threads on an
+    AMX Xeon) and its ``grad @ weight`` needs no transposed copy (14.3 ms against 23.1 ms), so
+    only the large-weight rule sends calls to oneDNN."""
+    return device.cpu_vendor() == "GenuineIntel"
+
+
+@functools.cache
 def _input_grad_on_onednn() -> bool:
     """Whether the input gradient is faster on oneDNN (with a transposed copy of the weight)
-    than on aten's ``grad @ weight``: on AVX-512 CPUs, where MKL runs its AVX2 kernels; on an
-    AVX2-only CPU the copy costs more than oneDNN saves (an 816 x 4864 x 896 step of the
-    0.5B shape's MLP: 71 ms against 56 ms on aten)."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    than on aten's ``grad @ weight``: on AVX-512 CPUs where MKL runs its AVX2 kernels (AMD);
+    on an AVX2-only CPU, or where MKL is tuned (:func:`_mkl_tuned_here`), the copy costs more
+    than oneDNN saves (an 816 x 4864 x 896 step of the 0.5B shape's MLP: 71 ms against 56 ms
+    on aten, AVX2)."""
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return avx512 and not _mkl_tuned_here()
 
 
 class _OneDNNKernel:
@@ -97,7 +110,10 @@ def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and type(weight) in (torch.Tensor, nn.Parameter)  # not a DTensor shard
-        and (x.numel() >= MIN_ROWS * x.shape[-1] or _streams_faster(weight))
+        and (
+            (x.numel() >= MIN_ROWS * x.shape[-1] and not _mkl_tuned_here())
+            or _streams_faster(weight)
+        )
     )
 
 

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import LONG, RECIPES
+from conftest import FLOAT32_ROLLOUT, LONG, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -51,6 +51,7 @@ def test_agent_demo_runs_multi_turn_steps(
         "sft.steps=60",
         "actor.engine.lr=1.0e-3",
         *(VLLM if backend == "vllm" else []),
+        FLOAT32_ROLLOUT,  # the log-prob check below is float32's
     ]
     config = load_config(TrainerConfig, RECIPES / "demo_tools.yaml", overrides)
     RLTrainer(config).fit()

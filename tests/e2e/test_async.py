@@ -30,7 +30,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LONG, RECIPES, exported_weights, logged_step_reached, stable_metrics
+from conftest import (
+    FLOAT32_ROLLOUT,
+    LONG,
+    RECIPES,
+    exported_weights,
+    logged_step_reached,
+    stable_metrics,
+)
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.runtime import WorkerLostError
@@ -60,6 +67,7 @@ def _config(out: Path, *overrides: str) -> TrainerConfig:
             "run.progress=false",
             "run.torch_threads=1",  # same kernels (and float sums) in both placements
             "placement.processes=1",
+            FLOAT32_ROLLOUT,  # the checks compare log-probs to float32 summation order
             *overrides,
         ],
     )

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES
+from conftest import FLOAT32_ROLLOUT, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -52,7 +52,13 @@ def test_lora_grpo_learns_the_demo_task(in_workdir: Path) -> None:
     config = load_config(
         TrainerConfig,
         RECIPES / "grpo_lora.yaml",
-        [*assets, f"model.path={base}", *QUIET, "run.output_dir=runs/grpo_lora_learns"],
+        [
+            *assets,
+            f"model.path={base}",
+            *QUIET,
+            "run.output_dir=runs/grpo_lora_learns",
+            FLOAT32_ROLLOUT,  # the merged-weights check below is float32's
+        ],
     )
     trainer = RLTrainer(config)
     summary = trainer.fit()

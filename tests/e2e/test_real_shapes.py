@@ -62,8 +62,9 @@ def test_grpo_at_a_real_vocabulary(
         "algorithm.advantage=grpo",
         *PAIRS[pair],
     ]
+    overrides.append(f"{ROLLOUT_DTYPE_KEYS[rollout]}={dtype}")  # never the engine's auto
     if dtype != "float32":
-        overrides += [f"{DTYPE_KEYS[actor]}={dtype}", f"{ROLLOUT_DTYPE_KEYS[rollout]}={dtype}"]
+        overrides.append(f"{DTYPE_KEYS[actor]}={dtype}")
     config = load_config(TrainerConfig, None, overrides)
     RLTrainer(config).fit()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]

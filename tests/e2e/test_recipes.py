@@ -7,9 +7,11 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import RECIPES
 
 from hf_core.config import TrainerConfig, load_config
+from hf_core.device import inference_dtype
 from hf_core.trainer import RLTrainer
 from hf_testing.handover import check_handover_log
 
@@ -69,6 +71,21 @@ ahead, a step may send no weights."""
 DATASET_RECIPES = ("gsm8k_grpo", "math_grpo")
 
 
+BFLOAT16_MISMATCH = 0.5
+"""Largest rollout / training log-prob gap a recipe's bfloat16 rollout may show (rounding
+of the weights and products; a stale or missing weight sync is off by nats)."""
+
+
+def rollout_in_bfloat16(config: TrainerConfig) -> bool:
+    """Whether the HF rollout engine of ``config`` resolves to bfloat16 on this machine."""
+    if config.rollout.backend != "hf":
+        return False
+    dtype = str(config.rollout.engine.get("dtype", "auto"))
+    return dtype == "bfloat16" or (
+        dtype == "auto" and inference_dtype(torch.device("cpu")) == torch.bfloat16
+    )
+
+
 def recipe_names() -> list[str]:
     """Recipes run here: not the data recipes (test_data_recipes.py) nor the demos' settings
     (demo*.yaml, read by scripts of their own)."""
@@ -109,8 +126,12 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
             if isinstance(value, (int, float)):
                 assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
     on_policy = config.rollout.max_staleness == 0
-    if (config.rollout.backend == "hf" or lora) and on_policy:  # float32: only summation order
-        assert max(row["rollout/logprob_abs_diff_max"] for row in rows) <= 1e-4
+    mismatch = max(row["rollout/logprob_abs_diff_max"] for row in rows)
+    if rollout_in_bfloat16(config):  # the HF engine's auto on an AMX / AVX512-BF16 CPU
+        assert "actor/is_weight_mean" in rows[-1], "bfloat16 rollouts: correction not on"
+        assert mismatch <= BFLOAT16_MISMATCH, mismatch
+    elif (config.rollout.backend == "hf" or lora) and on_policy:  # float32: summation order
+        assert mismatch <= 1e-4
     if lora:  # vLLM serves the adapters: only they move; the HF engine gets merged weights
         adapters_only = config.rollout.backend == "vllm"
         assert all(row["lora/adapters_only"] == adapters_only for row in rows)

@@ -75,8 +75,13 @@ class FakeCluster:
     rollout_version: int = 0
     actor_version: int = 0
     world_size: int = 1
+    pool_dtype: torch.dtype | None = torch.bfloat16
+    followed: list[torch.dtype | None] = field(default_factory=list)
+    """The dtypes the actor was told the pool generates in."""
 
     def __post_init__(self) -> None:
+        self.compute_dtype = Method(lambda: FakeFuture(self.pool_dtype))
+        self.follow_rollout_dtype = Method(lambda d: FakeFuture(self.followed.append(d)))
         self.open_weight_channel = Method(lambda n: FakeFuture("address"))
         self.join_weight_channel = Method(lambda *a: FakeFuture(None))
         self.send_weights = Method(self._send)
@@ -152,6 +157,13 @@ def test_staleness_zero_is_generate_train_sync(tmp_path: Path) -> None:
     log, staleness, versions, _ = _run(tmp_path, k=0, steps=3)
     assert log == _events("g1 s1 g2 s2 g3 s3")
     assert staleness == [0, 0, 0] and versions == [0, 1, 2]
+
+
+def test_the_actor_is_told_the_dtype_the_pool_generates_in(tmp_path: Path) -> None:
+    """Once, before the weight channel forms: its rollout correction follows the pool's
+    resolved dtype (``rollout.engine.dtype: auto`` names none in the settings)."""
+    *_, source = _run(tmp_path, k=1, steps=2)
+    assert source.groups.actor.followed == [torch.bfloat16]
 
 
 def test_one_step_ahead_generates_the_next_batch_before_training(tmp_path: Path) -> None:
@@ -282,6 +294,20 @@ def test_auto_correction_turns_on_in_half_precision(
 ) -> None:
     """Synchronous runs too: bf16 engines disagree by rounding, not only summation order."""
     assert rollout_is_mode(_config(tmp_path, **sections)) == mode
+
+
+@pytest.mark.parametrize(
+    ("rollout_dtype", "mode"),
+    [(torch.bfloat16, "truncated"), (torch.float32, None), (None, None)],
+)
+def test_auto_correction_follows_the_rollout_engines_resolved_dtype(
+    tmp_path: Path, rollout_dtype: torch.dtype | None, mode: str | None
+) -> None:
+    """A rollout engine's ``dtype: auto`` names no 16-bit type in the settings; the dtype it
+    resolved to on its device decides."""
+    config = _config(tmp_path)
+    assert rollout_is_mode(config, torch.float32, rollout_dtype) == mode
+    assert (rollout_is_cap(config, torch.float32, rollout_dtype) is None) == (mode is None)
 
 
 def test_masked_correction_drops_tokens_outside_the_band() -> None:

@@ -40,3 +40,20 @@ def test_emulated_half_precision_is_named(
 def test_this_machines_flags_are_read() -> None:
     flags = device.cpu_flags()
     assert not flags or "fpu" in flags  # /proc/cpuinfo's flags line, when there is one
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"avx2", "fma"}, torch.float32),
+        ({"avx512f", "avx512_bf16"}, torch.bfloat16),
+        ({"amx_bf16"}, torch.bfloat16),
+        ({"avx512_fp16"}, torch.float32),  # float16 only: auto stays float32
+        (set(), torch.float32),  # flags unreadable: nothing is claimed
+    ],
+)
+def test_a_rollout_dtype_of_auto_is_bfloat16_only_where_the_cpu_computes_it(
+    monkeypatch: pytest.MonkeyPatch, flags: set[str], expected: torch.dtype
+) -> None:
+    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
+    assert device.inference_dtype(torch.device("cpu")) == expected

@@ -45,7 +45,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def trajectories(model: Path) -> Batch:
     tokenizer = AutoTokenizer.from_pretrained(str(model), local_files_only=True)
-    engine = HFRolloutEngine({"model_path": str(model), "seed": 3})
+    engine = HFRolloutEngine({"model_path": str(model), "seed": 3, "dtype": "float32"})
     config = AgentConfig(environment=f"{__name__}:TwoReplies", max_total_tokens=96)
     loop = AgentLoop(engine, tokenizer, config)
     texts = ["12+7=", "reverse 1234:", "3*4=", "hello"]

@@ -16,3 +16,6 @@ class TestFSDPConformance(TrainingEngineConformance):
 
 class TestHFRolloutConformance(RolloutEngineConformance):
     engine = "hf"
+    # the kit's references are float32 transformers forwards; the engine's default dtype,
+    # auto, is bfloat16 on CPUs that compute it (tests/test_fsdp_config.py checks that)
+    engine_config: ClassVar[dict[str, Any]] = {"dtype": "float32"}

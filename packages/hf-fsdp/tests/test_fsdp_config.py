@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_fsdp.config import EngineConfigError, FSDPEngineConfig, HFRolloutConfig, parse_config
 
@@ -126,3 +127,24 @@ def test_the_shared_memory_collectives_declare_their_file_per_node() -> None:
     assert settings.node_shared_bytes(1) == 0
     gloo = FSDPEngineConfig(model_path="m", cpu_collectives="process_group")
     assert gloo.node_shared_bytes(4) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [({"avx2", "fma"}, torch.float32), ({"avx2", "amx_bf16"}, torch.bfloat16)],
+    ids=["avx2", "amx"],
+)
+def test_rollout_dtype_auto_loads_bfloat16_weights_where_the_cpu_computes_them(
+    models: dict, monkeypatch: pytest.MonkeyPatch, flags: set[str], expected: torch.dtype
+) -> None:
+    """The default: half the bytes per decode step where that is native, float32 where
+    bfloat16 would be emulated; the engine reports the dtype it resolved to."""
+    from hf_core import device
+    from hf_fsdp.rollout import HFRolloutEngine
+
+    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
+    engine = HFRolloutEngine({"model_path": str(models["qwen2_tied"])})
+    assert engine.compute_dtype == expected
+    assert {p.dtype for p in engine.model.parameters()} == {expected}
+    pinned = HFRolloutEngine({"model_path": str(models["qwen2_tied"]), "dtype": "float32"})
+    assert pinned.compute_dtype == torch.float32

@@ -233,7 +233,7 @@ def test_weight_sync_then_rollout_matches_exported_model(
     prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
     greedy = {"temperature": 0.0, "max_new_tokens": 12}
 
-    group.build_rollout("rollout", {"model_path": str(path)})
+    group.build_rollout("rollout", {"model_path": str(path), "dtype": "float32"})
     before = group.generate(prompts, rollout="rollout", params=greedy)
     stats = group.sync("actor_sync", rollout="rollout", bucket_bytes=8 * 1024)
     after = group.generate(prompts, rollout="rollout", params=greedy)

@@ -293,7 +293,7 @@ def test_export_hf_in_shards_loads_with_from_pretrained(models: dict, tmp_path: 
 def test_greedy_rollout_equals_hf_generate(models: dict, folder: str) -> None:
     path = models[folder]
     prompts, enc = _prompts(path, TEXTS)
-    out = HFRolloutEngine({"model_path": str(path)}).generate(
+    out = HFRolloutEngine({"model_path": str(path), "dtype": "float32"}).generate(
         prompts, SamplingParams(temperature=0, max_new_tokens=10)
     )
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -336,7 +336,7 @@ def test_sampling_n_seed_and_log_probs(models: dict) -> None:
     path = models["qwen2_tied"]
     prompts, _ = _prompts(path, TEXTS[:2])
     prompts["uid"] = ["a", "b"]
-    engine = HFRolloutEngine({"model_path": str(path)})
+    engine = HFRolloutEngine({"model_path": str(path), "dtype": "float32"})
     params = SamplingParams(temperature=0.9, top_k=30, top_p=0.9, max_new_tokens=8, n=3, seed=7)
     out = engine.generate(prompts, params)
     assert len(out) == 6 and list(out["uid"]) == ["a"] * 3 + ["b"] * 3

@@ -98,7 +98,7 @@ def test_merged_sync_into_hf_rollout_matches_training(models: dict) -> None:
     engine's (the HF engine serves no adapters: it gets ``W + s B A``)."""
     path = models["qwen2_tied"]
     engine = _trained(path)
-    rollout = HFRolloutEngine({"model_path": str(path)})
+    rollout = HFRolloutEngine({"model_path": str(path), "dtype": "float32"})
     assert not isinstance(rollout, ServesAdapters)
     names = []
     for bucket in engine.export_weights(1 << 16):

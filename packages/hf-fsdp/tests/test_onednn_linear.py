@@ -210,7 +210,7 @@ def test_onednn_rollout_matches_an_aten_training_engine(
     ids = torch.randint(3, VOCAB, (16, 8), generator=gen)  # 128 prefill rows: oneDNN
     mask = torch.ones_like(ids)
     mask[::3, :2] = 0  # some left padding
-    rollout = HFRolloutEngine({"model_path": path, "cpu_linear": "onednn"})
+    rollout = HFRolloutEngine({"model_path": path, "cpu_linear": "onednn", "dtype": "float32"})
     assert any(isinstance(m, OneDNNLinear) for m in rollout.model.modules())
     out = rollout.generate(
         Batch({"input_ids": ids, "attention_mask": mask}),

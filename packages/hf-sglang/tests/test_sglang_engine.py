@@ -94,7 +94,8 @@ def test_batch_matches_hf_rollout_engine(engine: object, prompts: Batch, tiny_mo
 
     params = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
     ours = engine.generate(prompts, params)
-    theirs = HFRolloutEngine({"model_path": str(tiny_model)}).generate(prompts, params)
+    reference = HFRolloutEngine({"model_path": str(tiny_model), "dtype": "float32"})
+    theirs = reference.generate(prompts, params)
     assert sorted(ours.keys()) == sorted(theirs.keys())
     for key in theirs.keys():
         assert ours[key].shape == theirs[key].shape, key

@@ -61,7 +61,7 @@ def hybrid_group(
     path = str(model_path)
     workers.build_actor({"model_path": path, **actor})
     if hf:
-        workers.build_hf({"model_path": path})
+        workers.build_hf({"model_path": path, "dtype": "float32"})  # vLLM runs float32 here
     workers.info = workers.build_vllm({"model_path": path, **vllm})
     try:
         yield workers

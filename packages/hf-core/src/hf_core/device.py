@@ -172,6 +172,23 @@ def cpu_lacks(dtype: torch.dtype) -> bool:
     return native is not None and bool(flags) and not flags & native
 
 
+def computes_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 natively: a CUDA GPU that supports it, or a
+    CPU with AVX512-BF16 / AMX-BF16 (false where the CPU's flags cannot be read)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type == "cpu":
+        return bool(cpu_flags() & NATIVE_HALF_FLAGS[torch.bfloat16])
+    return False
+
+
+def inference_dtype(device: torch.device) -> torch.dtype:
+    """The dtype a rollout engine's ``dtype: auto`` resolves to on ``device``: bfloat16 where
+    the device computes it natively (half the weight bytes each decode step reads, the dtype
+    rollouts run in on GPUs), float32 elsewhere (emulated bfloat16 is slower than float32)."""
+    return torch.bfloat16 if computes_bfloat16(device) else torch.float32
+
+
 def warn_if_emulated_half(device: torch.device, dtype: torch.dtype, what: str) -> None:
     """Say so when ``what`` will compute in a 16-bit float on a CPU that has no instructions
     for it: its linear layers then multiply in float32 and round to the 16-bit type

@@ -146,7 +146,11 @@ class HFRolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_path: Path
-    dtype: DTypeName = "float32"
+    dtype: DTypeName | Literal["auto"] = Field(
+        "auto",
+        description="weights and products; auto: bfloat16 where the device computes it "
+        "natively (CUDA GPUs with bfloat16, CPUs with AVX512-BF16 / AMX), float32 elsewhere",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch_size: int = Field(
         256, ge=1, description="sequences decoded together (vLLM's max_num_seqs default)"

@@ -22,7 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from hf_core.batch import Batch
-from hf_core.device import release_cached_memory, resolve_device, warn_if_emulated_half
+from hf_core.device import (
+    inference_dtype,
+    release_cached_memory,
+    resolve_device,
+    warn_if_emulated_half,
+)
 from hf_core.engines import (
     NamedTensor,
     ResponseSteps,
@@ -70,8 +75,11 @@ class HFRolloutEngine(RolloutEngine):
         self.config = cfg = parse_config(HFRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
         self.device = resolve_device(cfg.device)
-        kwargs: dict[str, Any] = {"dtype": to_dtype(cfg.dtype)}
-        warn_if_emulated_half(self.device, kwargs["dtype"], "the HF rollout engine")
+        self.compute_dtype = (
+            inference_dtype(self.device) if cfg.dtype == "auto" else to_dtype(cfg.dtype)
+        )
+        kwargs: dict[str, Any] = {"dtype": self.compute_dtype}
+        warn_if_emulated_half(self.device, self.compute_dtype, "the HF rollout engine")
         if cfg.attn_implementation:
             kwargs["attn_implementation"] = cfg.attn_implementation
         self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device)

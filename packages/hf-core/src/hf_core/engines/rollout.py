@@ -49,6 +49,10 @@ class RolloutEngine(ABC):
     ``position_ids`` and ``rollout_log_probs`` (per response token).
     """
 
+    compute_dtype: torch.dtype | None = None
+    """The dtype the engine's weights and products are in, where the engine knows it
+    (``None``: unknown).  A 16-bit one turns ``algorithm.rollout_is: auto`` on."""
+
     @abstractmethod
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample responses for a batch of tokenised prompts."""

@@ -72,11 +72,7 @@ class ActorRolloutRefWorker(Worker):
         self.rollout = None if self.standalone else self._build_rollout(config)
         self.agent = None if self.rollout is None else build_agent_loop(config, self.rollout)
         """Multi-turn tool-using rollouts around the rollout engine (None: single-turn)."""
-        self.loss = PolicyLoss(
-            config.algorithm,
-            is_cap=rollout_is_cap(config, self.actor.compute_dtype),
-            is_mode=rollout_is_mode(config, self.actor.compute_dtype) or "truncated",
-        )
+        self.loss = self._policy_loss(getattr(self.rollout, "compute_dtype", None))
         self.needs_sync = False
         self.updates = 0
         """Policy updates applied (the policy version): a broadcast to a rollout pool carries
@@ -104,6 +100,16 @@ class ActorRolloutRefWorker(Worker):
     def _build_rollout(config: TrainerConfig) -> RolloutEngine:
         factory = get_rollout_engine(config.rollout.backend)
         return factory(**rollout_engine_args(config), **config.rollout.engine)
+
+    def _policy_loss(self, rollout_dtype: torch.dtype | None) -> PolicyLoss:
+        """The policy loss, its rollout correction following both engines' resolved dtypes
+        (``algorithm.rollout_is: auto``)."""
+        dtypes = (self.actor.compute_dtype, rollout_dtype)
+        return PolicyLoss(
+            self.config.algorithm,
+            is_cap=rollout_is_cap(self.config, *dtypes),
+            is_mode=rollout_is_mode(self.config, *dtypes) or "truncated",
+        )
 
     def _hybrid(self) -> tuple[RolloutEngine, Sync]:
         """The in-process rollout engine and its sync (not in a standalone placement)."""
@@ -175,6 +181,12 @@ class ActorRolloutRefWorker(Worker):
     def open_weight_channel(self, receivers: int) -> ChannelAddress:
         """Rank 0 opens the broadcast group's store for ``receivers`` rollout ranks."""
         return self._sender().listen(receivers)
+
+    @register("ONE_TO_ALL")
+    def follow_rollout_dtype(self, dtype: torch.dtype | None) -> None:
+        """The standalone pool's engines computed in ``dtype`` (their resolved setting, e.g. a
+        rollout ``dtype: auto``): the rollout correction follows it as in a hybrid run."""
+        self.loss = self._policy_loss(dtype)
 
     @register("ONE_TO_ALL")
     def join_weight_channel(self) -> None:

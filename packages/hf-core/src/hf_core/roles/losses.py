@@ -54,25 +54,36 @@ def runs_in_half_precision(config: TrainerConfig) -> bool:
 
 
 def rollout_is_mode(
-    config: TrainerConfig, actor_dtype: torch.dtype = torch.float32
+    config: TrainerConfig,
+    actor_dtype: torch.dtype = torch.float32,
+    rollout_dtype: torch.dtype | None = None,
 ) -> Literal["truncated", "masked"] | None:
     """The rollout correction in force, or ``None`` when it is off.
 
     ``algorithm.rollout_is: auto`` turns truncated weights on when the samples may come from
     an older policy than the one being updated (``rollout.max_staleness`` > 0) or when the
     engines run in 16-bit floats (the training / inference mismatch): settings that name one,
-    or an actor whose ``compute_dtype`` is one (FSDP's ``mixed_precision: auto`` on a GPU).
+    or engines whose resolved dtype is one (FSDP's ``mixed_precision: auto`` on a GPU, a
+    rollout engine's ``dtype: auto`` where the device computes bfloat16).
     """
     mode = config.algorithm.rollout_is
     if mode == "auto":
-        half = runs_in_half_precision(config) or actor_dtype in (torch.bfloat16, torch.float16)
+        resolved = (actor_dtype, rollout_dtype)
+        half = runs_in_half_precision(config) or any(d in HALF_DTYPES for d in resolved)
         return "truncated" if config.rollout.max_staleness > 0 or half else None
     return None if mode == "none" else mode
 
 
-def rollout_is_cap(config: TrainerConfig, actor_dtype: torch.dtype = torch.float32) -> float | None:
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def rollout_is_cap(
+    config: TrainerConfig,
+    actor_dtype: torch.dtype = torch.float32,
+    rollout_dtype: torch.dtype | None = None,
+) -> float | None:
     """The cap of the rollout importance ratio, or ``None`` when the correction is off."""
-    off = rollout_is_mode(config, actor_dtype) is None
+    off = rollout_is_mode(config, actor_dtype, rollout_dtype) is None
     return None if off else config.algorithm.rollout_is_cap
 
 

@@ -49,6 +49,11 @@ class RolloutWorker(Worker):
         out[ROLLOUT_VERSION] = torch.full((len(out),), self.receiver.version, dtype=torch.int64)
         return out
 
+    @register("RANK_ZERO")
+    def compute_dtype(self) -> torch.dtype | None:
+        """The dtype the pool's engines resolved to (``None``: the engine does not say)."""
+        return getattr(self.rollout, "compute_dtype", None)
+
     @register("ONE_TO_ALL")
     def join_weight_channel(self, address: ChannelAddress) -> None:
         """Join the actor's broadcast group (blocks until every end joined)."""

@@ -148,7 +148,9 @@ class StandaloneRollouts(RolloutSource):
         self._connect()
 
     def _connect(self) -> None:
-        """Form the broadcast group: actor rank 0 plus every rollout rank."""
+        """Form the broadcast group: actor rank 0 plus every rollout rank; tell the actor the
+        dtype the pool generates in (its rollout correction follows it)."""
+        self.groups.actor.follow_rollout_dtype(self.pool.compute_dtype())
         address = self.groups.actor.open_weight_channel(self.pool.world_size)
         joins = [
             self.groups.actor.join_weight_channel.remote(),

@@ -57,3 +57,7 @@ def test_a_rollout_dtype_of_auto_is_bfloat16_only_where_the_cpu_computes_it(
 ) -> None:
     monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
     assert device.inference_dtype(torch.device("cpu")) == expected
+    large = device.CPU_BFLOAT16_MIN_PARAMS
+    assert device.inference_dtype(torch.device("cpu"), large) == expected
+    # a model whose weights stay in the caches keeps float32 (no bandwidth to save)
+    assert device.inference_dtype(torch.device("cpu"), large - 1) == torch.float32

@@ -143,8 +143,12 @@ def test_rollout_dtype_auto_loads_bfloat16_weights_where_the_cpu_computes_them(
     from hf_fsdp.rollout import HFRolloutEngine
 
     monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
-    engine = HFRolloutEngine({"model_path": str(models["qwen2_tied"])})
+    path = str(models["qwen2_tied"])
+    small = HFRolloutEngine({"model_path": path})  # a tiny model: float32 on any CPU
+    assert small.compute_dtype == torch.float32
+    monkeypatch.setattr(device, "CPU_BFLOAT16_MIN_PARAMS", 0)  # as if it were large
+    engine = HFRolloutEngine({"model_path": path})
     assert engine.compute_dtype == expected
     assert {p.dtype for p in engine.model.parameters()} == {expected}
-    pinned = HFRolloutEngine({"model_path": str(models["qwen2_tied"]), "dtype": "float32"})
+    pinned = HFRolloutEngine({"model_path": path, "dtype": "float32"})
     assert pinned.compute_dtype == torch.float32

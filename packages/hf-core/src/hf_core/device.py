@@ -182,11 +182,24 @@ def computes_bfloat16(device: torch.device) -> bool:
     return False
 
 
-def inference_dtype(device: torch.device) -> torch.dtype:
-    """The dtype a rollout engine's ``dtype: auto`` resolves to on ``device``: bfloat16 where
-    the device computes it natively (half the weight bytes each decode step reads, the dtype
-    rollouts run in on GPUs), float32 elsewhere (emulated bfloat16 is slower than float32)."""
-    return torch.bfloat16 if computes_bfloat16(device) else torch.float32
+CPU_BFLOAT16_MIN_PARAMS = 8_000_000
+"""Smaller models keep float32 rollouts on a CPU even where bfloat16 is native: their weights
+stay in the caches, so a decode step is bound by its op count, not by the bytes it reads,
+and bfloat16 only adds conversions (AMX Xeon VM, 2 threads, 32 sequences x 32 tokens: a
+0.85M-parameter model 0.11 s in float32 against 0.125 s in bfloat16; 25M 0.65 against
+0.41 s)."""
+
+
+def inference_dtype(device: torch.device, num_params: int | None = None) -> torch.dtype:
+    """The dtype a rollout engine's ``dtype: auto`` resolves to on ``device`` for a model of
+    ``num_params``: bfloat16 where the device computes it natively (half the weight bytes each
+    decode step reads, the dtype rollouts run in on GPUs), except for models under
+    :data:`CPU_BFLOAT16_MIN_PARAMS` on a CPU; float32 elsewhere (emulated bfloat16 is slower
+    than float32)."""
+    if not computes_bfloat16(device):
+        return torch.float32
+    small = num_params is not None and num_params < CPU_BFLOAT16_MIN_PARAMS
+    return torch.float32 if device.type == "cpu" and small else torch.bfloat16
 
 
 def warn_if_emulated_half(device: torch.device, dtype: torch.dtype, what: str) -> None:

@@ -149,7 +149,8 @@ class HFRolloutConfig(BaseModel):
     dtype: DTypeName | Literal["auto"] = Field(
         "auto",
         description="weights and products; auto: bfloat16 where the device computes it "
-        "natively (CUDA GPUs with bfloat16, CPUs with AVX512-BF16 / AMX), float32 elsewhere",
+        "natively (CUDA GPUs with bfloat16, CPUs with AVX512-BF16 / AMX for models from 8M "
+        "parameters), float32 elsewhere",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch_size: int = Field(

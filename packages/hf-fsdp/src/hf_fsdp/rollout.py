@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +40,8 @@ from hf_core.engines import (
     select_tokens,
     special_tokens,
 )
+from hf_core.engines.hf_folder import read_model_config
+from hf_core.planner.models import from_hf_config
 from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
 from hf_fsdp.decoder import (
     DecodeSession,
@@ -66,6 +69,15 @@ def _own_storage(model: torch.nn.Module) -> None:
             tensor.data = tensor.data.clone()
 
 
+def _num_params(folder: Path) -> int | None:
+    """The model's parameter count from its ``config.json`` (``None`` where the planner's
+    estimate does not know the architecture)."""
+    try:
+        return from_hf_config(read_model_config(folder)).num_params
+    except (KeyError, ValueError, TypeError, OSError):
+        return None
+
+
 class HFRolloutEngine(RolloutEngine):
     """A ``AutoModelForCausalLM`` per rank, decoding left-padded prompts in batches."""
 
@@ -76,7 +88,9 @@ class HFRolloutEngine(RolloutEngine):
         folder = check_model_folder(cfg.model_path)
         self.device = resolve_device(cfg.device)
         self.compute_dtype = (
-            inference_dtype(self.device) if cfg.dtype == "auto" else to_dtype(cfg.dtype)
+            inference_dtype(self.device, _num_params(folder))
+            if cfg.dtype == "auto"
+            else to_dtype(cfg.dtype)
         )
         kwargs: dict[str, Any] = {"dtype": self.compute_dtype}
         warn_if_emulated_half(self.device, self.compute_dtype, "the HF rollout engine")

@@ -11,9 +11,7 @@ import torch
 from conftest import RECIPES
 
 from hf_core.config import TrainerConfig, load_config
-from hf_core.device import inference_dtype
-from hf_core.engines.hf_folder import read_model_config
-from hf_core.planner.models import from_hf_config
+from hf_core.engines.dtypes import rollout_dtype
 from hf_core.trainer import RLTrainer
 from hf_testing.handover import check_handover_log
 
@@ -83,10 +81,8 @@ def rollout_in_bfloat16(config: TrainerConfig) -> bool:
     if config.rollout.backend != "hf":
         return False
     dtype = str(config.rollout.engine.get("dtype", "auto"))
-    if dtype != "auto":
-        return dtype == "bfloat16"
-    params = from_hf_config(read_model_config(config.role_model(config.actor))).num_params
-    return inference_dtype(torch.device("cpu"), params) == torch.bfloat16
+    folder = config.role_model(config.actor)
+    return rollout_dtype(dtype, folder, torch.device("cpu")) == torch.bfloat16
 
 
 def recipe_names() -> list[str]:

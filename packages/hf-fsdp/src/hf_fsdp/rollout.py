@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,6 @@ import torch.nn.functional as F
 
 from hf_core.batch import Batch
 from hf_core.device import (
-    inference_dtype,
     release_cached_memory,
     resolve_device,
     warn_if_emulated_half,
@@ -40,9 +38,8 @@ from hf_core.engines import (
     select_tokens,
     special_tokens,
 )
-from hf_core.engines.hf_folder import read_model_config
-from hf_core.planner.models import from_hf_config
-from hf_fsdp.config import HFRolloutConfig, parse_config, to_dtype
+from hf_core.engines.dtypes import rollout_dtype
+from hf_fsdp.config import HFRolloutConfig, parse_config
 from hf_fsdp.decoder import (
     DecodeSession,
     LlamaFamilyDecoder,
@@ -69,15 +66,6 @@ def _own_storage(model: torch.nn.Module) -> None:
             tensor.data = tensor.data.clone()
 
 
-def _num_params(folder: Path) -> int | None:
-    """The model's parameter count from its ``config.json`` (``None`` where the planner's
-    estimate does not know the architecture)."""
-    try:
-        return from_hf_config(read_model_config(folder)).num_params
-    except (KeyError, ValueError, TypeError, OSError):
-        return None
-
-
 class HFRolloutEngine(RolloutEngine):
     """A ``AutoModelForCausalLM`` per rank, decoding left-padded prompts in batches."""
 
@@ -87,11 +75,7 @@ class HFRolloutEngine(RolloutEngine):
         self.config = cfg = parse_config(HFRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
         self.device = resolve_device(cfg.device)
-        self.compute_dtype = (
-            inference_dtype(self.device, _num_params(folder))
-            if cfg.dtype == "auto"
-            else to_dtype(cfg.dtype)
-        )
+        self.compute_dtype = rollout_dtype(cfg.dtype, folder, self.device)
         kwargs: dict[str, Any] = {"dtype": self.compute_dtype}
         warn_if_emulated_half(self.device, self.compute_dtype, "the HF rollout engine")
         if cfg.attn_implementation:

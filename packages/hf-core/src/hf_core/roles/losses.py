@@ -42,6 +42,7 @@ def global_share(micro_batch: Batch, loss_agg_mode: str) -> float:
 
 
 HALF_PRECISION = ("bfloat16", "float16", "bf16", "fp16", "half")
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 DTYPE_KEYS = ("param_dtype", "mixed_precision", "dtype")
 """Engine settings naming a dtype, in every backend's ``engine:`` block."""
 
@@ -72,9 +73,6 @@ def rollout_is_mode(
         half = runs_in_half_precision(config) or any(d in HALF_DTYPES for d in resolved)
         return "truncated" if config.rollout.max_staleness > 0 or half else None
     return None if mode == "none" else mode
-
-
-HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def rollout_is_cap(

@@ -26,14 +26,15 @@ from scale import STAGES, hybridflow, median
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench-models"
-BF16_ROLLOUT = ["rollout.engine.dtype=bfloat16"]
+FP32_ROLLOUT = ["rollout.engine.dtype=float32"]
 ROWS: dict[str, dict[str, Any]] = {
-    # name: shape, prompts x samples, new tokens, extra overrides
+    # name: shape, prompts x samples, new tokens, extra overrides.  The HF rollout's default
+    # dtype (auto) is bfloat16 on CUDA; the -fp32 row pins float32 to show what that buys.
     "0.5B-small": {"shape": "qwen2.5-0.5b", "batch": (4, 4), "new": 32, "extra": []},
-    "0.5B-small-bf16": {"shape": "qwen2.5-0.5b", "batch": (4, 4), "new": 32,
-                        "extra": BF16_ROLLOUT},
-    "0.5B": {"shape": "qwen2.5-0.5b", "batch": (32, 8), "new": 256, "extra": BF16_ROLLOUT},
-    "1.5B": {"shape": "qwen2.5-1.5b", "batch": (32, 8), "new": 256, "extra": BF16_ROLLOUT},
+    "0.5B-small-fp32": {"shape": "qwen2.5-0.5b", "batch": (4, 4), "new": 32,
+                        "extra": FP32_ROLLOUT},
+    "0.5B": {"shape": "qwen2.5-0.5b", "batch": (32, 8), "new": 256, "extra": []},
+    "1.5B": {"shape": "qwen2.5-1.5b", "batch": (32, 8), "new": 256, "extra": []},
     "0.5B-small-megatron": {"shape": "qwen2.5-0.5b", "batch": (4, 4), "new": 32,
                             "actor": "megatron", "extra": []},
 }  # fmt: skip

@@ -49,7 +49,13 @@ def test_hf_rollout_on_gpu_matches_generate_and_releases_memory(models: dict) ->
     path = models["qwen2_tied"]
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     enc = tokenizer(["reverse 12:", "3+4=", "hi"], return_tensors="pt", padding=True)
-    engine = HFRolloutEngine({"model_path": str(path), "device": "cuda"})
+    # the default (dtype auto) is bfloat16 on a GPU with bf16; greedy parity with float32
+    # `generate` is float32's check, so this engine pins it
+    default = HFRolloutEngine({"model_path": str(path), "device": "cuda"})
+    assert default.compute_dtype == torch.bfloat16
+    assert next(default.model.parameters()).dtype == torch.bfloat16
+    del default
+    engine = HFRolloutEngine({"model_path": str(path), "device": "cuda", "dtype": "float32"})
     out = engine.generate(
         Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}),
         SamplingParams(temperature=0, max_new_tokens=8),

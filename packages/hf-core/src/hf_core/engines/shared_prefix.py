@@ -11,9 +11,11 @@ A response's last token is left out: it is an input to no prediction.
 
 :func:`pack_shared_prefixes` decides and builds; the head then reads the hidden state that
 predicts response token ``t`` of row ``b`` at ``predict_from[b, t]`` of the flattened packed
-positions (the prompt's last token for ``t = 0``).  It packs only where the dense work saved
-outweighs the larger attention of a longer sequence and the block mask stays small, so long
-responses keep the plain layout.
+positions (the prompt's last token for ``t = 0``).  Both functions work on the host whatever
+device their inputs are on (a few small integer tensors, built in Python loops that would be
+hundreds of tiny kernel launches on a GPU); the caller moves the result to its device.
+It packs only where the dense work saved outweighs the larger attention of a longer sequence
+and the block mask stays small, so long responses keep the plain layout.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def prompt_groups(
     """Group index of each row (numbered in order of first appearance): rows whose prompt
     columns hold the same real tokens and padding share one."""
     prompt_width = input_ids.shape[1] - response_width
-    return _prompt_groups(input_ids[:, :prompt_width], attention_mask[:, :prompt_width])
+    return _prompt_groups(input_ids[:, :prompt_width].cpu(), attention_mask[:, :prompt_width].cpu())
 
 
 def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
@@ -101,6 +103,11 @@ def pack_shared_prefixes(
     """The micro-batch packed by prompt group, or ``None`` where packing does not pay (no
     prompt repeats, long rows) or the layout is not left-padded prompt + right-padded
     response."""
+    input_ids, attention_mask, position_ids = (
+        input_ids.cpu(),
+        attention_mask.cpu(),
+        position_ids.cpu(),
+    )
     rows, width = input_ids.shape
     prompt_width = width - response_width
     if rows < 2 or response_width < 1 or prompt_width < 1:

@@ -28,7 +28,21 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
             "initialized": report.initialized,
             "unused": report.unused,
             "collectives": engine.collectives,
+            "sharded": engine.sharded,
         }
+
+    @register("ONE_TO_ALL")
+    def local_digest(self, name: str) -> str:
+        """A digest of this rank's own parameter bytes (replicas must agree bit for bit)."""
+        import hashlib
+
+        import torch
+
+        digest = hashlib.sha256()
+        for param in self.engines[name].model.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            digest.update(local.detach().contiguous().view(-1).view(torch.uint8).numpy())
+        return digest.hexdigest()
 
     @register("ONE_TO_ALL")
     def build_rollout(self, name: str, config: dict[str, Any]) -> None:

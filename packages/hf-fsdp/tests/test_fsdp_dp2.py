@@ -149,21 +149,27 @@ def _assert_same_weights(got: dict[str, torch.Tensor], model: torch.nn.Module) -
     assert diffs[worst] < ATOL, (worst, diffs[worst])
 
 
+FSDP = {"cpu_data_parallel": "fsdp"}  # tiny models default to replicas (hf_fsdp.cpu_replicas)
 MICRO_BATCHING = {
     "fixed-chunks": {"max_tokens_per_micro_batch": None},
     "token-budget": {},  # the default budget, samples capped by TRAIN's micro_batch_size
     # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
     "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
-    "per-layer-units": {"fsdp_unit": "layer"},  # tiny models default to one unit
+    "fsdp": FSDP,
+    "fsdp-small-token-budget": {**FSDP, "micro_batch_size": None,
+                                "max_tokens_per_micro_batch": 2 * (P + R)},
+    "per-layer-units": {**FSDP, "fsdp_unit": "layer"},  # tiny models default to one unit
     # log-probs from the hidden states in token chunks; with one FSDP unit, the root's
     # gradients are reduced only if the head's output still reaches FSDP's backward hooks
     "chunked-head": CHUNKED_HEAD,
-    "chunked-head-per-layer": {**CHUNKED_HEAD, "fsdp_unit": "layer"},
+    "fsdp-chunked-head": {**FSDP, **CHUNKED_HEAD},
+    "chunked-head-per-layer": {**FSDP, **CHUNKED_HEAD, "fsdp_unit": "layer"},
     # recomputed activations (what gradient_checkpointing: auto turns on at real sizes)
-    "gradient-checkpointing": {"gradient_checkpointing": True, "fsdp_unit": "layer"},
-    # FSDP's collectives on gloo instead of the default shared-memory copies
+    "gradient-checkpointing": {**FSDP, "gradient_checkpointing": True, "fsdp_unit": "layer"},
+    # FSDP's collectives on gloo instead of the default shared-memory copies (replicas
+    # need the shared file, so this shards)
     "process-group-collectives": {"cpu_collectives": "process_group", "fsdp_unit": "layer"},
-}
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("micro_batching", MICRO_BATCHING.values(), ids=MICRO_BATCHING.keys())
@@ -174,6 +180,8 @@ def test_actor_update_matches_single_process(
     built = group.build("actor", {"model_path": str(path), **TRAIN, **micro_batching})
     expected_collectives = micro_batching.get("cpu_collectives", "shared_memory")
     assert [b["collectives"] for b in built] == [expected_collectives] * 2
+    sharded = "cpu_data_parallel" in micro_batching or "cpu_collectives" in micro_batching
+    assert [b["sharded"] for b in built] == [sharded] * 2
     before = group.weights("actor")[0]
     batch = rollout_batch(B, P, R, _vocab(path), seed=21)
     metrics = group.train(batch, name="actor", loss="policy")
@@ -197,6 +205,9 @@ def test_actor_update_matches_single_process(
     moved = max(float((got[k] - before[k]).abs().max()) for k in got)
     assert moved > 100 * ATOL  # the step changed the weights by far more than the tolerance
     _assert_same_weights(got, model)
+    if not sharded:  # replicas took the same averaged step: identical to the bit
+        digests = group.local_digest("actor")
+        assert digests[0] == digests[1]
     group.drop("actor")
 
 
@@ -265,13 +276,15 @@ def test_weight_sync_then_rollout_matches_exported_model(
 # --------------------------------------------------------------------- checkpoints
 
 
+@pytest.mark.parametrize("data_parallel", ["replicate", "fsdp"])
 def test_resume_from_checkpoint_is_identical(
-    group: WorkerGroup, models: dict, tmp_path: Path
+    group: WorkerGroup, models: dict, tmp_path: Path, data_parallel: str
 ) -> None:
     path = models["llama"]
     config = {
         "model_path": str(path),
         **TRAIN,
+        "cpu_data_parallel": data_parallel,
         "lr_schedule": "cosine",
         "warmup_steps": 2,
         "total_steps": 6,

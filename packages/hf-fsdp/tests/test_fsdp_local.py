@@ -94,12 +94,12 @@ def test_fsdp_units_per_layer_or_whole_model(models: dict) -> None:
                 "model_path": path,
                 "fsdp_unit": unit,
                 "trainable": False,
-                "cpu_single_process": "fsdp",
+                "cpu_data_parallel": "fsdp",
             }
         )
         for unit in ("auto", "layer", "model")
     }
-    # one CPU process trains a plain module by default (hf_fsdp.cpu_single_process)
+    # one CPU process trains a plain module by default (hf_fsdp.cpu_replicas)
     engines["plain"] = FSDPEngine({"model_path": path, "trainable": False})
     units = {
         k: sum(isinstance(m, FSDPModule) for m in e.model.modules()) for k, e in engines.items()
@@ -119,8 +119,8 @@ def test_a_plain_single_process_engine_trains_and_resumes_as_fsdp_does(
     path = str(models["qwen2_tied"])
     batch = rollout_batch(6, 5, 6, VOCAB, seed=5, group_size=2)
     plain, wrapped = (
-        FSDPEngine({"model_path": path, "lr": 1e-3, "cpu_single_process": mode})
-        for mode in ("plain", "fsdp")
+        FSDPEngine({"model_path": path, "lr": 1e-3, "cpu_data_parallel": mode})
+        for mode in ("replicate", "fsdp")
     )
     assert not plain.sharded and wrapped.sharded
     head = plain.model.get_output_embeddings().weight
@@ -131,7 +131,7 @@ def test_a_plain_single_process_engine_trains_and_resumes_as_fsdp_does(
     for name, value in _weights(wrapped).items():
         assert torch.allclose(trained[name], value, atol=1e-5), name
     plain.save_checkpoint(tmp_path / "ckpt")
-    resumed = FSDPEngine({"model_path": path, "lr": 1e-3, "cpu_single_process": "fsdp"})
+    resumed = FSDPEngine({"model_path": path, "lr": 1e-3, "cpu_data_parallel": "fsdp"})
     resumed.load_checkpoint(tmp_path / "ckpt")
     assert resumed.step == 1
     for name, value in _weights(resumed).items():

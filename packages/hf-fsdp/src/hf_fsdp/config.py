@@ -94,17 +94,30 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "a /dev/shm file (hf_fsdp.cpu_shared_memory; gloo where ranks cannot share one), or "
         "process_group: always gloo.  GPUs use NCCL either way",
     )
-    cpu_single_process: Literal["plain", "fsdp"] = Field(
-        "plain",
-        description="a CPU run on one process trains the model as a plain module (FSDP's "
-        "gather and reduce copies cost seconds a step there with nothing to gather; "
-        "hf_fsdp.cpu_single_process), or fsdp: wrap it anyway.  GPUs always use FSDP",
+    cpu_data_parallel: Literal["replicate", "fsdp"] = Field(
+        "replicate",
+        description="CPU ranks on one host train plain replicas of the model and average "
+        "their gradients through shared memory (no FSDP gather / reduce copies; "
+        "hf_fsdp.cpu_replicas) when the replicas' training state fits in a quarter of the "
+        "host's memory (always on one process), else FSDP shards it; fsdp: always shard.  "
+        "GPUs always use FSDP",
     )
     lora: LoRAConfig | None = Field(
         None,
         description="train LoRA adapters (rank, alpha, dropout, target_modules) over frozen "
         "base weights instead of the whole model; None: full fine-tuning",
     )
+
+    def state_bytes_per_rank(self, num_params: int, ranks: int, trainable: bool) -> int:
+        """One rank's weights, gradients and Adam moments (``DeclaresTrainingState``): its
+        shard under FSDP, the whole state where CPU ranks train replicas
+        (:mod:`hf_fsdp.cpu_replicas`, the rule the engine applies)."""
+        from hf_core.device import resolve_device
+        from hf_fsdp.cpu_replicas import replicas_fit
+
+        copies = 4 if trainable else 1
+        holders = 1 if replicas_fit(self, resolve_device(self.device), num_params, ranks) else ranks
+        return copies * self.torch_param_dtype.itemsize * num_params // holders
 
     def node_shared_bytes(self, ranks_per_node: int) -> int:
         """The shared-memory collectives' file, when it is used (``DeclaresNodeSharedMemory``;

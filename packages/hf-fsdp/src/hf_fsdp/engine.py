@@ -52,7 +52,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
-from hf_fsdp import checkpoint, cpu_shared_memory, cpu_single_process, fit, heads, lora
+from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
@@ -96,13 +96,19 @@ class FSDPEngine(TrainingEngine):
             lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
         names = {native: canonical_name(native) for native, _ in model.named_parameters()}
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
-        self.sharded = not cpu_single_process.trains_unsharded(cfg, self.device, self.world_size)
+        replicated, self._replica_gradients = cpu_replicas.choose_replicas(
+            cfg, self.device, sum(p.numel() for p in model.parameters()), self.mesh.get_group()
+        )
+        self.sharded = not replicated
+        """False: a plain module per rank (:mod:`hf_fsdp.cpu_replicas`), else FSDP2."""
+        self.collectives = "process_group"
         if self.sharded:
             shard_model(model, self.mesh, cfg, self.device)
-        self.collectives = "process_group"
-        if self.device.type == "cpu" and cfg.cpu_collectives == "shared_memory":
-            if cpu_shared_memory.attach(model, self.mesh.get_group()):
-                self.collectives = "shared_memory"
+            if self.device.type == "cpu" and cfg.cpu_collectives == "shared_memory":
+                if cpu_shared_memory.attach(model, self.mesh.get_group()):
+                    self.collectives = "shared_memory"
+        elif self._replica_gradients is not None:
+            self.collectives = "shared_memory"
         self.load_report = materialize_and_load(
             model,
             self.folder,
@@ -173,8 +179,9 @@ class FSDPEngine(TrainingEngine):
     def _choose_fit(self, batch: Batch) -> None:
         longest = int(batch["attention_mask"].sum(-1).max()) if len(batch) else 1
         longest = all_reduce_int(longest, dist.ReduceOp.MAX)
+        holders = self.world_size if self.sharded else 1  # replicas hold the whole state
         self.fit = fit.resolve_fit(
-            self.config, self.hf_config, self.model, self.world_size, self.rank, longest
+            self.config, self.hf_config, self.model, holders, self.rank, longest
         )
         # ranks must agree: each measured its own memory
         tokens = all_reduce_int(self.fit.max_tokens, dist.ReduceOp.MIN)
@@ -339,6 +346,8 @@ class FSDPEngine(TrainingEngine):
             loss.backward()
             if real:
                 rows.append({**metrics, "loss": float(loss.detach())})
+        if self._replica_gradients is not None:
+            self._replica_gradients.average([p for p in self.model.parameters() if p.requires_grad])
         grad_norm = clip_grad_norm(
             self.model.parameters(), self.config.grad_clip, self._collective_device
         )

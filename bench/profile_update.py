@@ -8,6 +8,7 @@ LM head / loss and the rest, and the top ops by self CPU time.
 
     python bench/profile_update.py --shape 0.5B --rows 16 --prompt 18 --response 32
     python bench/profile_update.py --shape 25M --layouts 1x2,2x1 --shared-prefix off
+    python bench/profile_update.py --shape 25M --layouts 2x1 --data-parallel fsdp
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ def profile_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> 
 
     path = bench_model(args.shape)
     engine = FSDPEngine(
-        {"model_path": str(path), "lr": 1e-6, "shared_prefix": args.shared_prefix == "on"}
+        {
+            "model_path": str(path),
+            "lr": 1e-6,
+            "shared_prefix": args.shared_prefix == "on",
+            "cpu_data_parallel": args.data_parallel,
+        }
     )
     vocab = engine.model.config.vocab_size
     batch = rollout_batch(
@@ -82,6 +88,12 @@ def main() -> None:
     parser.add_argument(
         "--shared-prefix", default="on", choices=("on", "off"), help="the engine's shared_prefix"
     )
+    parser.add_argument(
+        "--data-parallel",
+        default="replicate",
+        choices=("replicate", "fsdp"),
+        help="the engine's cpu_data_parallel (replicas where they fit, or FSDP shards)",
+    )
     parser.add_argument("--layouts", default="1x2,2x1", help="processes x threads, comma-separated")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -90,6 +102,7 @@ def main() -> None:
 
     os.environ.update(worker_process_env())  # as the trainer's workers run (huge pages)
     print(machine_line())
+    bench_model(args.shape)  # built once here, not by every rank at once
     for layout in args.layouts.split(","):
         processes, threads = (int(x) for x in layout.split("x"))
         args.threads = threads

@@ -1,7 +1,8 @@
 """FSDP's shared-memory collectives (hf_fsdp.cpu_shared_memory) against gloo's, on real
 processes: the same bytes for every size, dtype and rank count, tensors far larger than a
 slot, the file gone once mapped, gloo kept when a rank cannot map it, and a dead peer failing
-the call instead of hanging it."""
+the call instead of hanging it.  The replicas' gradient average (hf_fsdp.cpu_replicas) over
+the same file: gloo's mean, and the same bytes on every rank."""
 
 from __future__ import annotations
 
@@ -81,6 +82,32 @@ def _matches_gloo(rank: int, world: int) -> tuple[int, list[str], int]:
     return checked, sorted(leftover), exchange.calls
 
 
+def _replica_average(rank: int, world: int) -> tuple[float, str]:
+    """Gradients of odd sizes (larger than a slot, smaller than the rank count, a transposed
+    one, one missing) averaged through the file, against gloo's all-reduce."""
+    import hashlib
+
+    from hf_fsdp.cpu_replicas import ReplicaGradients
+
+    _, exchange = _exchange(SMALL_BUDGET)
+    shapes = [(1,), (2,), (40_000,), (333, 7), (7, 333), (5,)]
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in shapes]
+    gen = torch.Generator().manual_seed(rank)
+    for index, param in enumerate(params[:-1]):  # the last has no gradient on any rank
+        grad = torch.randn(param.shape, generator=gen) * (rank + 1)
+        param.grad = grad.t().contiguous().t() if index == 4 else grad  # 4: not contiguous
+    expected = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    for tensor in expected:
+        dist.all_reduce(tensor)
+        tensor /= world
+    ReplicaGradients(exchange).average(params)
+    error = max(float((p.grad - e).abs().max()) for p, e in zip(params, expected, strict=True))
+    digest = hashlib.sha256()
+    for param in params:
+        digest.update(param.grad.contiguous().view(-1).view(torch.uint8).numpy())
+    return error, digest.hexdigest()
+
+
 def _fallback(rank: int) -> tuple[bool, Any]:
     """On a fresh group, as if rank 1 lived on another host: the file is not there."""
     from hf_fsdp import cpu_shared_memory as shm
@@ -115,6 +142,7 @@ def _dead_peer(rank: int) -> str:
 def _run(rank: int, world: int, port: int, result: Any) -> None:
     _init(rank, world, port)
     result[("matches", rank)] = _matches_gloo(rank, world)
+    result[("replicas", rank)] = _replica_average(rank, world)
     if world == 2:
         result[("fallback", rank)] = _fallback(rank)
         result[("dead_peer", rank)] = _dead_peer(rank)
@@ -145,8 +173,20 @@ def test_collectives_match_gloo_byte_for_byte(two_ranks: dict) -> None:
     _assert_matches(2, two_ranks)
 
 
+def _assert_replicas_agree(world: int, result: dict) -> None:
+    errors, digests = zip(*(result[("replicas", rank)] for rank in range(world)), strict=True)
+    assert max(errors) < 1e-5  # gloo's mean, up to the order of the additions
+    assert len(set(digests)) == 1  # every replica holds the same bytes
+
+
+def test_replica_gradients_average_like_gloo_and_agree_to_the_bit(two_ranks: dict) -> None:
+    _assert_replicas_agree(2, two_ranks)
+
+
 def test_three_ranks_reduce_each_peer_chunk_in_its_place() -> None:
-    _assert_matches(3, _spawn(3))
+    result = _spawn(3)
+    _assert_matches(3, result)
+    _assert_replicas_agree(3, result)
 
 
 def test_a_rank_that_cannot_map_the_file_keeps_every_rank_on_gloo(two_ranks: dict) -> None:

@@ -329,17 +329,22 @@ def faults(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff lint and format check over the whole tree, then mypy over every package.
+    """ruff lint and format check over the whole tree, mypy over every package, then the
+    architecture's import rules (``.importlinter``: backends never import each other, core
+    never imports a backend, lower layers never import higher ones).
 
     mypy checks core and the backends together (mypy.ini), so an engine that drifts from
     core's interfaces or capability protocols fails here.  The heavy frameworks are not
     installed: their names type as Any, which keeps this session light and fast.
     """
-    session.install("ruff>=0.6", "mypy>=1.10", "pydantic>=2.7", "pluggy>=1.5")
+    session.install("ruff>=0.6", "mypy>=1.10", "pydantic>=2.7", "pluggy>=1.5", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     packages = [f"hf_{p.name.removeprefix('hf-')}" for p in sorted(PACKAGES.glob("hf-*"))]
     session.run("mypy", *[arg for package in packages for arg in ("-p", package)])
+    # the architecture's import rules (.importlinter): read from the sources, nothing imported
+    sources = os.pathsep.join(str(p / "src") for p in sorted(PACKAGES.glob("hf-*")))
+    session.run("lint-imports", "--no-cache", env={"PYTHONPATH": sources})
 
 
 @nox.session(python=PYTHON)

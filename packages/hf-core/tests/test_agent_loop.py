@@ -19,6 +19,7 @@ from hf_core.agents.tool_calls import format_tool_call
 from hf_core.batch import Batch
 from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.decoding import pack_responses, strip_left_padding
+from hf_core.plugins.tools import resolve_tools
 
 TEMPLATE = "\n<tool_response>{result}</tool_response>\n"
 
@@ -85,7 +86,8 @@ def prompts(tokenizer: Any, texts: list[str]) -> Batch:
 def run(tokenizer: Any, texts: list[str], **config: Any) -> tuple[Batch, ScriptedEngine]:
     engine = ScriptedEngine(tokenizer, script)
     settings = {"tool_response_template": TEMPLATE, "max_total_tokens": 200, **config}
-    loop = AgentLoop(engine, tokenizer, AgentConfig(**settings))
+    agent = AgentConfig(**settings)
+    loop = AgentLoop(engine, tokenizer, agent, resolve_tools(agent.tools))
     params = SamplingParams(max_new_tokens=64, n=config.pop("n", 1) if "n" in config else 1)
     return loop.generate(prompts(tokenizer, texts), params), engine
 
@@ -146,7 +148,8 @@ def test_n_samples_per_prompt_and_unknown_tools(tokenizer: Any) -> None:
         return format_tool_call("search", {"q": "x"})
 
     engine = ScriptedEngine(tokenizer, unknown)
-    loop = AgentLoop(engine, tokenizer, AgentConfig(tool_response_template=TEMPLATE))
+    agent = AgentConfig(tool_response_template=TEMPLATE)
+    loop = AgentLoop(engine, tokenizer, agent, resolve_tools(agent.tools))
     batch = loop.generate(prompts(tokenizer, ["A", "B"]), SamplingParams(n=2, max_new_tokens=64))
     assert len(batch) == 4 and batch["agent_tool_errors"].tolist() == [1, 1, 1, 1]
     assert "no tool 'search'; tools: calculator" in batch["trajectory"][0]
@@ -168,7 +171,7 @@ class Countdown:
 def test_a_per_sample_environment_answers_turns(tokenizer: Any) -> None:
     engine = ScriptedEngine(tokenizer, lambda context: "7")
     config = AgentConfig(tool_response_template=TEMPLATE, environment=f"{__name__}:Countdown")
-    batch = AgentLoop(engine, tokenizer, config).generate(
+    batch = AgentLoop(engine, tokenizer, config, resolve_tools(config.tools)).generate(
         prompts(tokenizer, ["B", "B"]), SamplingParams(max_new_tokens=8)
     )
     assert batch["agent_turns"].tolist() == [3, 3]
@@ -218,7 +221,7 @@ def test_hanging_and_memory_hungry_python_calls_are_stopped_and_the_rollout_goes
 
     engine = ScriptedEngine(tokenizer, script)
     config = AgentConfig(tools=["python"], tool_response_template=TEMPLATE)
-    batch = AgentLoop(engine, tokenizer, config).generate(
+    batch = AgentLoop(engine, tokenizer, config, resolve_tools(config.tools)).generate(
         prompts(tokenizer, ["S", "H", "M"]), SamplingParams(max_new_tokens=64)
     )
     statuses = [[c["status"] for c in calls] for calls in batch["tool_calls"]]
@@ -263,7 +266,7 @@ def test_continuous_batches_mix_turns(tokenizer: Any, continuous: bool) -> None:
         max_turns=8,
         continuous=continuous,
     )
-    batch = AgentLoop(engine, tokenizer, config).generate(
+    batch = AgentLoop(engine, tokenizer, config, resolve_tools(config.tools)).generate(
         prompts(tokenizer, ["A", "B"]), SamplingParams(max_new_tokens=64)
     )
     assert batch["agent_turns"].tolist() == [2, 7]

@@ -24,7 +24,9 @@ from hf_core.rewards import registry as registry_module
 @pytest.fixture(autouse=True)
 def private_registry(monkeypatch):
     """Registrations made by a test vanish after it (the built-ins stay visible)."""
-    monkeypatch.setattr(registry_module, "_REGISTRY", registry_module._REGISTRY.copy())
+    monkeypatch.setattr(
+        registry_module, "REWARD_FUNCTIONS", registry_module.REWARD_FUNCTIONS.copy()
+    )
 
 
 @pytest.fixture(scope="module")

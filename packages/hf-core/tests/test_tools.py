@@ -8,18 +8,13 @@ from typing import Any
 
 import pytest
 
+from hf_core import plugins
 from hf_core.agents import tools as tools_mod
 from hf_core.agents.tool_calls import MalformedCall, ToolCall, format_tool_call, parse_tool_calls
-from hf_core.agents.tools import (
-    ToolError,
-    UnknownToolError,
-    calculator,
-    get_tool,
-    resolve_tools,
-    tool_names,
-)
+from hf_core.agents.tools import ToolError, UnknownToolError, calculator
 from hf_core.errors import ConfigError
-from hf_core.plugins import hookimpl, plugin_manager
+from hf_core.plugins import hookimpl
+from hf_core.plugins.tools import get_tool, resolve_tools, tool_names
 
 
 def shout(text: str) -> str:
@@ -116,11 +111,10 @@ class _SearchPlugin:
 
 
 def test_a_plugin_registers_tools_through_the_hook() -> None:
-    manager = plugin_manager()
-    manager.register(_SearchPlugin, name="search-plugin")
+    plugins.add_plugin(_SearchPlugin, name="search-plugin")
     try:
-        tools_mod._collected_from = None  # collect the hooks again, as after a reset
         assert "echo_search" in tool_names()
         assert asyncio.run(get_tool("echo_search").call({"text": "x"})).text == "X"
+        assert plugins.registry().backends["search-plugin"].tools == ["echo_search"]
     finally:
-        manager.unregister(name="search-plugin")
+        plugins.reset()

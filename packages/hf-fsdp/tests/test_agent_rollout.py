@@ -19,6 +19,7 @@ from hf_core.agents.loop import AgentLoop
 from hf_core.batch import Batch
 from hf_core.config.schema import AlgorithmConfig
 from hf_core.engines import SamplingParams
+from hf_core.plugins.tools import resolve_tools
 from hf_core.roles.losses import PolicyLoss
 from hf_fsdp.engine import FSDPEngine
 from hf_fsdp.rollout import HFRolloutEngine
@@ -47,7 +48,7 @@ def trajectories(model: Path) -> Batch:
     tokenizer = AutoTokenizer.from_pretrained(str(model), local_files_only=True)
     engine = HFRolloutEngine({"model_path": str(model), "seed": 3, "dtype": "float32"})
     config = AgentConfig(environment=f"{__name__}:TwoReplies", max_total_tokens=96)
-    loop = AgentLoop(engine, tokenizer, config)
+    loop = AgentLoop(engine, tokenizer, config, resolve_tools(config.tools))
     texts = ["12+7=", "reverse 1234:", "3*4=", "hello"]
     rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, rows))

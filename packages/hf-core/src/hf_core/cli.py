@@ -43,7 +43,7 @@ ERROR_LOG = "error.log"
 
 
 def _backends(_: argparse.Namespace) -> int:
-    table = Table(title="HybridFlow backends")
+    table = Table(title="HybridFlow plugins")
     for column in (
         "plugin",
         "distribution",
@@ -51,9 +51,19 @@ def _backends(_: argparse.Namespace) -> int:
         "training engines",
         "rollout engines",
         "protocols",
+        "estimators / losses",
+        "rewards / tools",
     ):
         table.add_column(column)
     for info in list_backends():
+        if info.error:
+            table.add_row(
+                info.plugin,
+                info.distribution,
+                info.version,
+                f"[red]failed to import, skipped: {info.error}[/red]",
+            )
+            continue
         table.add_row(
             info.plugin,
             info.distribution,
@@ -61,8 +71,10 @@ def _backends(_: argparse.Namespace) -> int:
             ", ".join(info.training_engines) or "-",
             ", ".join(info.rollout_engines) or "-",
             ", ".join(info.protocols) or "-",
+            ", ".join(info.advantage_estimators + info.policy_losses) or "-",
+            ", ".join(info.reward_functions + info.tools) or "-",
         )
-    Console(width=200).print(table)
+    Console(width=240).print(table)
     return 0
 
 

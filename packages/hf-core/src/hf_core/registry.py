@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -51,6 +51,21 @@ class NamedRegistry(Generic[T]):
         self._owners: dict[str, str] = {}
         self._miss_error = miss_error
         self._miss_hint = miss_hint
+        self._loader: Callable[[], None] | None = None
+        self._note: Callable[[], str] | None = None
+
+    def set_loader(
+        self, load: Callable[[], None] | None, note: Callable[[], str] | None = None
+    ) -> None:
+        """``load()`` runs before a lookup misses and before names are listed, so entries that
+        plugins provide are there on first use (the plugin manager installs it: this module
+        stays below the plugins); ``note()`` adds to a miss's message (e.g. the plugins that
+        failed to load)."""
+        self._loader, self._note = load, note
+
+    def _load(self) -> None:
+        if self._loader is not None:
+            self._loader()
 
     def add(self, name: str, value: T, *, owner: str = "", override: bool = False) -> T:
         """Register ``value`` as ``name``; a taken name is an error unless ``override``."""
@@ -71,10 +86,15 @@ class NamedRegistry(Generic[T]):
             return self._values[name]
         except (KeyError, TypeError):
             pass
-        available = self.names()
+        available = self.names()  # loads the plugins' entries first
+        if name in self._values:
+            return self._values[name]
         message = f"unknown {self.kind} {name!r}; available: {', '.join(available) or '(none)'}"
         if self._miss_hint:
             message += f"; {self._miss_hint}"
+        note = self._note() if self._note is not None else ""
+        if note:
+            message += f"; {note}"
         close = difflib.get_close_matches(str(name), available, n=1)
         if close:
             message += f" (did you mean {close[0]!r}?)"
@@ -86,10 +106,16 @@ class NamedRegistry(Generic[T]):
 
     def names(self) -> list[str]:
         """Every registered name (aliases included), sorted."""
+        self._load()
         return sorted(self._values)
 
     def items(self) -> list[tuple[str, T]]:
         return [(name, self._values[name]) for name in self.names()]
+
+    def holds(self, name: str, value: T) -> bool:
+        """Whether ``name`` is registered as this very ``value`` (a plugin registering again
+        after :func:`hf_core.plugins.reset` is not a conflict)."""
+        return name in self._values and self._values[name] is value
 
     def copy(self) -> NamedRegistry[T]:
         """An independent table with the same entries (tests register into a copy)."""

@@ -37,7 +37,7 @@ import torch
 
 from hf_core.agents.config import AgentConfig
 from hf_core.agents.tool_calls import MalformedCall, parse_tool_calls
-from hf_core.agents.tools import Tool, ToolResult, resolve_tools
+from hf_core.agents.tools import Tool, ToolResult
 from hf_core.batch import Batch
 from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
@@ -102,12 +102,14 @@ class AgentLoop:
         engine: RolloutEngine,
         tokenizer: Any,
         config: AgentConfig,
-        tools: dict[str, Tool] | None = None,
+        tools: dict[str, Tool],
     ) -> None:
+        """``tools``: the tools the model may call, by name (``config.tools`` resolved by
+        :func:`hf_core.plugins.tools.resolve_tools`)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
-        self.tools = tools if tools is not None else resolve_tools(config.tools)
+        self.tools = tools
         self.environment_cls = load_environment(config.environment) if config.environment else None
         if tokenizer.pad_token_id is None:
             raise ConfigError("agent: the tokenizer has no pad token")
@@ -308,14 +310,3 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
         "agent/tool_timeouts_mean": float(batch["agent_tool_timeouts"].float().mean()),
         "agent/tool_tokens_mean": float(tool_tokens) / max(size, 1),
     }
-
-
-def build_agent_loop(config: Any, engine: RolloutEngine) -> AgentLoop | None:
-    """The agent loop a :class:`~hf_core.config.TrainerConfig` asks for (its ``agent:``
-    section) around ``engine``, with the run's tokenizer; None without that section."""
-    if config.agent is None:
-        return None
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)
-    return AgentLoop(engine, tokenizer, config.agent)

@@ -1,5 +1,7 @@
-"""Tools an agent can call: a table filled by plugins (``register_tools``), ``module:function``
-paths from the recipe, and the built-ins ``calculator`` and ``python`` (the sandbox).
+"""Tools an agent can call: the :class:`Tool` type, the one table of tools by name
+(:func:`register_tool`) and the built-ins ``calculator`` and ``python`` (the sandbox).
+Plugins fill the table through their ``register_tools`` hook and a recipe's names are looked
+up there, or imported as ``module:function`` (:mod:`hf_core.plugins.tools`).
 
 A tool is a function of keyword arguments, plain or ``async``; its result becomes the text of
 the tool message the model reads.  Whatever it raises becomes an error message to the model
@@ -13,13 +15,12 @@ import asyncio
 import inspect
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hf_core.agents.sandbox import SandboxLimits, run_python_async
 from hf_core.errors import ConfigError
-from hf_core.imports import import_object
 from hf_core.registry import NamedRegistry, UnknownNameError
 
 ToolStatus = Literal["ok", "error", "timeout"]
@@ -84,11 +85,20 @@ class Tool:
         return ToolResult(value if isinstance(value, str) else str(value))
 
 
-_REGISTRY: NamedRegistry[Tool] = NamedRegistry(
+TOOLS: NamedRegistry[Tool] = NamedRegistry(
     "tool",
     miss_error=UnknownToolError,
     miss_hint="register it with the register_tools plugin hook or give 'package.module:function'",
 )
+
+
+def registered_tool(name: str) -> Tool:
+    """The tool registered under ``name`` (:class:`UnknownToolError` naming the others)."""
+    return TOOLS.get(name)
+
+
+def registered_names() -> list[str]:
+    return TOOLS.names()
 
 
 def register_tool(
@@ -104,71 +114,7 @@ def register_tool(
     if not callable(fn):
         raise TypeError(f"tool {name!r}: {fn!r} is not callable")
     tool = Tool(name, fn, description or (inspect.getdoc(fn) or ""), dict(parameters or {}))
-    return _REGISTRY.add(name, tool, owner=owner, override=override)
-
-
-_collected_from: object = None
-"""The plugin manager whose ``register_tools`` hooks filled the table (a new one after
-:func:`hf_core.plugins.reset` is collected again)."""
-
-
-def _collect_plugins() -> None:
-    """Call every plugin's ``register_tools`` once per plugin manager (the built-ins come
-    from core's own plugin)."""
-    global _collected_from
-    from hf_core.plugins import plugin_manager
-
-    manager = plugin_manager()
-    if _collected_from is manager:
-        return
-    for impl in manager.hook.register_tools.get_hookimpls():
-
-        def register(
-            name: str,
-            fn: Callable[..., Any],
-            description: str = "",
-            parameters: dict[str, Any] | None = None,
-            _owner: str = impl.plugin_name,
-        ) -> None:
-            if name in _REGISTRY and _REGISTRY.get(name).fn is fn:
-                return
-            register_tool(name, fn, description, parameters, owner=_owner)
-
-        impl.function(register=register)
-    _collected_from = manager
-
-
-def tool_names() -> list[str]:
-    _collect_plugins()
-    return _REGISTRY.names()
-
-
-def get_tool(spec: str) -> Tool:
-    """A registered tool by name, or ``package.module:function`` imported (named after the
-    function)."""
-    _collect_plugins()
-    if ":" not in spec:
-        return _REGISTRY.get(spec)
-    try:
-        obj: Any = import_object(spec)
-    except (ImportError, AttributeError) as e:
-        raise UnknownToolError(f"tool {spec!r}: cannot import it: {e}") from e
-    if isinstance(obj, Tool):
-        return obj
-    if not callable(obj):
-        raise UnknownToolError(f"tool {spec!r} is a {type(obj).__name__}, not a callable")
-    return Tool(spec.rpartition(":")[2].split(".")[-1], obj, inspect.getdoc(obj) or "")
-
-
-def resolve_tools(specs: Sequence[str]) -> dict[str, Tool]:
-    """The recipe's ``agent.tools`` as name -> tool; two tools with one name is an error."""
-    tools: dict[str, Tool] = {}
-    for spec in specs:
-        tool = get_tool(spec)
-        if tool.name in tools:
-            raise ConfigError(f"agent.tools: two tools are named {tool.name!r}")
-        tools[tool.name] = tool
-    return tools
+    return TOOLS.add(name, tool, owner=owner, override=override)
 
 
 # ------------------------------------------------------------------- built-ins

@@ -114,6 +114,22 @@ def advantage_estimator(
     return decorator
 
 
+def add_advantage_estimator(
+    name: str, fn: AdvantageEstimator, traits: EstimatorTraits, *, owner: str
+) -> None:
+    """Register one estimator and its traits for ``owner`` (a plugin's ``register``)."""
+    if ADVANTAGE_ESTIMATORS.holds(name, fn):
+        return
+    ADVANTAGE_ESTIMATORS.add(name, fn, owner=owner)
+    ESTIMATOR_TRAITS.add(name, traits, owner=owner, override=True)
+
+
+def add_policy_loss(name: str, fn: PolicyLoss, *, owner: str) -> None:
+    """Register one policy loss for ``owner`` (a plugin's ``register``)."""
+    if not POLICY_LOSSES.holds(name, fn):
+        POLICY_LOSSES.add(name, fn, owner=owner)
+
+
 def policy_loss(*names: str, override: bool = False) -> Callable[[Fn], Fn]:
     """Register a policy loss: ``@policy_loss("ppo_clip")``."""
     return POLICY_LOSSES.register(*names, override=override)

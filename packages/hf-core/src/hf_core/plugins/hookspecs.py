@@ -1,9 +1,10 @@
-"""The hooks a HybridFlow backend implements.
+"""The hooks a HybridFlow plugin implements: the one way to extend HybridFlow.
 
-A backend is a distribution with an entry point in the ``hybridflow.backends`` group whose
-value is a module (or object) carrying ``@hookimpl`` functions.  Each hook receives a
-``register`` callable; calling it adds one thing to the registry, so a backend declares what it
-provides without import-time side effects.
+A plugin (a backend, or any package adding an estimator, a loss, a reward or a tool) is a
+distribution with an entry point in the ``hybridflow.backends`` group whose value is a module
+(or object) carrying ``@hookimpl`` functions.  Each hook receives a ``register`` callable;
+calling it adds one thing to the registry, so a plugin declares what it provides without
+import-time side effects.
 """
 
 from __future__ import annotations
@@ -63,4 +64,37 @@ def register_tools(register: Callable[..., None]) -> None:
     reports a failure to the model.  ``parameters`` is the JSON schema of its arguments, shown
     to the model through the chat template's ``tools``.  A recipe enables tools by name in
     ``agent.tools`` (or names ``module:function`` directly).
+    """
+
+
+@hookspec
+def register_advantage_estimators(register: Callable[..., None]) -> None:
+    """Register advantage estimators: ``register(name, fn, needs_critic=False,
+    needs_groups=False, needs_greedy_baseline=False)``.
+
+    ``fn(token_level_rewards, response_mask, **inputs) -> (advantages, returns)`` as the
+    built-ins (:mod:`hf_core.algorithms.advantages`); the traits say what the dataflow must
+    provide (a critic's values, groups of ``rollout.n >= 2`` samples, a greedy baseline).  A
+    recipe uses it as ``algorithm.advantage: <name>``.
+    """
+
+
+@hookspec
+def register_policy_losses(register: Callable[..., None]) -> None:
+    """Register policy losses: ``register(name, fn)``.
+
+    ``fn(log_prob, old_log_prob, advantages, response_mask, config=None, **group) -> (loss,
+    metrics)`` as the built-ins (:mod:`hf_core.algorithms.losses`).  A recipe uses it as
+    ``algorithm.policy_loss: <name>``; it runs in the actor's workers, which load the same
+    plugins.
+    """
+
+
+@hookspec
+def register_reward_functions(register: Callable[..., None]) -> None:
+    """Register rule-based reward functions: ``register(name, fn, batched=True)``.
+
+    ``fn(responses, ground_truths, extras) -> list[float]`` (``batched=False``:
+    ``fn(response, ground_truth, extra) -> float``), as :mod:`hf_core.rewards.registry`
+    describes.  A recipe uses it as ``reward.function: <name>``.
     """

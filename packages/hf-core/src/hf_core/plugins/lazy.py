@@ -6,15 +6,10 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-
-def import_object(path: str) -> Any:
-    """The object at ``"package.module:Name"``."""
-    module_name, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+from hf_core.imports import import_object
 
 
 def engine_factory(path: str) -> Callable[..., Any]:

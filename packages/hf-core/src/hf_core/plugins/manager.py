@@ -1,15 +1,25 @@
-"""Plugin manager: entry-point loading and the registries of engines and protocols.
+"""Plugin manager: entry-point loading and the registries of everything plugins provide.
 
-Backends are found through the ``hybridflow.backends`` entry-point group.  A backend that fails
-to import is a loud :class:`PluginLoadError` naming its distribution and entry point (a broken
-install should never silently fall back to another engine).
+Plugins are found through the ``hybridflow.backends`` entry-point group; ``HYBRIDFLOW_PLUGINS``
+(a comma-separated list of entry-point names) limits which load.  A plugin that fails to
+import is reported once (a warning naming its distribution, entry point and error) and
+skipped, so one broken third-party package does not stop runs that do not use it; a recipe
+that names something only it would have provided fails on the lookup, whose message lists the
+skipped plugins and why.  A plugin that imports but registers something invalid is a loud
+:class:`PluginLoadError`.
+
+Engines, engine settings and protocols live in :class:`Registry` (rebuilt with the manager);
+advantage estimators, policy losses, reward functions and tools live in their own modules'
+tables, which this module fills from the hooks and asks to load the plugins before a lookup
+misses (:meth:`hf_core.registry.NamedRegistry.set_loader`), so the dependency points one way.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.metadata as md
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,11 +27,26 @@ from typing import Any, Literal
 import pluggy
 from pydantic import BaseModel
 
+from hf_core.agents.tools import TOOLS, register_tool
+from hf_core.algorithms.registry import (
+    ADVANTAGE_ESTIMATORS,
+    ESTIMATOR_TRAITS,
+    POLICY_LOSSES,
+    EstimatorTraits,
+    add_advantage_estimator,
+    add_policy_loss,
+)
+from hf_core.imports import import_object
 from hf_core.plugins import builtin, hookspecs
 from hf_core.protocols.transfer import TransferProtocol
 from hf_core.registry import DuplicateNameError, NamedRegistry, UnknownNameError
+from hf_core.rewards.registry import REWARD_FUNCTIONS, add_reward_function
+
+log = logging.getLogger(__name__)
 
 CORE_PLUGIN = "hf-core"
+PLUGINS_ENV = "HYBRIDFLOW_PLUGINS"
+"""Comma-separated entry-point names: only these plugins load (hf-core's own always does)."""
 
 
 class PluginLoadError(RuntimeError):
@@ -43,6 +68,12 @@ class BackendInfo:
     training_engines: list[str] = field(default_factory=list)
     rollout_engines: list[str] = field(default_factory=list)
     protocols: list[str] = field(default_factory=list)
+    advantage_estimators: list[str] = field(default_factory=list)
+    policy_losses: list[str] = field(default_factory=list)
+    reward_functions: list[str] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    error: str = ""
+    """Why the plugin was skipped (it failed to import); empty when it loaded."""
 
 
 ConfigRef = type[BaseModel] | str
@@ -85,18 +116,44 @@ class Registry:
     backends: dict[str, BackendInfo] = field(default_factory=dict)
 
 
+def _selected(names: list[str]) -> set[str] | None:
+    """The entry-point names ``HYBRIDFLOW_PLUGINS`` allows (None: all)."""
+    raw = os.environ.get(PLUGINS_ENV, "").strip()
+    if not raw:
+        return None
+    wanted = {n.strip() for n in raw.split(",") if n.strip()} - {CORE_PLUGIN}
+    if unknown := sorted(wanted - set(names)):
+        raise PluginLoadError(
+            f"{PLUGINS_ENV} names {', '.join(unknown)}, which no installed distribution "
+            f"provides; installed plugins: {', '.join(sorted(names)) or '(none)'}"
+        )
+    return wanted
+
+
 def _load_entry_points(pm: pluggy.PluginManager, registry: Registry) -> None:
-    for ep in md.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+    points = list(md.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
+    selected = _selected([ep.name for ep in points])
+    for ep in points:
+        if selected is not None and ep.name not in selected:
+            continue
         dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
         version = ep.dist.version if ep.dist is not None else "?"
         try:
             plugin = ep.load()
         except Exception as exc:
-            raise PluginLoadError(
-                f"HybridFlow backend plugin {ep.name!r} (entry point {ep.value!r} in group "
-                f"{hookspecs.ENTRY_POINT_GROUP!r}) from distribution {dist} {version} failed to "
-                f"import: {type(exc).__name__}: {exc}"
-            ) from exc
+            error = f"{type(exc).__name__}: {exc}"
+            registry.backends[ep.name] = BackendInfo(ep.name, dist, version, ep.value, error=error)
+            log.warning(
+                "HybridFlow plugin %r (entry point %r in group %r) from distribution %s %s "
+                "failed to import and is skipped: %s",
+                ep.name,
+                ep.value,
+                hookspecs.ENTRY_POINT_GROUP,
+                dist,
+                version,
+                error,
+            )
+            continue
         if pm.is_registered(plugin) or pm.get_plugin(ep.name) is not None:
             continue
         try:
@@ -109,12 +166,101 @@ def _load_entry_points(pm: pluggy.PluginManager, registry: Registry) -> None:
         registry.backends[ep.name] = BackendInfo(ep.name, dist, version, ep.value)
 
 
+def skipped_plugins_note() -> str:
+    """The plugins that failed to import, for a lookup miss's message ("" when none)."""
+    broken = [info for info in _state()[1].backends.values() if info.error]
+    if not broken:
+        return ""
+    return "plugins that failed to import and were skipped: " + "; ".join(
+        f"{b.plugin!r} from {b.distribution} {b.version} ({b.entry_point}): {b.error}"
+        for b in broken
+    )
+
+
+def _register_extensions(
+    pm: pluggy.PluginManager, registry: Registry, only: str | None = None
+) -> None:
+    """The hooks whose entries live in their own modules' tables (estimators, losses,
+    rewards, tools): each plugin's ``register`` adds to them under the plugin's name."""
+
+    def estimator(
+        plugin: str,
+        name: str,
+        fn: Any,
+        needs_critic: bool = False,
+        needs_groups: bool = False,
+        needs_greedy_baseline: bool = False,
+    ) -> None:
+        traits = EstimatorTraits(needs_critic, needs_groups, needs_greedy_baseline)
+        add_advantage_estimator(name, fn, traits, owner=plugin)
+
+    def loss(plugin: str, name: str, fn: Any) -> None:
+        add_policy_loss(name, fn, owner=plugin)
+
+    def reward(plugin: str, name: str, fn: Any, batched: bool = True) -> None:
+        add_reward_function(name, fn, batched=batched, owner=plugin)
+
+    def tool(
+        plugin: str,
+        name: str,
+        fn: Any,
+        description: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        if name in TOOLS and TOOLS.get(name).fn is fn:
+            return
+        register_tool(name, fn, description, parameters, owner=plugin)
+
+    hooks: list[tuple[str, Callable[..., None], str]] = [
+        ("register_advantage_estimators", estimator, "advantage_estimators"),
+        ("register_policy_losses", loss, "policy_losses"),
+        ("register_reward_functions", reward, "reward_functions"),
+        ("register_tools", tool, "tools"),
+    ]
+    for hook_name, add, listing in hooks:
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            plugin = impl.plugin_name
+            if only is not None and plugin != only:
+                continue
+            names: list[str] = []
+
+            def register(
+                name: str,
+                fn: Any,
+                *args: Any,
+                _plugin: str = plugin,
+                _add: Callable[..., None] = add,
+                _names: list[str] = names,
+                **kwargs: Any,
+            ) -> None:
+                if not callable(fn):
+                    raise PluginLoadError(f"plugin {_plugin!r} registered {name!r} as {fn!r}")
+                try:
+                    _add(_plugin, name, fn, *args, **kwargs)
+                except (DuplicateNameError, ValueError) as exc:
+                    raise PluginLoadError(f"plugin {_plugin!r}: {exc}") from None
+                _names.append(name)
+
+            try:
+                impl.function(register=register)
+            except PluginLoadError:
+                raise
+            except Exception as exc:
+                raise PluginLoadError(
+                    f"plugin {plugin!r} failed in hook {hook_name}: {type(exc).__name__}: {exc}"
+                ) from exc
+            info = registry.backends.get(plugin)
+            if info is not None:
+                getattr(info, listing).extend(names)
+
+
 def _collect(
     pm: pluggy.PluginManager,
     hook_name: str,
     table: NamedRegistry[Any],
     configs: NamedRegistry[ConfigRef] | None,
     parallel_table: dict[str, frozenset[str]] | None = None,
+    only: str | None = None,
 ) -> dict[str, list[str]]:
     """Call each plugin's implementation of one hook, recording who registered what.
 
@@ -126,6 +272,8 @@ def _collect(
     by_plugin: dict[str, list[str]] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         plugin = impl.plugin_name
+        if only is not None and plugin != only:
+            continue
 
         def register(
             *args: Any, _plugin: str = plugin, config: Any = None, parallel: Any = ()
@@ -198,6 +346,13 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
         CORE_PLUGIN, "hf-core", core.version if core else "?", "hf_core.plugins.builtin"
     )
     _load_entry_points(pm, registry)
+    _collect_hooks(pm, registry)
+    _list_core_builtins(registry.backends[CORE_PLUGIN])
+    return pm, registry
+
+
+def _collect_hooks(pm: pluggy.PluginManager, registry: Registry, only: str | None = None) -> None:
+    """Call the registered plugins' hooks (``only``: that plugin's), filling every table."""
     hooks: list[
         tuple[
             str,
@@ -220,8 +375,9 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
         ),
         ("register_protocols", registry.protocols, None, None),
     ]
+    _register_extensions(pm, registry, only)
     for hook_name, table, configs, axes in hooks:
-        for plugin, names in _collect(pm, hook_name, table, configs, axes).items():
+        for plugin, names in _collect(pm, hook_name, table, configs, axes, only).items():
             info = registry.backends.get(plugin)
             if info is not None:
                 listing = {
@@ -230,7 +386,17 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
                     "register_protocols": info.protocols,
                 }[hook_name]
                 listing.extend(names)
-    return pm, registry
+
+
+def _list_core_builtins(info: BackendInfo) -> None:
+    """hf-core's own estimators, losses and rewards (registered where they are defined) in
+    its row of ``hybridflow backends``."""
+    for table, listing in (
+        (ADVANTAGE_ESTIMATORS, info.advantage_estimators),
+        (POLICY_LOSSES, info.policy_losses),
+        (REWARD_FUNCTIONS, info.reward_functions),
+    ):
+        listing.extend(n for n in table.names() if table.owner(n).startswith("hf_core."))
 
 
 def _installed(dist: str) -> bool:
@@ -241,9 +407,37 @@ def _installed(dist: str) -> bool:
     return True
 
 
+_building = False
+
+
 @functools.cache
 def _state() -> tuple[pluggy.PluginManager, Registry]:
-    return _build()
+    global _building
+    _building = True
+    try:
+        return _build()
+    finally:
+        _building = False
+
+
+def _load_plugins() -> None:
+    """What the estimator, loss, reward and tool tables call before a lookup misses."""
+    if not _building:
+        _state()
+
+
+def _skipped_note() -> str:
+    return "" if _building else skipped_plugins_note()
+
+
+for _table_with_plugins in (
+    ADVANTAGE_ESTIMATORS,
+    ESTIMATOR_TRAITS,
+    POLICY_LOSSES,
+    REWARD_FUNCTIONS,
+    TOOLS,
+):
+    _table_with_plugins.set_loader(_load_plugins, _skipped_note)
 
 
 def plugin_manager() -> pluggy.PluginManager:
@@ -252,6 +446,15 @@ def plugin_manager() -> pluggy.PluginManager:
 
 def registry() -> Registry:
     return _state()[1]
+
+
+def add_plugin(plugin: object, name: str) -> None:
+    """Register a plugin object at run time (a notebook, a test) beside the installed ones:
+    its hooks are called now; :func:`reset` forgets it."""
+    pm, registry = _state()
+    pm.register(plugin, name=name)
+    registry.backends[name] = BackendInfo(name, "<added at run time>", "-", repr(plugin))
+    _collect_hooks(pm, registry, only=name)
 
 
 def reset() -> None:
@@ -300,9 +503,8 @@ def get_engine_parallelism(kind: Literal["training", "rollout"], name: str) -> f
 
 
 def _import_config(path: str, plugin: str, engine: str) -> type[BaseModel]:
-    module_name, _, attr = path.partition(":")
     try:
-        model = getattr(importlib.import_module(module_name), attr)
+        model = import_object(path)
     except (ImportError, AttributeError) as exc:
         raise PluginLoadError(
             f"plugin {plugin!r}: the config model {path!r} of engine {engine!r} cannot be "

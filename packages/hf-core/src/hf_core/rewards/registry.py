@@ -25,11 +25,11 @@ A config names a function as ``"digits_reverse"`` (the registry) or ``"my_pkg.re
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hf_core.imports import import_object
 from hf_core.registry import NamedRegistry, UnknownNameError
 
 BatchedRewardFn = Callable[[list[str], list[Any], dict[str, list[Any]]], Sequence[float]]
@@ -71,7 +71,7 @@ def _per_sample_adapter(fn: PerSampleRewardFn) -> BatchedRewardFn:
     return batched
 
 
-_REGISTRY: NamedRegistry[RewardFunction] = NamedRegistry(
+REWARD_FUNCTIONS: NamedRegistry[RewardFunction] = NamedRegistry(
     "reward function",
     miss_error=UnknownRewardFunctionError,
     miss_hint="or give an import path 'package.module:function'",
@@ -92,18 +92,29 @@ def reward_function(
         if not isinstance(key, str) or not key:
             raise ValueError(f"reward function names must be non-empty strings, got {key!r}")
         entry = RewardFunction(key, fn if batched else _per_sample_adapter(fn), batched)
-        existing = _REGISTRY.get(key) if key in _REGISTRY else None
+        existing = REWARD_FUNCTIONS.get(key) if key in REWARD_FUNCTIONS else None
         same = existing is not None and _qualified(existing.fn) == _qualified(entry.fn)
         if existing is not None and not override and not same:
             raise ValueError(
                 f"reward function {key!r} is already registered (by {_qualified(existing.fn)}); "
                 "pass override=True to replace it"
             )
-        _REGISTRY.add(key, entry, owner=_qualified(entry.fn), override=True)
+        REWARD_FUNCTIONS.add(key, entry, owner=_qualified(entry.fn), override=True)
         setattr(fn, _ATTR, entry)
         return fn
 
     return decorator
+
+
+def add_reward_function(name: str, fn: Callable[..., Any], *, batched: bool, owner: str) -> None:
+    """Register one reward function for ``owner`` (a plugin's ``register``; ``batched=False``:
+    a per-sample function, adapted)."""
+    existing = REWARD_FUNCTIONS.get(name) if name in REWARD_FUNCTIONS else None
+    if existing is not None and getattr(fn, _ATTR, None) is existing:
+        return  # registered again after the plugins were reset
+    entry = RewardFunction(name, fn if batched else _per_sample_adapter(fn), batched)
+    REWARD_FUNCTIONS.add(name, entry, owner=owner)
+    setattr(fn, _ATTR, entry)
 
 
 def _qualified(fn: Any) -> str:
@@ -112,30 +123,7 @@ def _qualified(fn: Any) -> str:
 
 def reward_function_names() -> list[str]:
     """Every registered reward function name, sorted."""
-    return _REGISTRY.names()
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    """Import the module of a ``module:function`` path; any failure becomes one
-    :class:`UnknownRewardFunctionError` naming the path -- a module that raises while it is
-    imported (a syntax error, a missing dependency) is as much a bad setting as a typo."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        hint = ""
-        if e.name and module_name.split(".")[0] == e.name.split(".")[0]:
-            hint = " (the driver imports it: is its folder on PYTHONPATH?)"
-        raise UnknownRewardFunctionError(
-            f"reward function {spec!r}: cannot import module {module_name!r}: {e}{hint}"
-        ) from e
-    except Exception as e:  # the module itself raised while being imported
-        where = ""
-        if isinstance(e, SyntaxError) and e.filename:
-            where = f" ({e.filename}, line {e.lineno})"
-        raise UnknownRewardFunctionError(
-            f"reward function {spec!r}: cannot import module {module_name!r}: importing it "
-            f"raised {type(e).__name__}: {e}{where}"
-        ) from e
+    return REWARD_FUNCTIONS.names()
 
 
 def _import_path(spec: str) -> RewardFunction:
@@ -144,14 +132,29 @@ def _import_path(spec: str) -> RewardFunction:
         raise UnknownRewardFunctionError(
             f"reward function import path {spec!r} must look like 'package.module:function'"
         )
-    module = _import_module(spec, module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UnknownRewardFunctionError(
-                f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
-            )
-        obj = getattr(obj, part)
+    try:
+        obj: Any = import_object(spec)
+    except ModuleNotFoundError as e:
+        hint = ""
+        if e.name and module_name.split(".")[0] == e.name.split(".")[0]:
+            hint = " (the driver imports it: is its folder on PYTHONPATH?)"
+        raise UnknownRewardFunctionError(
+            f"reward function {spec!r}: cannot import module {module_name!r}: {e}{hint}"
+        ) from e
+    except AttributeError as e:
+        raise UnknownRewardFunctionError(
+            f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from e
+    except Exception as e:  # the module itself raised while being imported
+        # a module that raises while it is imported (a syntax error, a missing dependency)
+        # is as much a bad setting as a typo
+        where = ""
+        if isinstance(e, SyntaxError) and e.filename:
+            where = f" ({e.filename}, line {e.lineno})"
+        raise UnknownRewardFunctionError(
+            f"reward function {spec!r}: cannot import module {module_name!r}: importing it "
+            f"raised {type(e).__name__}: {e}{where}"
+        ) from e
     if not callable(obj):
         raise UnknownRewardFunctionError(
             f"reward function {spec!r} is a {type(obj).__name__}, not a callable"
@@ -177,4 +180,4 @@ def get_reward_function(spec: str | Callable[..., Any] | RewardFunction) -> Rewa
         raise TypeError(f"a reward function is a name, an import path or a callable, got {spec!r}")
     if ":" in spec:
         return _import_path(spec)
-    return _REGISTRY.get(spec)
+    return REWARD_FUNCTIONS.get(spec)

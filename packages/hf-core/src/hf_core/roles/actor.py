@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import (
@@ -39,6 +38,7 @@ from hf_core.roles.adapters import (
     weight_sync_for,
 )
 from hf_core.roles.common import (
+    build_agent_loop,
     build_training_engine,
     mini_batch_updates,
     role_path,

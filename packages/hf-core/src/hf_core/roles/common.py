@@ -8,11 +8,30 @@ from typing import Any
 
 import torch
 
+from hf_core.agents.loop import AgentLoop
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
-from hf_core.engines import HasWorkerMesh, LossFn, TrainingEngine, combine_metric_rows
+from hf_core.engines import (
+    HasWorkerMesh,
+    LossFn,
+    RolloutEngine,
+    TrainingEngine,
+    combine_metric_rows,
+)
 from hf_core.plugins import get_engine_parallelism, get_training_engine
+from hf_core.plugins.tools import resolve_tools
 from hf_core.protocols import WorkerMesh
+
+
+def build_agent_loop(config: TrainerConfig, engine: RolloutEngine) -> AgentLoop | None:
+    """The agent loop the recipe's ``agent:`` section asks for around ``engine``, with the
+    run's tokenizer and its tools resolved by name; None without that section."""
+    if config.agent is None:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)
+    return AgentLoop(engine, tokenizer, config.agent, resolve_tools(config.agent.tools))
 
 
 def build_training_engine(

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from hf_core.agents.loop import build_agent_loop
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import Closeable, SamplingParams
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
-from hf_core.roles.common import rollout_engine_args, torch_threads
+from hf_core.roles.common import build_agent_loop, rollout_engine_args, torch_threads
 from hf_core.roles.standalone_sync import WeightReceiver
 from hf_core.roles.weight_channel import ChannelAddress
 from hf_core.worker import Worker

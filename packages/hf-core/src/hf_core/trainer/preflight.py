@@ -153,7 +153,7 @@ def _check_agent(config: TrainerConfig) -> None:
     if config.agent is None:
         return
     from hf_core.agents.loop import load_environment
-    from hf_core.agents.tools import resolve_tools
+    from hf_core.plugins.tools import resolve_tools
 
     try:
         resolve_tools(config.agent.tools)

@@ -12,6 +12,7 @@ from hf_core.algorithms.chunked_head import (
     logits_chunk_tokens,
     tied_embedding,
 )
+from hf_testing.grad_checks import weighted_loss
 from hf_testing.memory import policy_loss_peak_bytes
 
 
@@ -43,12 +44,7 @@ def test_values_and_gradients_match_full_logits(use: str, temperature: float, ch
         hidden = base_hidden.clone().requires_grad_()
         weight = base_weight.clone().requires_grad_()
         log_probs, entropy = fn(hidden, weight, tokens, temperature)
-        loss = torch.zeros((), dtype=torch.float64)
-        if use in ("log_probs", "both"):
-            loss = loss + (log_probs * weights[0]).sum()
-        if use in ("entropy", "both"):
-            loss = loss + (entropy * weights[1]).sum()
-        loss.backward()
+        weighted_loss(log_probs, entropy, weights, use).backward()
         results.append((log_probs.detach().double(), entropy.detach().double()))
         results[-1] += (hidden.grad, weight.grad)
     for theirs, mine in zip(results[0], results[1], strict=True):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hf_core.algorithms import entropy_from_logits, token_log_probs_and_entropy
+from hf_testing.grad_checks import weighted_loss
 
 
 def reference(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,12 +25,7 @@ def test_values_and_gradients_match_plain_autograd(use: str) -> None:
         logits = base.clone().requires_grad_()
         log_probs, entropy = fn(logits, tokens)
         assert entropy is not None
-        loss = torch.zeros((), dtype=torch.float64)
-        if use in ("log_probs", "both"):
-            loss = loss + (log_probs * weights[0]).sum()
-        if use in ("entropy", "both"):
-            loss = loss + (entropy * weights[1]).sum()
-        loss.backward()
+        weighted_loss(log_probs, entropy, weights, use).backward()
         results.append((log_probs.detach(), entropy.detach(), logits.grad))
     for ours, theirs in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hf_core import plugins
+from hf_testing.plugin_packages import install_plugin_package
 
 TOY_PLUGIN = """
 from pydantic import BaseModel, ConfigDict, Field
@@ -94,53 +94,12 @@ def register_reward_functions(register):
 """
 
 
-def _install(tmp: Path, dist: str, module: str, source: str, target: Path) -> None:
-    project = tmp / dist
-    (project / module).mkdir(parents=True)
-    (project / module / "__init__.py").write_text("")
-    (project / module / "plugin.py").write_text(source)
-    (project / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [build-system]
-            requires = ["setuptools>=61"]
-            build-backend = "setuptools.build_meta"
-
-            [project]
-            name = "{dist}"
-            version = "0.3.1"
-
-            [project.entry-points."hybridflow.backends"]
-            {module} = "{module}.plugin"
-
-            [tool.setuptools]
-            packages = ["{module}"]
-            """
-        )
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(project),
-        ],
-        check=True,
-    )
-
-
 @pytest.fixture(scope="module")
 def plugin_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("plugins")
     good, bad = tmp / "site-good", tmp / "site-bad"
-    _install(tmp, "hf-toy-backend", "hf_toy", TOY_PLUGIN, good)
-    _install(
+    install_plugin_package(tmp, "hf-toy-backend", "hf_toy", TOY_PLUGIN, good)
+    install_plugin_package(
         tmp,
         "hf-broken-backend",
         "hf_broken",

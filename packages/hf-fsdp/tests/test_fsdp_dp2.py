@@ -93,31 +93,32 @@ def test_log_probs_match_single_process(
     group.drop(f"ref_{folder}")
 
 
-def test_values_match_single_process(group: WorkerGroup, models: dict) -> None:
-    path = models["value"]
-    group.build("critic_fwd", {"model_path": str(path), "head": "value", "trainable": False})
-    batch = rollout_batch(B, P, R, _vocab(path), seed=12)
-    out = group.values(batch, name="critic_fwd")
-    model = AutoModelForTokenClassification.from_pretrained(path).eval()
+def _frozen_head(group: WorkerGroup, path: Path, head: str, method: str, seed: int) -> tuple:
+    """Two ranks' ``method`` outputs of a frozen ``head`` engine, the batch, and the HF model's
+    logits on the whole batch in one process."""
+    auto = {"value": AutoModelForTokenClassification, "score": AutoModelForSequenceClassification}
+    group.build(head, {"model_path": str(path), "head": head, "trainable": False})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=seed)
+    out = getattr(group, method)(batch, name=head)
+    group.drop(head)
     with torch.no_grad():
-        expected = model(**_inputs(batch)).logits[..., 0][:, P - 1 : -1]
+        logits = auto[head].from_pretrained(path).eval()(**_inputs(batch)).logits
+    return out, batch, logits
+
+
+def test_values_match_single_process(group: WorkerGroup, models: dict) -> None:
+    out, batch, logits = _frozen_head(group, models["value"], "value", "values", seed=12)
+    expected = logits[..., 0][:, P - 1 : -1]
     assert out["values"].shape == (B, R)
     assert _masked_max_diff(out["values"], expected, batch["response_mask"]) < ATOL
-    group.drop("critic_fwd")
 
 
 def test_scores_match_single_process(group: WorkerGroup, models: dict) -> None:
-    path = models["score"]
-    group.build("rm", {"model_path": str(path), "head": "score", "trainable": False})
-    batch = rollout_batch(B, P, R, _vocab(path), seed=13)
-    out = group.scores(batch, name="rm")
-    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
-    with torch.no_grad():  # HF pools at the last token that is not pad: the same token here
-        expected = model(**_inputs(batch)).logits[:, 0]
+    out, _, logits = _frozen_head(group, models["score"], "score", "scores", seed=13)
+    expected = logits[:, 0]  # HF pools at the last token that is not pad: the same token here
     assert out["scores"].shape == (B,)
     assert float((out["scores"] - expected).abs().max()) < ATOL
     assert float(expected.std()) > 1e-3  # scores differ across sequences: pooling matters
-    group.drop("rm")
 
 
 # --------------------------------------------------------------------------- updates

@@ -56,6 +56,14 @@ FORMAT = "hybridflow-fsdp-checkpoint"
 VERSION = 2  # 2: RNG and engine files hold only weights_only-loadable values
 
 
+def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """What DCP saves and loads: the model's state dict, and the optimiser's when given."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -151,11 +159,7 @@ def save(
     _barrier()
     # An optimiser that never stepped has no state; DCP would invent a "step 1" state for it.
     with_optimizer = optimizer is not None and bool(optimizer.state)
-    if with_optimizer:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
-    else:
-        state = {"model": get_model_state_dict(model)}
+    state = _dcp_state(model, optimizer if with_optimizer else None)
     dcp.save(state, checkpoint_id=tmp / "dcp")
     torch.save(rng_state(cuda=True), tmp / f"rng-rank{rank:05d}.pt")
     if rank == 0:
@@ -279,11 +283,7 @@ def load(
     folder = Path(folder_name)
     use_optimizer = optimizer is not None and bool(manifest.get("optimizer"))
     try:
-        if use_optimizer:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
-        else:
-            state = {"model": get_model_state_dict(model)}
+        state = _dcp_state(model, optimizer if use_optimizer else None)
         dcp.load(state, checkpoint_id=folder / "dcp")
         if use_optimizer:
             set_state_dict(

@@ -177,6 +177,19 @@ def skipped_plugins_note() -> str:
     )
 
 
+def _call_hook(impl: Any, register: Callable[..., None], hook_name: str) -> None:
+    """One plugin's implementation of a hook; what it raises becomes a
+    :class:`PluginLoadError` naming the plugin and the hook."""
+    try:
+        impl.function(register=register)
+    except PluginLoadError:
+        raise
+    except Exception as exc:
+        raise PluginLoadError(
+            f"plugin {impl.plugin_name!r} failed in hook {hook_name}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def _register_extensions(
     pm: pluggy.PluginManager, registry: Registry, only: str | None = None
 ) -> None:
@@ -241,14 +254,7 @@ def _register_extensions(
                     raise PluginLoadError(f"plugin {_plugin!r}: {exc}") from None
                 _names.append(name)
 
-            try:
-                impl.function(register=register)
-            except PluginLoadError:
-                raise
-            except Exception as exc:
-                raise PluginLoadError(
-                    f"plugin {plugin!r} failed in hook {hook_name}: {type(exc).__name__}: {exc}"
-                ) from exc
+            _call_hook(impl, register, hook_name)
             info = registry.backends.get(plugin)
             if info is not None:
                 getattr(info, listing).extend(names)
@@ -306,14 +312,7 @@ def _collect(
                 axes_table[name] = _parallel_axes(parallel, _plugin, name)
             by_plugin.setdefault(_plugin, []).append(name)
 
-        try:
-            impl.function(register=register)
-        except PluginLoadError:
-            raise
-        except Exception as exc:
-            raise PluginLoadError(
-                f"plugin {plugin!r} failed in hook {hook_name}: {type(exc).__name__}: {exc}"
-            ) from exc
+        _call_hook(impl, register, hook_name)
     return by_plugin
 
 

@@ -1,0 +1,55 @@
+"""Third-party plugin packages built and pip-installed in a test, the way users ship them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from hf_core.plugins import ENTRY_POINT_GROUP
+
+
+def install_plugin_package(tmp: Path, dist: str, module: str, source: str, target: Path) -> Path:
+    """Build distribution ``dist`` whose package ``module`` holds ``plugin.py`` = ``source``
+    and whose entry point (group ``hybridflow.backends``) names it, and ``pip install`` it
+    into ``target`` (a folder to put on ``sys.path`` / ``PYTHONPATH``).  Returns ``target``."""
+    project = tmp / dist
+    (project / module).mkdir(parents=True)
+    (project / module / "__init__.py").write_text("")
+    (project / module / "plugin.py").write_text(source)
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools>=61"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{dist}"
+            version = "0.3.1"
+
+            [project.entry-points."{ENTRY_POINT_GROUP}"]
+            {module} = "{module}.plugin"
+
+            [tool.setuptools]
+            packages = ["{module}"]
+            """
+        )
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(project),
+        ],
+        check=True,
+    )
+    return target

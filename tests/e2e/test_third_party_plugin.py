@@ -1,0 +1,124 @@
+"""A package outside the repository extends HybridFlow through its entry point, as a user's
+would: built and pip-installed here, it registers an advantage estimator, a policy loss and
+a reward function, and a GRPO recipe uses all three by name for two steps.  A second
+package whose entry point raises on import is installed beside it: it is reported and
+skipped, and the run (which does not use it) goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_testing.plugin_packages import install_plugin_package
+
+EXTENSIONS = '''
+from hf_core.plugins import hookimpl
+
+
+def half_advantage(token_level_rewards, response_mask, **inputs):
+    """Every response token's advantage is 0.5: a value the loss can report back."""
+    advantages = 0.5 * response_mask.to(token_level_rewards.dtype)
+    return advantages, advantages
+
+
+def plain_policy_gradient(log_prob, old_log_prob, advantages, response_mask, config=None, **group):
+    tokens = response_mask.sum().clamp(min=1)
+    loss = -(advantages * log_prob * response_mask).sum() / tokens
+    seen = float(advantages[response_mask.bool()].max())
+    return loss, {"pg_loss": float(loss.detach()), "third_party_advantage_max": seen}
+
+
+def shortness(response, ground_truth, extra):
+    return 1.0 / (1.0 + len(response))
+
+
+@hookimpl
+def register_advantage_estimators(register):
+    register("half_adv", half_advantage, needs_groups=True)
+
+
+@hookimpl
+def register_policy_losses(register):
+    register("plain_pg", plain_policy_gradient)
+
+
+@hookimpl
+def register_reward_functions(register):
+    register("shortness", shortness, batched=False)
+'''
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("third-party")
+    target = tmp / "site"
+    install_plugin_package(tmp, "hf-extensions-example", "hf_ext", EXTENSIONS, target)
+    install_plugin_package(
+        tmp, "hf-broken-example", "hf_broken", "raise ImportError('broken on purpose')\n", target
+    )
+    return target
+
+
+def _env(site: Path) -> dict[str, str]:
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *inherited]), COLUMNS="240")
+    env.pop("RAY_ADDRESS", None)  # its own Ray, whose workers see the installed packages
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env
+
+
+def test_the_cli_lists_the_extensions_with_their_distribution(site: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_core.cli", "backends"],
+        capture_output=True,
+        text=True,
+        env=_env(site),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if "hf_ext " in line)
+    for name in ("hf-extensions-example", "half_adv", "plain_pg", "shortness"):
+        assert name in row
+    assert "hf-broken-example" in done.stdout and "broken on purpose" in done.stderr
+
+
+def test_a_recipe_uses_the_third_party_estimator_loss_and_reward(
+    site: Path, in_workdir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    recipe = Path(__file__).parents[2] / "recipes" / "grpo.yaml"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hf_core.cli",
+            "run",
+            str(recipe),
+            f"run.output_dir={out}",
+            "run.total_steps=2",
+            "run.val_every=2",
+            "run.progress=false",
+            "algorithm.advantage=half_adv",
+            "algorithm.policy_loss=plain_pg",
+            "reward.function=shortness",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(site),
+        cwd=in_workdir,
+        check=False,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "broken on purpose" in done.stderr  # reported, and skipped
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        # the plugin's loss ran in the actor on the plugin's estimator's advantages
+        assert row["actor/third_party_advantage_max"] == 0.5
+        assert 0.0 < row["reward/mean"] < 1.0  # shortness: 1 / (1 + characters)

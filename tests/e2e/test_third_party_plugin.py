@@ -7,14 +7,13 @@ skipped, and the run (which does not use it) goes on."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hf_testing.plugin_packages import install_plugin_package
+from hf_testing.plugin_packages import env_with_site, install_plugin_package
 
 EXTENSIONS = '''
 from hf_core.plugins import hookimpl
@@ -64,20 +63,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def _env(site: Path) -> dict[str, str]:
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *inherited]), COLUMNS="240")
-    env.pop("RAY_ADDRESS", None)  # its own Ray, whose workers see the installed packages
-    env.setdefault("RAY_AUTH_MODE", "disabled")
-    return env
-
-
 def test_the_cli_lists_the_extensions_with_their_distribution(site: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "hf_core.cli", "backends"],
         capture_output=True,
         text=True,
-        env=_env(site),
+        env=env_with_site(site),
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -109,7 +100,7 @@ def test_a_recipe_uses_the_third_party_estimator_loss_and_reward(
         ],
         capture_output=True,
         text=True,
-        env=_env(site),
+        env=env_with_site(site),
         cwd=in_workdir,
         check=False,
         timeout=900,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hf_core import plugins
-from hf_testing.plugin_packages import install_plugin_package
+from hf_testing.plugin_packages import env_with_site, install_plugin_package
 
 TOY_PLUGIN = """
 from pydantic import BaseModel, ConfigDict, Field
@@ -120,13 +119,11 @@ def on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[callable]:
 
 
 def _cli(path: Path) -> subprocess.CompletedProcess[str]:
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), *inherited]), COLUMNS="240")
     return subprocess.run(
         [sys.executable, "-m", "hf_core.cli", "backends"],
         capture_output=True,
         text=True,
-        env=env,
+        env=env_with_site(path),
         check=False,
     )
 

@@ -240,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     backends = commands.add_parser(
-        "backends", help="list installed backends, their versions and the engines they provide"
+        "backends",
+        help="list installed plugins, their versions and what each provides (engines, "
+        "protocols, estimators, losses, rewards, tools), and those skipped",
     )
     backends.set_defaults(handler=_backends)
     add_plan_command(commands)

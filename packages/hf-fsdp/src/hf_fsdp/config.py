@@ -113,11 +113,10 @@ class FSDPEngineConfig(TrainingEngineConfig):
         shard under FSDP, the whole state where CPU ranks train replicas
         (:mod:`hf_fsdp.cpu_replicas`, the rule the engine applies)."""
         from hf_core.device import resolve_device
-        from hf_fsdp.cpu_replicas import replicas_fit
+        from hf_fsdp.cpu_replicas import replicas_fit, training_state_bytes
 
-        copies = 4 if trainable else 1
         holders = 1 if replicas_fit(self, resolve_device(self.device), num_params, ranks) else ranks
-        return copies * self.torch_param_dtype.itemsize * num_params // holders
+        return training_state_bytes(self, num_params, trainable) // holders
 
     def node_shared_bytes(self, ranks_per_node: int) -> int:
         """The shared-memory collectives' file, when it is used (``DeclaresNodeSharedMemory``;

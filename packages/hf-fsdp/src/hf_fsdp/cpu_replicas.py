@@ -41,10 +41,16 @@ REPLICA_MEMORY_SHARE = 0.25
 """Largest share of the host's memory the ranks' replicated training state may take."""
 
 
-def replica_state_bytes(cfg: FSDPEngineConfig, num_params: int) -> int:
-    """One replica's weights, and for full fine-tuning its gradients and Adam moments."""
-    copies = 4 if cfg.trainable and cfg.lora is None else 1
+def training_state_bytes(cfg: FSDPEngineConfig, num_params: int, trainable: bool) -> int:
+    """A whole model's weights, and when ``trainable`` its gradients and Adam moments."""
+    copies = 4 if trainable else 1
     return copies * cfg.torch_param_dtype.itemsize * num_params
+
+
+def replica_state_bytes(cfg: FSDPEngineConfig, num_params: int) -> int:
+    """One replica's state: everything for full fine-tuning, the frozen weights for LoRA
+    (its adapters' state is tiny)."""
+    return training_state_bytes(cfg, num_params, cfg.trainable and cfg.lora is None)
 
 
 def replicas_fit(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -53,3 +54,15 @@ def install_plugin_package(tmp: Path, dist: str, module: str, source: str, targe
         check=True,
     )
     return target
+
+
+def env_with_site(site: Path) -> dict[str, str]:
+    """This process's environment with ``site`` first on ``PYTHONPATH``, for a child that must
+    see the packages installed there (``hybridflow backends``, ``hybridflow run``): no
+    ``RAY_ADDRESS`` (a run starts its own Ray, whose workers inherit the path) and a wide
+    console for the plugin table."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *inherited]), COLUMNS="240")
+    env.pop("RAY_ADDRESS", None)
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env

@@ -4,7 +4,7 @@
 
 Each mode runs on 2 ranks (gloo, CPU, one thread each) in fresh processes: build the FSDP
 actor, run 2 training steps (the first allocates AdamW's state), then 3 weight syncs through
-core's sync path (:func:`hf_core.roles.adapters.weight_sync_for`) into the HF rollout engine,
+core's sync path (:func:`hf_core.sync.weight_sync_for`) into the HF rollout engine,
 and with ``--vllm`` into a vLLM engine that serves LoRA (``max_lora_rank``; adapters only).
 
 Memory: peak RSS during the training steps minus RSS before them (the optimiser state and
@@ -67,7 +67,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> dic
     import torch
 
     from hf_core.engines import SamplingParams
-    from hf_core.roles.adapters import weight_sync_for
+    from hf_core.sync import weight_sync_for
     from hf_fsdp.engine import FSDPEngine
     from hf_fsdp.rollout import HFRolloutEngine
     from hf_testing.workers import policy_loss, rollout_batch

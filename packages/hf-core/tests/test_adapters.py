@@ -26,8 +26,9 @@ from hf_core.engines import (
     write_peft_folder,
 )
 from hf_core.engines.adapters import adapted_module, merge_adapter
-from hf_core.roles.adapters import AdapterSync, reference_is_actor_base, weight_sync_for
-from hf_core.roles.weight_sync import WeightSync
+from hf_core.roles.adapters import reference_is_actor_base
+from hf_core.roles.handover import MemoryHandover
+from hf_core.sync import AdapterSync, BroadcastSync, HybridSync, WeightSync, weight_sync_for
 
 A = "model.layers.0.self_attn.q_proj.lora_A.weight"
 B = "model.layers.0.self_attn.q_proj.lora_B.weight"
@@ -142,7 +143,7 @@ def test_lora_actor_syncs_adapters_only_where_they_are_served() -> None:
     lora = LoRAConfig(rank=2)
     actor = TinyActor(lora)
     assert isinstance(actor, TrainsAdapters) and isinstance(TinyRollout(True), ServesAdapters)
-    assert isinstance(weight_sync_for(TinyActor(None), TinyRollout(True), **SYNC), WeightSync)
+    assert isinstance(weight_sync_for(TinyActor(None), TinyRollout(True), **SYNC), HybridSync)
 
     served = TinyRollout(serves=True)
     sync = weight_sync_for(actor, served, **SYNC)
@@ -159,6 +160,35 @@ def test_lora_actor_syncs_adapters_only_where_they_are_served() -> None:
 
 
 SYNC = {"bucket_bytes": 1 << 20, "kind": "hybrid", "rank": 0}
+
+
+def test_the_actor_gets_one_weight_sync_chosen_by_placement_and_engines() -> None:
+    """In-process (full or LoRA) or broadcast to a pool (no rollout engine in the process, LoRA
+    or not): each is a WeightSync; the trainer runs it the same way."""
+    cpu = torch.device("cpu")
+    lora = LoRAConfig(rank=2)
+    assert isinstance(weight_sync_for(TinyActor(None), TinyRollout(True), **SYNC), WeightSync)
+    assert isinstance(weight_sync_for(TinyActor(lora), TinyRollout(True), **SYNC), WeightSync)
+    for actor in (TinyActor(None), TinyActor(lora)):
+        sync = weight_sync_for(actor, None, device=cpu, **SYNC)
+        assert isinstance(sync, BroadcastSync) and isinstance(sync, WeightSync)
+    with pytest.raises(ValueError, match="device"):
+        weight_sync_for(TinyActor(None), None, **SYNC)
+    # a rank other than 0 only exports (the export's collectives need it); rank 0 must join
+    other = BroadcastSync(TinyActor(None), bucket_bytes=1 << 20, rank=1, device=cpu)
+    assert set(other.run(version=3)) == {"perf/weight_sync_s"}
+    sender = BroadcastSync(TinyActor(None), bucket_bytes=1 << 20, rank=0, device=cpu)
+    with pytest.raises(RuntimeError, match="not joined"):
+        sender.run(version=3)
+
+
+def test_after_a_sync_only_an_in_process_rollout_engine_takes_the_device() -> None:
+    pool = MemoryHandover(TinyActor(None), None, None)
+    pool.after_sync()
+    assert pool.phase == "training"  # the weights went to a pool: the actor keeps training
+    hybrid = MemoryHandover(TinyActor(None), None, TinyRollout(False))
+    hybrid.after_sync()
+    assert hybrid.phase == "generation"
 
 
 def _config(tmp_path: Path, reference: dict | None) -> TrainerConfig:

@@ -21,7 +21,7 @@ from hf_core.roles.losses import (
     rollout_is_weights,
 )
 from hf_core.roles.rollout import ROLLOUT_VERSION
-from hf_core.roles.weight_channel import WeightChannel
+from hf_core.sync import WeightChannel
 from hf_core.trainer.rollouts import StandaloneRollouts
 
 
@@ -84,7 +84,7 @@ class FakeCluster:
         self.follow_rollout_dtype = Method(lambda d: FakeFuture(self.followed.append(d)))
         self.open_weight_channel = Method(lambda n: FakeFuture("address"))
         self.join_weight_channel = Method(lambda *a: FakeFuture(None))
-        self.send_weights = Method(self._send)
+        self.sync_weights = Method(self._send)
         self.receive_weights = Method(lambda: FakeFuture([{"reshard/bytes_received": 8.0}]))
         self.generate = Method(self._generate)
 

@@ -23,7 +23,7 @@ MODULES = (
     "hf_core.engines.process_state",
     "hf_core.metrics.perf",
     "hf_core.runtime.host",
-    "hf_core.roles.weight_channel",
+    "hf_core.sync.channel",
 )
 NCCL = "torch.distributed.ProcessGroupNCCL"
 GPU_ONLY = {

@@ -31,7 +31,7 @@ from hf_core.resharding import (
     expected_received_bytes,
 )
 from hf_core.roles.handover import MemoryHandover, handover_metrics
-from hf_core.roles.weight_sync import WeightSync, build_plan, merge_rank_metrics
+from hf_core.sync import HybridSync, build_plan, merge_rank_metrics
 from hf_core.trainer.preflight import preflight
 
 # --------------------------------------------------------------------------- toy engines
@@ -149,7 +149,7 @@ def test_generation_tp_that_does_not_divide_training_tp_is_refused() -> None:
 def test_slices_reach_a_slicing_engine_and_metrics_follow_table_2() -> None:
     layout = ParallelLayout(pp=1, tp=2, dp=1, order="tp-dp-pp")
     actor, rollout = ToyActor(layout, rank=1), SlicingRollout(2, 1, 2)
-    metrics = WeightSync(actor, rollout, bucket_bytes=1024, rank=1).run()
+    metrics = HybridSync(actor, rollout, bucket_bytes=1024, rank=1).run()
     (piece,) = rollout.loaded
     assert isinstance(piece, CanonicalSlice) and (piece.dim, piece.start) == (0, 2)
     assert torch.equal(piece.tensor, actor.full[2:4])
@@ -162,7 +162,7 @@ def test_slices_reach_a_slicing_engine_and_metrics_follow_table_2() -> None:
 def test_whole_tensor_engine_gets_name_tensor_pairs() -> None:
     layout = ParallelLayout(pp=1, tp=2, dp=1, order="tp-dp-pp")
     rollout = ToyRollout()
-    metrics = WeightSync(ToyActor(layout, 0), rollout, bucket_bytes=1024, kind="naive").run()
+    metrics = HybridSync(ToyActor(layout, 0), rollout, bucket_bytes=1024, kind="naive").run()
     (item,) = rollout.loaded
     assert item[0] == "w" and torch.equal(item[1], torch.arange(8.0).reshape(4, 2))
     assert metrics["reshard/bytes_received"] == metrics["reshard/bytes_expected"] == 32.0
@@ -171,7 +171,7 @@ def test_whole_tensor_engine_gets_name_tensor_pairs() -> None:
 def test_data_parallel_actor_streams_whole_tensors_without_reshard_metrics() -> None:
     layout = ParallelLayout(pp=1, tp=1, dp=2)
     rollout = SlicingRollout(2, 0, 2)  # a TP engine shards whole tensors itself
-    metrics = WeightSync(DataParallelActor(layout, 0), rollout, bucket_bytes=1024).run()
+    metrics = HybridSync(DataParallelActor(layout, 0), rollout, bucket_bytes=1024).run()
     assert rollout.loaded[0][0] == "w"
     assert not any(k.startswith("reshard/") for k in metrics)
 
@@ -179,7 +179,7 @@ def test_data_parallel_actor_streams_whole_tensors_without_reshard_metrics() -> 
 def test_rollout_tp_group_must_be_the_plans() -> None:
     layout = ParallelLayout(pp=1, tp=2, dp=1, order="tp-dp-pp")
     with pytest.raises(RuntimeError, match="not the plan's generation TP group"):
-        WeightSync(ToyActor(layout, 0), SlicingRollout(2, 0, 2, tp_rank=1), bucket_bytes=8)
+        HybridSync(ToyActor(layout, 0), SlicingRollout(2, 0, 2, tp_rank=1), bucket_bytes=8)
 
 
 @pytest.mark.parametrize(("pp", "tp", "t_g"), [(1, 2, 1), (1, 2, 2), (2, 2, 2), (2, 4, 2)])

@@ -155,13 +155,13 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
     ) -> dict[str, Any]:
         """The 3D-HybridEngine transition into the colocated rollout engine; reports stats
         (``transport``: :func:`count_transport`'s) and the generation mesh."""
-        from hf_core.roles.weight_sync import WeightSync
+        from hf_core.sync import HybridSync
 
         source = self.engines[engine]
         plan = source.reshard_plan(gen_tp=t_g, kind=kind)
         assert plan == make_plan(source.layout.layout, t_g, kind)
         target = self.rollouts[rollout]
-        sync = WeightSync(source, target, bucket_bytes=bucket_bytes, kind=kind, rank=self.rank)
+        sync = HybridSync(source, target, bucket_bytes=bucket_bytes, kind=kind, rank=self.rank)
         assert sync.plan == plan  # core builds the same plan from the two engines' layouts
         with count_transport(target) as transport:
             sync.run()

@@ -13,7 +13,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams, ServesAdapters
-from hf_core.roles.adapters import AdapterSync
+from hf_core.sync import AdapterSync
 from hf_fsdp.engine import FSDPEngine
 from hf_testing.prompts import prompt_batch
 from hf_vllm.engine import VLLMRolloutEngine

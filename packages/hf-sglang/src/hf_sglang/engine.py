@@ -35,7 +35,7 @@ from hf_core.engines.decoding import expand_prompts, strip_left_padding
 from hf_core.engines.hf_folder import check_model_folder, special_tokens
 from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
 from hf_core.engines.process_state import preserve_process_state
-from hf_core.engines.sync_stats import RecordsSyncs
+from hf_core.sync import RecordsSyncs
 from hf_sglang.config import SGLangRolloutConfig, parse_config
 from hf_sglang.outputs import pack_outputs
 from hf_sglang.runtime import require_sglang

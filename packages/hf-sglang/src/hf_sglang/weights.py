@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from hf_core.device import distributed_backend
-from hf_core.engines import NamedTensor, SyncStats
+from hf_core.engines import NamedTensor
+from hf_core.sync import SyncStats
 from hf_sglang.config import SyncGroupConfig
 
 

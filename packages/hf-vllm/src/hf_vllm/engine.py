@@ -26,7 +26,6 @@ from hf_core.engines import (
     GenerationRank,
     LoRAConfig,
     NamedTensor,
-    RecordsSyncs,
     ReleasesTaggedMemory,
     RolloutEngine,
     SamplingParams,
@@ -39,6 +38,7 @@ from hf_core.engines import (
     strip_left_padding,
 )
 from hf_core.resharding import GenerationLayout
+from hf_core.sync import RecordsSyncs
 from hf_vllm.adapters import AdapterFolders
 from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
 from hf_vllm.cpu_embedding import skip_input_embedding_packing

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from hf_core.engines import CanonicalSlice, NamedTensor, SyncStats, tensor_nbytes
+from hf_core.engines import CanonicalSlice, NamedTensor, tensor_nbytes
+from hf_core.sync import SyncStats
 from hf_vllm.tp_slices import TPRange, VLLMPartition, range_mismatch
 
 if TYPE_CHECKING:

@@ -38,7 +38,6 @@ from hf_core.engines.process_state import preserve_process_state
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.sampling import filter_logits, select_tokens
 from hf_core.engines.schedule import lr_factor
-from hf_core.engines.sync_stats import RecordsSyncs, SyncStats
 from hf_core.engines.training import LossFn, TrainingEngine
 from hf_core.engines.training_config import TrainingEngineConfig
 from hf_core.engines.weights import (
@@ -68,7 +67,6 @@ __all__ = [
     "MicroBatch",
     "NamedTensor",
     "Offloadable",
-    "RecordsSyncs",
     "ReleasesTaggedMemory",
     "ReshardsWeights",
     "ResponseSteps",
@@ -76,7 +74,6 @@ __all__ = [
     "SamplingParams",
     "ServesAdapters",
     "SpecialTokens",
-    "SyncStats",
     "TaggedMemory",
     "TrainingEngine",
     "TrainingEngineConfig",

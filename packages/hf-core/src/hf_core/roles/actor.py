@@ -3,13 +3,15 @@
 One process per rank holds the actor's training engine and its rollout engine side by side
 (the paper's hybrid engine): after each update the new weights stream from the training
 engine into the rollout engine in buckets, in the same process, with no second full copy
-(:mod:`hf_core.roles.weight_sync`), and the device memory changes hands every step
+(:mod:`hf_core.sync.hybrid`), and the device memory changes hands every step
 (:mod:`hf_core.roles.handover`): training state is offloaded while the rollout engine
 generates, the rollout engine's weights and KV cache are released while the model trains.
 
 With ``placement.mode: standalone`` the rollout engines live in a pool of their own
 (:mod:`hf_core.roles.rollout`); this worker then holds no rollout engine and sends its weights
-to that pool over a broadcast group instead (:mod:`hf_core.roles.standalone_sync`).
+to that pool over a broadcast group instead (:mod:`hf_core.sync.broadcast`).  Either way the
+worker holds one :class:`~hf_core.sync.WeightSync`, chosen at init (in-process, LoRA adapters
+only, or broadcast), and the trainer calls one method for it: :meth:`sync_weights`.
 """
 
 from __future__ import annotations
@@ -30,13 +32,7 @@ from hf_core.engines import (
 )
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
-from hf_core.roles.adapters import (
-    Sync,
-    base_model,
-    lora_of,
-    reference_is_actor_base,
-    weight_sync_for,
-)
+from hf_core.roles.adapters import base_model, reference_is_actor_base
 from hf_core.roles.common import (
     build_agent_loop,
     build_training_engine,
@@ -48,8 +44,7 @@ from hf_core.roles.common import (
 )
 from hf_core.roles.handover import MemoryHandover
 from hf_core.roles.losses import PolicyLoss, rollout_is_cap, rollout_is_mode, sft_loss
-from hf_core.roles.standalone_sync import WeightSender
-from hf_core.roles.weight_channel import ChannelAddress
+from hf_core.sync import BroadcastSync, ChannelAddress, WeightSync, lora_of, weight_sync_for
 from hf_core.worker import Worker
 
 
@@ -78,23 +73,16 @@ class ActorRolloutRefWorker(Worker):
         """Policy updates applied (the policy version): a broadcast to a rollout pool carries
         it, so the pool knows which weights it generates with, independently of the trainer."""
         self._report_mesh()
-        self.weight_sync = (
-            None
-            if self.rollout is None
-            else weight_sync_for(
-                self.actor,
-                self.rollout,
-                bucket_bytes=self._bucket_bytes,
-                kind=config.rollout.reshard,
-                rank=self.rank,
-            )
+        self.weight_sync: WeightSync = weight_sync_for(
+            self.actor,
+            self.rollout,
+            bucket_bytes=int(config.rollout.bucket_mb * 2**20),
+            kind=config.rollout.reshard,
+            rank=self.rank,
+            device=self.device,
         )
-        self.sender = WeightSender(self.rank, self.device) if self.standalone else None
+        """How the weights reach the rollout engine: in this process, or broadcast to a pool."""
         self.handover = MemoryHandover(self.actor, self.reference, self.rollout)
-
-    @property
-    def _bucket_bytes(self) -> int:
-        return int(self.config.rollout.bucket_mb * 2**20)
 
     @staticmethod
     def _build_rollout(config: TrainerConfig) -> RolloutEngine:
@@ -111,14 +99,14 @@ class ActorRolloutRefWorker(Worker):
             is_mode=rollout_is_mode(self.config, *dtypes) or "truncated",
         )
 
-    def _hybrid(self) -> tuple[RolloutEngine, Sync]:
-        """The in-process rollout engine and its sync (not in a standalone placement)."""
-        if self.rollout is None or self.weight_sync is None:
+    def _rollout(self) -> RolloutEngine:
+        """The in-process rollout engine (not in a standalone placement)."""
+        if self.rollout is None:
             raise RuntimeError(
                 "this actor has no rollout engine (placement.mode: standalone): generation "
                 "runs in the rollout pool"
             )
-        return self.rollout, self.weight_sync
+        return self.rollout
 
     def _report_mesh(self) -> None:
         """Tell the controller how this rank is laid out, so the 3D protocols route data.
@@ -149,7 +137,7 @@ class ActorRolloutRefWorker(Worker):
         The rollout engine owns the device while it generates (training state offloaded);
         afterwards the training engines get it back for log-probs and updates.
         """
-        rollout, _ = self._hybrid()
+        rollout = self._rollout()
         if self.needs_sync:
             self.sync_weights()
         with self.handover.stage("generate"):
@@ -160,19 +148,19 @@ class ActorRolloutRefWorker(Worker):
 
     @register("ONE_TO_ALL")
     def sync_weights(self) -> dict[str, float]:
-        """The 3D-HybridEngine transition into the rollout engine (see
-        :mod:`hf_core.roles.weight_sync`); returns this rank's sync metrics.
+        """The actor's weights (policy version :attr:`updates`) into the rollout engine, by
+        this worker's :attr:`weight_sync` (see :mod:`hf_core.sync`); this rank's sync metrics.
 
-        The rollout engine's memory comes back first (its weights are written in place);
-        once the weights are in it, the training state leaves the device until the next
-        update, so generation starts with the device to itself.
+        In-process, the rollout engine's memory comes back first (its weights are written in
+        place); once the weights are in it, the training state leaves the device until the
+        next update, so generation starts with the device to itself.  To a rollout pool (its
+        ``receive_weights`` runs at the same time) the training state stays.
         """
-        _, weight_sync = self._hybrid()
         with self.handover.stage("weight_sync"):
             self.handover.to_training()
             self.handover.resume_rollout()
-            metrics = weight_sync.run()
-            self.handover.to_generation()
+            metrics = self.weight_sync.run(self.updates)
+            self.handover.after_sync()
         self.needs_sync = False
         return metrics
 
@@ -180,7 +168,7 @@ class ActorRolloutRefWorker(Worker):
     @register("RANK_ZERO")
     def open_weight_channel(self, receivers: int) -> ChannelAddress:
         """Rank 0 opens the broadcast group's store for ``receivers`` rollout ranks."""
-        return self._sender().listen(receivers)
+        return self._broadcast().listen(receivers)
 
     @register("ONE_TO_ALL")
     def follow_rollout_dtype(self, dtype: torch.dtype | None) -> None:
@@ -191,22 +179,13 @@ class ActorRolloutRefWorker(Worker):
     @register("ONE_TO_ALL")
     def join_weight_channel(self) -> None:
         """Rank 0 joins the broadcast group (with the rollout ranks' joins in flight)."""
-        self._sender().join()
+        self._broadcast().join()
 
-    @register("ONE_TO_ALL")
-    def send_weights(self) -> dict[str, float]:
-        """Export the weights and broadcast them to the rollout pool (rank 0 sends); the
-        rollout ranks' ``receive_weights`` runs at the same time."""
-        with self.handover.stage("weight_sync"):
-            self.handover.to_training()
-            metrics = self._sender().send(self.actor, self._bucket_bytes, self.updates)
-        self.needs_sync = False
-        return metrics
-
-    def _sender(self) -> WeightSender:
-        if self.sender is None:
+    def _broadcast(self) -> BroadcastSync:
+        """The sync to the rollout pool, whose channel the two calls above set up."""
+        if not isinstance(self.weight_sync, BroadcastSync):
             raise RuntimeError("weights go to a rollout pool only with placement.mode: standalone")
-        return self.sender
+        return self.weight_sync
 
     @register("ONE_TO_ALL")
     def take_handover_log(self) -> dict[str, object]:

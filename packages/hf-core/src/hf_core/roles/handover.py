@@ -71,6 +71,12 @@ class MemoryHandover:
             self._record(name, "onload", engine.onload())
         self.phase = "training"
 
+    def after_sync(self) -> None:
+        """A rollout engine in this process generates next: it gets the device; without one
+        (the weights went to a pool) the training engines keep it for the next update."""
+        if self.rollout is not None:
+            self.to_generation()
+
     def resume_rollout(self) -> None:
         """Bring back the rollout engine's weights and KV cache (before a sync or generating)."""
         if self.rollout is not None and not self.rollout_resident:

@@ -3,7 +3,7 @@
 The rollout engine (any backend) in processes of its own, so generation can run while the
 actor trains (``rollout.max_staleness`` > 0, the trainer's asynchronous loop).  New weights
 arrive between generate calls over the weight channel
-(:mod:`hf_core.roles.standalone_sync`); each rank is one whole-model engine fed its share of
+(:mod:`hf_core.sync.receiver`); each rank is one whole-model engine fed its share of
 the prompts (data parallel).  Every generated sample carries ``rollout_version``: the policy
 version of the weights this rank held when it generated it (its own record, kept when a weight
 broadcast was loaded), so tests and metrics need not trust the trainer's schedule for it.
@@ -19,8 +19,7 @@ from hf_core.engines import Closeable, SamplingParams
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
 from hf_core.roles.common import build_agent_loop, rollout_engine_args, torch_threads
-from hf_core.roles.standalone_sync import WeightReceiver
-from hf_core.roles.weight_channel import ChannelAddress
+from hf_core.sync import BroadcastReceiver, ChannelAddress
 from hf_core.worker import Worker
 
 ROLLOUT_VERSION = "rollout_version"
@@ -37,7 +36,7 @@ class RolloutWorker(Worker):
         factory = get_rollout_engine(config.rollout.backend)
         self.rollout = factory(**rollout_engine_args(config), **config.rollout.engine)
         self.agent = build_agent_loop(config, self.rollout)  # None: single-turn rollouts
-        self.receiver = WeightReceiver(self.rank, self.device)
+        self.receiver = BroadcastReceiver(self.rank, self.device)
 
     @register("DP_PROTO")
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:

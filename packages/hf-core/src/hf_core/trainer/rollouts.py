@@ -31,8 +31,8 @@ from hf_core.config import TrainerConfig
 from hf_core.data import PromptLoader
 from hf_core.engines import SamplingParams
 from hf_core.roles.rollout import ROLLOUT_VERSION
-from hf_core.roles.weight_sync import merge_rank_metrics
 from hf_core.runtime import GroupFuture, WorkerError, WorkerLostError
+from hf_core.sync import merge_rank_metrics
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params
 from hf_core.trainer.spawning import RoleGroups
 
@@ -239,7 +239,7 @@ class StandaloneRollouts(RolloutSource):
         """Queue the broadcast on both sides without waiting: each side takes calls in order,
         so the actor sends before any update queued later, and the pool loads the weights
         before any generation queued later.  The driver meanwhile scores the current batch."""
-        send = self.groups.actor.send_weights.remote()
+        send = self.groups.actor.sync_weights.remote()
         receive = self.pool.receive_weights.remote()
         self._syncs.append((send, receive))
         self.rollout_version = version

@@ -29,6 +29,9 @@ from hf_core.engines import NamedTensor
 SENDER = 0
 """The actor's rank 0 is rank 0 of the channel; rollout rank i is channel rank i + 1."""
 
+JOIN_TIMEOUT_S = 300.0
+"""How long either end waits for the other to join or to send (slow first syncs included)."""
+
 
 @dataclass(frozen=True)
 class ChannelAddress:
@@ -49,8 +52,8 @@ def _dtype(name: str) -> torch.dtype:
 class WeightChannel:
     """One end of the actor -> rollout broadcast group.
 
-    The sender opens the store (:meth:`open`), every rollout rank joins with the address
-    (:meth:`join`); constructing the process group waits until all ``world_size`` ends are in.
+    The sender opens the store (:meth:`listen`), every rollout rank joins with the address
+    (:meth:`connect`); constructing the process group waits until all ``world_size`` ends are in.
     """
 
     def __init__(

@@ -1,6 +1,8 @@
 """Numbers of a rollout engine's weight sync, as the trainer logs them.
 
-A rollout engine that loads weights in buckets records one :class:`SyncStats` per sync (a
+The receiving end of every sync in this package is a rollout engine's ``load_weights`` /
+``finish_weight_sync``; what it measured comes back through ``sync_metrics()``.  A rollout
+engine that loads weights in buckets records one :class:`SyncStats` per sync (a
 subclass adds what only that backend measures) and gets ``last_sync``,
 ``last_sync_seconds`` and :meth:`~hf_core.engines.RolloutEngine.sync_metrics` from
 :class:`RecordsSyncs`, so every backend reports the same ``weight_sync/`` keys.
@@ -12,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from hf_core.engines.weights import NamedTensor, tensor_nbytes
+from hf_core.engines import NamedTensor, tensor_nbytes
 
 
 @dataclass

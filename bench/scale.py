@@ -59,7 +59,7 @@ PAIRS: dict[str, list[str]] = {
     "fsdp-vllm": ["actor.backend=fsdp", "rollout.backend=vllm"],
     "megatron-vllm": [
         "actor.backend=megatron",
-        "actor.engine.tensor_parallel_size=2",
+        "actor.parallel.tp=2",
         "rollout.backend=vllm",
         "rollout.tensor_parallel_size=2",
     ],
@@ -138,6 +138,7 @@ def floor_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> di
     )
     init_gloo(rank, world, port)
     from hf_core.config import TrainerConfig, load_config
+    from hf_core.config.layout import resolve_layout
     from hf_core.plugins import get_rollout_engine
     from hf_core.roles.common import build_training_engine, rollout_engine_args
     from hf_core.trainer.batches import sampling_params
@@ -148,7 +149,7 @@ def floor_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> di
     rollout = get_rollout_engine(config.rollout.backend)(
         **rollout_engine_args(config), **config.rollout.engine
     )
-    tp = config.rollout.tensor_parallel_size
+    tp = resolve_layout(config).generation.tp
     share = PROMPTS if tp == world else PROMPTS // world
     start = 0 if tp == world else rank * share
     prompts = task_prompts(config.model.path, args.data, start, share)

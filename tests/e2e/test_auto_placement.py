@@ -19,6 +19,7 @@ import pytest
 from conftest import RECIPES
 
 from hf_core.config import TrainerConfig, load_config
+from hf_core.config.layout import TrainingLayout, resolve_layout
 from hf_core.planner import PROFILES, DeviceProfile
 from hf_core.planner.devices import GIB
 from hf_core.protocols import WorkerMesh
@@ -46,13 +47,8 @@ def _peak_gib(extra: list[str]) -> float:
 def small_device() -> DeviceProfile:
     """The ``cpu`` profile with memory between the split and the unsplit actor's needs."""
     cpu = PROFILES["cpu"]
-    unsplit = _peak_gib(
-        ["actor.engine.tensor_parallel_size=1", "actor.engine.pipeline_parallel_size=1"]
-    )
-    split = min(
-        _peak_gib(["actor.engine.tensor_parallel_size=2"]),
-        _peak_gib(["actor.engine.pipeline_parallel_size=2"]),
-    )
+    unsplit = _peak_gib(["actor.parallel.tp=1", "actor.parallel.pp=1"])
+    split = min(_peak_gib(["actor.parallel.tp=2"]), _peak_gib(["actor.parallel.pp=2"]))
     assert split < unsplit, "splitting the actor must save memory in the cost model"
     usable = (split + unsplit) / 2
     return cpu.model_copy(
@@ -90,7 +86,7 @@ def test_auto_placement_spawns_the_planned_megatron_layout(
     config = load_config(
         TrainerConfig, RECIPES / "ppo_auto.yaml", [*OVERRIDES, "placement.device=cpu-scaled"]
     )
-    assert "tensor_parallel_size" not in config.actor.engine  # the planner must choose it
+    assert "parallel" not in config.actor.model_fields_set  # the planner must choose it
     trainer = LayoutRecorder(config)
     trainer.fit()
 
@@ -103,19 +99,18 @@ def test_auto_placement_spawns_the_planned_megatron_layout(
 
     # the config the workers got carries the plan ...
     applied = trainer.applied
-    assert applied.actor.engine["tensor_parallel_size"] == tp
-    assert applied.actor.engine["pipeline_parallel_size"] == pp
+    layout = resolve_layout(applied)
+    assert layout.role("actor") == TrainingLayout(tp=tp, pp=pp)
     assert plan["engines"]["actor"] == {
         "backend": "megatron",
         "parallel_axes": ["pp", "tp"],
-        "tensor_parallel_size": tp,
-        "pipeline_parallel_size": pp,
+        "tp": tp,
+        "pp": pp,
     }
     gen_tp = actor_pool["layouts"]["actor"]["generation"]["tp"]
     assert gen_tp == 1  # the HF rollout engine declares no tensor parallelism
-    assert applied.rollout.tensor_parallel_size == gen_tp
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        assert key not in applied.critic.engine  # FSDP: data parallel only
+    assert layout.generation.tp == gen_tp
+    assert layout.role("critic") == TrainingLayout()  # FSDP: data parallel only
 
     # ... and every spawned worker runs it
     actor_meshes = trainer.spawned["actor"]

@@ -22,7 +22,7 @@ PAIRS = {
     "fsdp-hf": ["actor.backend=fsdp", "rollout.backend=hf"],
     "megatron-vllm": [
         "actor.backend=megatron",
-        "actor.engine.tensor_parallel_size=2",
+        "actor.parallel.tp=2",
         "rollout.backend=vllm",
         "rollout.tensor_parallel_size=2",
         "rollout.engine.kv_cache_bytes=268435456",

@@ -330,8 +330,11 @@ def test_staleness_needs_a_rollout_pool(tmp_path: Path) -> None:
 
 
 def test_a_standalone_pool_runs_whole_model_engines(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="tensor_parallel_size"):
-        _config(tmp_path, rollout={"tensor_parallel_size": 2})
+    from hf_core.config import ConfigError
+    from hf_core.trainer.preflight import preflight
+
+    with pytest.raises(ConfigError, match=r"whole-model rollout engine .*tensor_parallel_size"):
+        preflight(_config(tmp_path, rollout={"tensor_parallel_size": 2, "n": 2}))
 
 
 # ------------------------------------------------------------------ weight channel

@@ -293,29 +293,27 @@ def engines() -> Iterator[None]:
     plugins.reset()
 
 
-def _config(tmp_path: Path, actor: str, rollout: dict[str, Any], **actor_engine: Any) -> Any:
+def _config(
+    tmp_path: Path,
+    actor: str,
+    rollout: dict[str, Any],
+    engine: dict[str, Any] | None = None,
+    **parallel: int,
+) -> Any:
     return TrainerConfig.model_validate(
         {
             "model": {"path": str(tmp_path)},
             "reward": {"function": "digits_reverse"},
             "placement": {"processes": 4},
             "rollout": {"n": 2, **rollout},
-            "actor": {"backend": actor, "engine": actor_engine},
+            "actor": {"backend": actor, "parallel": parallel, "engine": engine or {}},
         }
     )
 
 
 @pytest.mark.usefixtures("engines")
 def test_generation_layouts_are_checked_when_the_recipe_loads(tmp_path: Path) -> None:
-    ok = _config(
-        tmp_path,
-        "mp-toy",
-        {"backend": "tp-toy", "tensor_parallel_size": 2},
-        **{
-            "tensor_parallel_size": 2,
-            "pipeline_parallel_size": 2,
-        },
-    )
+    ok = _config(tmp_path, "mp-toy", {"backend": "tp-toy", "tensor_parallel_size": 2}, tp=2, pp=2)
     preflight(ok)
     preflight(_config(tmp_path, "dp-toy", {"backend": "tp-toy", "tensor_parallel_size": 2}))
     cases = [
@@ -328,9 +326,9 @@ def test_generation_layouts_are_checked_when_the_recipe_loads(tmp_path: Path) ->
                 tmp_path,
                 "mp-toy",
                 {"backend": "tp-toy", "tensor_parallel_size": 4},
-                tensor_parallel_size=2,
+                tp=2,
             ),
-            r"rollout.tensor_parallel_size: 4 does not divide the actor's tensor_parallel_size 2",
+            r"rollout.tensor_parallel_size: 4 does not divide the actor's parallel.tp 2",
         ),
         (
             _config(tmp_path, "dp-toy", {"backend": "tp-toy", "tensor_parallel_size": 3}),
@@ -344,10 +342,40 @@ def test_generation_layouts_are_checked_when_the_recipe_loads(tmp_path: Path) ->
             _config(
                 tmp_path, "dp-toy", {"backend": "tp-toy", "engine": {"tensor_parallel_size": 2}}
             ),
-            r"rollout.engine.tensor_parallel_size: set by the trainer .*use "
-            r"rollout.tensor_parallel_size",
+            r"rollout.engine.tensor_parallel_size: the parallel layout is not an engine "
+            r"setting; use rollout.tensor_parallel_size",
+        ),
+        (
+            _config(tmp_path, "mp-toy", {}, engine={"tensor_parallel_size": 2}),
+            r"actor.engine.tensor_parallel_size: the parallel layout is not an engine setting; "
+            r"use actor.parallel.tp",
+        ),
+        (
+            _config(tmp_path, "dp-toy", {}, engine={"pipeline_parallel_size": 2}),
+            r"actor.engine.pipeline_parallel_size: .*use actor.parallel.pp",
+        ),
+        (
+            _config(tmp_path, "dp-toy", {}, tp=2),
+            r"actor.parallel.tp: 2, but the 'dp-toy' training engine cannot split a model",
         ),
     ]
     for config, message in cases:
         with pytest.raises(ConfigError, match=message):
             preflight(config)
+
+
+@pytest.mark.usefixtures("engines")
+def test_the_resolved_layout_reaches_the_engines(tmp_path: Path) -> None:
+    """Core hands each engine the sizes of the axes it declares, from ``parallel`` and
+    ``rollout.tensor_parallel_size``; a data-parallel engine gets none."""
+    from hf_core.roles.common import rollout_engine_args, training_engine_args
+
+    config = _config(tmp_path, "mp-toy", {"backend": "tp-toy", "tensor_parallel_size": 2}, tp=2)
+    args = training_engine_args(config, config.actor, head="lm", trainable=True)
+    assert (args["tensor_parallel_size"], args["pipeline_parallel_size"]) == (2, 1)
+    assert rollout_engine_args(config)["tensor_parallel_size"] == 2
+    plain = _config(tmp_path, "dp-toy", {"backend": "whole-toy"})
+    assert "tensor_parallel_size" not in training_engine_args(
+        plain, plain.actor, head="lm", trainable=True
+    )
+    assert "tensor_parallel_size" not in rollout_engine_args(plain)

@@ -1,4 +1,4 @@
-"""``placement: auto`` turns the planner's layout into engine settings the run is spawned with.
+"""``placement: auto`` turns the planner's layout into the recipe layout the run is spawned with.
 
 Toy engines are registered with the axes real backends declare (megatron: tp+pp training and
 tp rollout; FSDP / HF: data parallel only), so the constraints and the applied config are
@@ -17,7 +17,9 @@ import pytest
 
 from hf_core import plugins
 from hf_core.config import TrainerConfig, validate
+from hf_core.config.layout import TrainingLayout, resolve_layout
 from hf_core.planner import PROFILES
+from hf_core.resharding import GenerationLayout
 from hf_core.trainer.auto_placement import (
     apply_plan,
     best_plan,
@@ -67,12 +69,12 @@ def scaled_cpu(make_config: Callable[..., TrainerConfig], monkeypatch: pytest.Mo
     """A CPU profile whose memory lies halfway between what the best plan needs per device
     with the actor unsplit and split in two: only a model-parallel actor fits."""
 
-    def peak(engine: dict[str, int]) -> float:
-        chosen = best_plan(make_config(actor={"engine": engine}))
+    def peak(parallel: dict[str, int]) -> float:
+        chosen = best_plan(make_config(actor={"parallel": parallel}))
         return max(pool.peak_bytes for pool in chosen.pools)
 
-    unsplit = peak({"tensor_parallel_size": 1, "pipeline_parallel_size": 1})
-    split = min(peak({"tensor_parallel_size": 2}), peak({"pipeline_parallel_size": 2}))
+    unsplit = peak({"tp": 1, "pp": 1})
+    split = min(peak({"tp": 2}), peak({"pp": 2}))
     assert split < unsplit
     cpu = PROFILES["cpu"]
     gib = (split + unsplit) / 2 / cpu.usable_memory_fraction / 2**30
@@ -123,7 +125,7 @@ def test_constraints_follow_the_backends(make_config: Callable[..., TrainerConfi
     assert limits["actor"].tp is None and limits["actor"].generation_tp is None
 
 
-def test_planned_split_is_applied_to_the_engine_blocks(
+def test_planned_split_is_applied_to_the_recipe_layout(
     make_config: Callable[..., TrainerConfig], scaled_cpu: str, tmp_path: Path
 ) -> None:
     config = make_config(placement={"device": scaled_cpu})
@@ -133,46 +135,66 @@ def test_planned_split_is_applied_to_the_engine_blocks(
     actor = next(p for p in record["pools"] if "actor" in p["roles"])
     train = actor["layouts"]["actor"]["train"]
     assert train["tp"] * train["pp"] == 2  # the scaled device leaves no unsplit actor layout
-    engine = placed.config.actor.engine
-    assert (engine["tensor_parallel_size"], engine["pipeline_parallel_size"]) == (
+    layout = resolve_layout(placed.config)
+    assert layout.role("actor") == TrainingLayout(tp=train["tp"], pp=train["pp"])
+    assert (record["engines"]["actor"]["tp"], record["engines"]["actor"]["pp"]) == (
         train["tp"],
         train["pp"],
     )
-    assert record["engines"]["actor"]["tensor_parallel_size"] == train["tp"]
-    assert placed.config.critic is not None and placed.config.critic.engine == {}  # FSDP-like
-    assert placed.config.rollout.tensor_parallel_size == 1  # no tp in the rollout engine
+    assert layout.role("critic") == TrainingLayout()  # FSDP-like: data parallel only
+    assert placed.config.actor.engine == {}  # sizes are not engine settings
+    assert layout.generation == GenerationLayout(pp=1, tp=1)  # no tp in the rollout engine
     assert placed.config.placement.processes == actor["devices"]
     assert placed.pools == [PoolSpec(tuple(r for r in actor["roles"] if r != "reference"), 2)]
-    assert config.actor.engine == {}  # the input config is left alone
+    assert resolve_layout(config).role("actor") == TrainingLayout()  # the input is left alone
 
 
 def test_user_fixed_sizes_constrain_the_search(make_config: Callable[..., TrainerConfig]) -> None:
     """On a roomy device the planner keeps the tiny actor whole; fixed sizes override that."""
     assert _tp_pp(best_plan(make_config()), "actor") == (1, 1)
-    for engine, expected in (
-        ({"tensor_parallel_size": 2}, (2, 1)),
-        ({"pipeline_parallel_size": 2}, (1, 2)),
-        ({"tensor_parallel_size": 2, "pipeline_parallel_size": 1}, (2, 1)),
+    for parallel, expected in (
+        ({"tp": 2}, (2, 1)),
+        ({"pp": 2}, (1, 2)),
+        ({"tp": 2, "pp": 1}, (2, 1)),
     ):
-        config = make_config(actor={"engine": engine})
+        config = make_config(actor={"parallel": parallel})
         chosen = best_plan(config)
-        assert _tp_pp(chosen, "actor") == expected, engine
-        applied = apply_plan(config, chosen).actor.engine
-        assert (applied["tensor_parallel_size"], applied["pipeline_parallel_size"]) == expected
+        assert _tp_pp(chosen, "actor") == expected, parallel
+        applied = resolve_layout(apply_plan(config, chosen)).role("actor")
+        assert (applied.tp, applied.pp) == expected
+
+
+def test_planner_and_hand_written_recipes_resolve_to_the_same_layout(
+    make_config: Callable[..., TrainerConfig], scaled_cpu: str
+) -> None:
+    """A recipe stating by hand the layout the planner chose resolves to the same object as
+    the planner's applied recipe: one spelling, one reader."""
+    config = make_config(placement={"device": scaled_cpu}, rollout={"backend": "tp-toy"})
+    planned = apply_plan(config, best_plan(config))
+    by_planner = resolve_layout(planned)
+    assert by_planner.role("actor").model_parallel_size == 2  # the scaled device splits it
+    stated = {key: {"tp": sizes.tp, "pp": sizes.pp} for key, sizes in by_planner.training}
+    by_hand = make_config(
+        placement={"mode": "colocate", "processes": planned.placement.processes},
+        rollout={"backend": "tp-toy", "tensor_parallel_size": by_planner.generation.tp},
+        **{key: {"parallel": sizes} for key, sizes in stated.items()},
+    )
+    assert resolve_layout(by_hand) == by_planner
+    assert resolve_layout(make_config()) != by_planner  # the comparison can fail
 
 
 def test_generation_tp_applies_only_where_the_rollout_engine_has_tp(
     make_config: Callable[..., TrainerConfig],
 ) -> None:
     config = make_config(
-        actor={"engine": {"tensor_parallel_size": 2}},
+        actor={"parallel": {"tp": 2}},
         rollout={"backend": "tp-toy", "tensor_parallel_size": 2},
     )
-    applied = apply_plan(config, best_plan(config))
-    assert applied.rollout.tensor_parallel_size == 2
-    assert applied.actor.engine["tensor_parallel_size"] == 2
+    applied = resolve_layout(apply_plan(config, best_plan(config)))
+    assert applied.generation == GenerationLayout(pp=1, tp=2)
+    assert applied.role("actor").tp == 2
     no_tp = make_config(rollout={"tensor_parallel_size": 2})
-    with pytest.raises(ValueError, match=r"actor\.engine .*generation tp=2 is fixed"):
+    with pytest.raises(ValueError, match=r"actor\.parallel .*generation tp=2 is fixed"):
         best_plan(no_tp)
 
 
@@ -184,13 +206,13 @@ def test_tied_backends_share_one_layout(
     chosen = best_plan(config)
     assert _tp_pp(chosen, "actor") == _tp_pp(chosen, "reference")
     applied = apply_plan(config, chosen)
-    assert applied.reference is not None
-    assert applied.reference.engine == applied.actor.engine
+    layout = resolve_layout(applied)
+    assert layout.role("reference") == layout.role("actor")
 
 
 def test_impossible_requests_are_clear_errors(make_config: Callable[..., TrainerConfig]) -> None:
-    with pytest.raises(ValueError, match=r"critic\.engine .*'fsdp-toy'.*tp=2 is fixed"):
-        best_plan(make_config(critic={"engine": {"tensor_parallel_size": 2}}))
+    with pytest.raises(ValueError, match=r"critic\.parallel .*'fsdp-toy'.*tp=2 is fixed"):
+        best_plan(make_config(critic={"parallel": {"tp": 2}}))
     with pytest.raises(ValueError, match="p_g = 1"):
         best_plan(make_config(rollout={"pipeline_parallel_size": 2}))
 

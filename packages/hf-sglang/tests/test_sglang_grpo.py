@@ -95,7 +95,7 @@ def test_megatron_tp2_actor_reshards_into_sglang() -> None:
         "run.val_every=0",
         "run.output_dir=runs/grpo_megatron_sglang",
         "actor.backend=megatron",
-        "actor.engine.tensor_parallel_size=2",
+        "actor.parallel.tp=2",
         "actor.engine.micro_batch_size=4",
     ]
     config = load_config(TrainerConfig, RECIPES / "grpo.yaml", overrides)

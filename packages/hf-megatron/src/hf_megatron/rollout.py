@@ -59,11 +59,12 @@ def _groups(groups: list[tuple[int, ...]]) -> dict[tuple[int, ...], dist.Process
 
 
 def _blocks(world: int, cfg: MegatronRolloutConfig) -> list[tuple[int, ...]]:
-    """Generation TP groups of ``tensor_parallel_size`` consecutive ranks (as vLLM forms)."""
-    t_g = cfg.tensor_parallel_size
-    if world % t_g:
-        raise ValueError(f"tensor_parallel_size={t_g} must divide the world size {world}")
-    return [tuple(range(first, first + t_g)) for first in range(0, world, t_g)]
+    """Generation TP groups of the layout the trainer resolved (``tensor_parallel_size``
+    consecutive ranks, as vLLM forms them): core's grouping, not a second one here."""
+    try:
+        return GenerationLayout(pp=1, tp=cfg.tensor_parallel_size).engine_ranks(world)
+    except ValueError as exc:
+        raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size}: {exc}") from None
 
 
 class MegatronRolloutEngine(RolloutEngine):

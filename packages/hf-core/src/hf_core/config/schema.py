@@ -189,11 +189,23 @@ class RolloutConfig(_Strict):
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 
 
+class ParallelConfig(_Strict):
+    """A model role's training layout: ranks splitting one model replica.  The data-parallel
+    size is what is left of the role's pool (``processes / (tp * pp)``)."""
+
+    tp: int = Field(1, ge=1, description="tensor-parallel ranks (backends declaring 'tp')")
+    pp: int = Field(1, ge=1, description="pipeline stages (backends declaring 'pp')")
+
+
 class ModelRoleConfig(_Strict):
-    """A model role: which training backend, which weights, backend settings."""
+    """A model role: which training backend, which weights, its layout, backend settings."""
 
     backend: str = Field("fsdp", description="a registered training engine")
     model_path: AbsPath | None = Field(None, description="default: model.path")
+    parallel: ParallelConfig = Field(
+        default_factory=ParallelConfig,
+        description="training layout (tp, pp); placement.mode: auto fills what is not set",
+    )
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 
 
@@ -274,7 +286,11 @@ class TrainerConfig(_Strict):
             raise ValueError("cost.judge: a judge scores rewards only; give cost a function/model")
         if self.algorithm.kl.mode != "none" and self.reference is None:
             raise ValueError(f"algorithm.kl.mode={self.algorithm.kl.mode} needs a 'reference'")
-        self._check_standalone()
+        if self.rollout.max_staleness and self.placement.mode != "standalone":
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} needs placement.mode: "
+                "standalone (generation can only overlap training on a rollout pool of its own)"
+            )
         pools = [self.placement.processes]
         if self.placement.mode == "standalone":
             pools.append(self.placement.rollout_processes)
@@ -299,21 +315,6 @@ class TrainerConfig(_Strict):
                     f"{count} ranks * algorithm.mini_batches = {per_update} parts"
                 )
         return self
-
-    def _check_standalone(self) -> None:
-        standalone = self.placement.mode == "standalone"
-        if self.rollout.max_staleness and not standalone:
-            raise ValueError(
-                f"rollout.max_staleness={self.rollout.max_staleness} needs placement.mode: "
-                "standalone (generation can only overlap training on a rollout pool of its own)"
-            )
-        if standalone and (
-            self.rollout.tensor_parallel_size > 1 or self.rollout.pipeline_parallel_size > 1
-        ):
-            raise ValueError(
-                "placement.mode: standalone runs one whole-model rollout engine per rank: "
-                "rollout.tensor_parallel_size and pipeline_parallel_size must be 1"
-            )
 
     def role_model(self, role: ModelRoleConfig) -> Path:
         return role.model_path or self.model.path

@@ -32,6 +32,14 @@ class GenerationRank:
     tp_rank: int = 0
     tp_size: int = 1
 
+    @classmethod
+    def of(cls, layout: GenerationLayout, rank: int, world: int) -> GenerationRank:
+        """A rank's place under a resolved generation layout (``p_g = 1``: TP groups only)."""
+        if layout.pp != 1:
+            raise ValueError(f"{layout}: generation pipeline stages are not supported")
+        engine, engines, inside = layout.place(rank, world)
+        return cls(dp_rank=engine, dp_size=engines, tp_rank=inside, tp_size=layout.tp)
+
     @property
     def is_collect_rank(self) -> bool:
         """The rank whose output stands for its engine (generation TP rank 0)."""

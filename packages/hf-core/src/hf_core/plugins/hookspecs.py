@@ -30,7 +30,8 @@ def register_training_engines(register: Callable[..., None]) -> None:
     pydantic model of the engine's settings: a recipe's ``engine:`` block is validated against
     it when the recipe loads, before any process starts.  ``parallel`` names the model-parallel
     axes the engine supports (``("tp", "pp")``; empty: data parallel only); its settings then
-    hold ``tensor_parallel_size`` / ``pipeline_parallel_size``.
+    hold ``tensor_parallel_size`` / ``pipeline_parallel_size``, which core fills from the
+    role's ``parallel: {tp, pp}`` (:mod:`hf_core.config.layout`).
     """
 
 
@@ -42,7 +43,8 @@ def register_rollout_engines(register: Callable[..., None]) -> None:
     :class:`hf_core.engines.RolloutEngine`; ``config`` as for training engines.  ``parallel``
     of ``("tp",)`` says the engine forms one replica over ``tensor_parallel_size`` consecutive
     ranks and loads generation TP slices (:class:`hf_core.engines.LoadsTPSlices`); its
-    settings then take ``tensor_parallel_size``.
+    settings then take ``tensor_parallel_size``, which core fills from the run's resolved
+    ``rollout.tensor_parallel_size``.
     """
 
 

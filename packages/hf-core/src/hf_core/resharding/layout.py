@@ -145,6 +145,24 @@ class GenerationLayout:
         """``d_g = p t / (p_g t_g)``: micro-DP replicas per training DP replica."""
         return self.tp_ratio(train) * self.pp_ratio(train)
 
+    def engine_ranks(self, world: int) -> list[tuple[int, ...]]:
+        """The ranks of each rollout engine: ``p_g * t_g`` consecutive ranks (the grouping
+        vLLM's ``external_launcher`` forms), engine ``i`` at ``i * p_g * t_g``."""
+        size = self.pp * self.tp
+        if world % size:
+            raise ValueError(
+                f"{self}: an engine of p_g * t_g = {size} ranks must divide the world of {world}"
+            )
+        return [tuple(range(first, first + size)) for first in range(0, world, size)]
+
+    def place(self, rank: int, world: int) -> tuple[int, int, int]:
+        """``(engine, engines, rank inside its engine)`` of a global rank."""
+        size = self.pp * self.tp
+        self.engine_ranks(world)  # checks the sizes
+        if not 0 <= rank < world:
+            raise ValueError(f"rank must be in [0, {world}), got {rank!r}")
+        return rank // size, world // size, rank % size
+
 
 @dataclass(frozen=True)
 class Shard:

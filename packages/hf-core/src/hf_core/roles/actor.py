@@ -23,14 +23,16 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
+from hf_core.config.layout import resolve_layout
 from hf_core.engines import (
     ExportsHF,
+    GenerationRank,
     HasGenerationRank,
     RolloutEngine,
     SamplingParams,
     TrainsAdapters,
 )
-from hf_core.plugins import get_rollout_engine
+from hf_core.plugins import get_engine_parallelism, get_rollout_engine
 from hf_core.protocols import register
 from hf_core.roles.adapters import base_model, reference_is_actor_base
 from hf_core.roles.common import (
@@ -112,19 +114,29 @@ class ActorRolloutRefWorker(Worker):
         """Tell the controller how this rank is laid out, so the 3D protocols route data.
 
         Training coordinates come from the actor engine when it has model parallelism
-        (:class:`HasWorkerMesh`, e.g. megatron's TP/PP/DP); generation coordinates from a
-        rollout engine with generation parallelism (:class:`HasGenerationRank`).  Without
+        (:class:`HasWorkerMesh`, e.g. megatron's TP/PP/DP); generation coordinates from the
+        run's resolved generation layout when the rollout engine can span ranks (it declares
+        ``tp``), checked against what the engine built (:class:`HasGenerationRank`).  Without
         either, both follow plain data parallelism.
         """
         mesh = training_mesh(self.actor, self.mesh)
-        if self.rollout is not None and isinstance(self.rollout, HasGenerationRank):
-            layout = self.rollout.generation_rank()
+        backend = self.config.rollout.backend
+        if self.rollout is not None and "tp" in get_engine_parallelism("rollout", backend):
+            layout = resolve_layout(self.config).generation
+            place = GenerationRank.of(layout, self.rank, self.world_size)
+            if isinstance(self.rollout, HasGenerationRank):
+                built = self.rollout.generation_rank()
+                if built != place:
+                    raise RuntimeError(
+                        f"rank {self.rank}: the {backend!r} rollout engine formed {built}, but "
+                        f"the run's generation layout {layout} places this rank at {place}"
+                    )
             mesh = dataclasses.replace(
                 mesh,
-                gen_dp_rank=layout.dp_rank,
-                gen_dp_size=layout.dp_size,
-                gen_tp_rank=layout.tp_rank,
-                gen_tp_size=layout.tp_size,
+                gen_dp_rank=place.dp_rank,
+                gen_dp_size=place.dp_size,
+                gen_tp_rank=place.tp_rank,
+                gen_tp_size=place.tp_size,
             )
         if mesh != self.mesh:
             self.set_mesh(mesh)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from hf_core.agents.loop import AgentLoop
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
+from hf_core.config.layout import resolve_layout, training_layout
 from hf_core.engines import (
     HasWorkerMesh,
     LossFn,
@@ -52,26 +53,33 @@ def training_engine_args(
 ) -> dict[str, Any]:
     """The keys core passes to every training engine factory; the role's ``engine:`` block
     is added on top (it may override ``seed``, nothing else core sets)."""
-    return {
+    args: dict[str, Any] = {
         "model_path": str(config.role_model(role)),
         "head": head,
         "trainable": trainable,
         "seed": config.run.seed,
     }
+    layout = training_layout(role)
+    return {**args, **_layout_args("training", role.backend, layout.tp, layout.pp)}
 
 
 def rollout_engine_args(config: TrainerConfig) -> dict[str, Any]:
-    """The keys core passes to the rollout engine factory: the model, and the generation
-    layout (``tensor_parallel_size`` / ``pipeline_parallel_size``) for engines that declare
-    those axes; the ``rollout.engine`` block adds backend settings on top."""
-    rollout = config.rollout
+    """The keys core passes to the rollout engine factory: the model, and the resolved
+    generation layout for engines that declare those axes; the ``rollout.engine`` block adds
+    backend settings on top."""
+    layout = resolve_layout(config).generation
     args: dict[str, Any] = {"model_path": str(config.role_model(config.actor))}
-    axes = get_engine_parallelism("rollout", rollout.backend)
-    if "tp" in axes:
-        args["tensor_parallel_size"] = rollout.tensor_parallel_size
-    if "pp" in axes:
-        args["pipeline_parallel_size"] = rollout.pipeline_parallel_size
-    return args
+    return {**args, **_layout_args("rollout", config.rollout.backend, layout.tp, layout.pp)}
+
+
+def _layout_args(
+    kind: Literal["training", "rollout"], backend: str, tp: int, pp: int
+) -> dict[str, int]:
+    """``tensor_parallel_size`` / ``pipeline_parallel_size`` for the axes the engine declares
+    (an engine without them is data parallel: it takes neither)."""
+    axes = get_engine_parallelism(kind, backend)
+    sizes = {"tp": ("tensor_parallel_size", tp), "pp": ("pipeline_parallel_size", pp)}
+    return dict(sizes[axis] for axis in sorted(axes) if axis in sizes)
 
 
 def mini_batch_updates(

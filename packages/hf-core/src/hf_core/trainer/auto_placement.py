@@ -9,14 +9,15 @@ It proposes only layouts the chosen backends can run: each role's training engin
 model-parallel axes (:func:`hf_core.plugins.get_engine_parallelism`), so a data-parallel
 backend such as FSDP gets ``t = p = 1`` and uses all of its pool's ranks for data parallelism,
 and the rollout engine's axes decide whether the generation TP ``t_g`` may exceed 1.  A size
-the user set explicitly (``tensor_parallel_size`` / ``pipeline_parallel_size`` in a role's
-``engine`` block, ``rollout.tensor_parallel_size``) is respected: the search is constrained to
-it.  Roles on the same model-parallel backend share one ``(t, p)`` when colocated, because such
-engines (megatron-core) keep their process groups in process-wide state.
+the user set explicitly (a role's ``parallel.tp`` / ``parallel.pp``,
+``rollout.tensor_parallel_size``) is respected: the search is constrained to it.  Roles on the
+same model-parallel backend share one ``(t, p)`` when colocated, because such engines
+(megatron-core) keep their process groups in process-wide state.
 
 The result is applied, not just printed: :func:`plan_pools` returns the pools to spawn and a
-copy of the config whose engine blocks carry the plan's ``t`` / ``p`` and whose
-``rollout.tensor_parallel_size`` is the plan's ``t_g``; ``plan.json`` records both.
+copy of the config stating the plan's layout the way a hand-written recipe would (each role's
+``parallel``, ``rollout.tensor_parallel_size`` = ``t_g``), so
+:func:`hf_core.config.layout.resolve_layout` reads both the same way; ``plan.json`` records it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from rich.console import Console
 
 from hf_core.algorithms import get_estimator_traits
 from hf_core.config import ModelRoleConfig, TrainerConfig, validate
+from hf_core.config.layout import (
+    RunLayout,
+    TrainingLayout,
+    fixed_sizes,
+    model_roles,
+    resolve_layout,
+    with_layout,
+)
 from hf_core.planner import (
     Dataflow,
     Op,
@@ -46,22 +55,20 @@ from hf_core.planner import (
     set_partitions,
 )
 from hf_core.plugins import get_engine_parallelism
+from hf_core.resharding import GenerationLayout
 from hf_core.trainer.preflight import preflight
 from hf_core.trainer.spawning import PoolSpec, configured_pools, role_specs
 
 log = logging.getLogger(__name__)
 
 ROLE_KEYS = {
-    "actor": ("actor",),
-    "reference": ("reference",),
-    "critic": ("critic",),
-    "reward": ("reward", "model"),
-    "cost": ("cost", "model"),
+    "actor": "actor",
+    "reference": "reference",
+    "critic": "critic",
+    "reward": "reward.model",
+    "cost": "cost.model",
 }
-"""Where each planner role's ``ModelRoleConfig`` sits in the recipe (dotted key parts)."""
-
-SIZE_KEYS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size"}
-"""Engine-block keys of the model-parallel axes engines declare."""
+"""Where each planner role's ``ModelRoleConfig`` sits in the recipe (dotted key)."""
 
 
 @dataclass(frozen=True)
@@ -123,33 +130,15 @@ def _model_configs(config: TrainerConfig, roles: list[str]) -> dict[str, Any]:
     }
 
 
-def _fixed(block: Mapping[str, Any], key: str, where: str) -> int | None:
-    """An explicitly set parallel size, checked to be a positive integer."""
-    value = block.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}.{key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _generation_tp(config: TrainerConfig) -> int | None:
-    """``t_g`` the user fixed (``rollout.tensor_parallel_size`` or the rollout engine block)."""
-    rollout = config.rollout
-    explicit = "tensor_parallel_size" in rollout.model_fields_set
-    core = rollout.tensor_parallel_size if explicit else None
-    block = _fixed(rollout.engine, "tensor_parallel_size", "rollout.engine")
-    if core is not None and block is not None and core != block:
+def _generation_tp(config: TrainerConfig, fixed_tg: int | None) -> int | None:
+    """``t_g`` the user fixed; the planner plans generation without pipeline stages."""
+    p_g = resolve_layout(config).generation.pp
+    if p_g != 1:
         raise ValueError(
-            f"rollout.tensor_parallel_size={core} and rollout.engine.tensor_parallel_size="
-            f"{block} disagree"
+            f"rollout.pipeline_parallel_size={p_g}: placement auto plans generation without "
+            "pipeline stages (p_g = 1)"
         )
-    if rollout.pipeline_parallel_size != 1:
-        raise ValueError(
-            f"rollout.pipeline_parallel_size={rollout.pipeline_parallel_size}: placement auto "
-            "plans generation without pipeline stages (p_g = 1)"
-        )
-    return core if core is not None else block
+    return fixed_tg
 
 
 def role_parallelism(config: TrainerConfig, roles: list[str]) -> dict[str, RoleParallelism]:
@@ -160,22 +149,24 @@ def role_parallelism(config: TrainerConfig, roles: list[str]) -> dict[str, RoleP
     share their layout when colocated.
     """
     configs = role_configs(config)
+    fixed, fixed_tg = fixed_sizes(config)
     out = {}
     for role in roles:
         rc = configs[role]
-        where = ".".join(ROLE_KEYS[role]) + ".engine"
+        where = ROLE_KEYS[role] + ".parallel"
         axes = get_engine_parallelism("training", rc.backend)
         generation = frozenset[str]()
         tg = None
         if role == "actor":
             generation = get_engine_parallelism("rollout", config.rollout.backend)
-            tg = _generation_tp(config)
+            tg = _generation_tp(config, fixed_tg)
+        sizes = fixed.get(ROLE_KEYS[role], {})
         try:
             out[role] = RoleParallelism(
                 axes=axes,
                 generation_axes=generation,
-                tp=_fixed(rc.engine, SIZE_KEYS["tp"], where),
-                pp=_fixed(rc.engine, SIZE_KEYS["pp"], where),
+                tp=sizes.get("tp"),
+                pp=sizes.get("pp"),
                 generation_tp=tg,
                 shared_layout=rc.backend if axes else None,
             )
@@ -221,37 +212,24 @@ def best_plan(config: TrainerConfig) -> Plan:
     )[0]
 
 
-def engine_settings(config: TrainerConfig, chosen: Plan) -> dict[str, dict[str, Any]]:
-    """Per role (and ``rollout``) the settings the plan implies for its backend.
-
-    Only axes a backend declares get a size: a data-parallel engine takes none (it uses all
-    of its pool's ranks), a rollout engine without ``tp`` keeps ``t_g = 1``.
-    """
-    configs = role_configs(config)
-    out: dict[str, dict[str, Any]] = {}
-    for role, model in chosen.models.items():
-        axes = get_engine_parallelism("training", configs[role].backend)
-        sizes = {"tp": model.layout.tp, "pp": model.layout.pp}
-        out[role] = {SIZE_KEYS[a]: sizes[a] for a in sorted(axes)}
+def plan_layout(config: TrainerConfig, chosen: Plan) -> RunLayout:
+    """The run layout the plan implies: each role's ``(t, p)`` (a data-parallel backend only
+    ever gets ``1, 1`` from the constrained search) and the actor's ``t_g``."""
+    keys = {ROLE_KEYS[role]: model.layout for role, model in chosen.models.items()}
+    training = tuple(
+        (key, TrainingLayout(tp=keys[key].tp, pp=keys[key].pp) if key in keys else TrainingLayout())
+        for key in model_roles(config)
+    )
     actor = chosen.models["actor"]
     tg = actor.generation.tp if actor.generation is not None else 1
-    out["rollout"] = {"tensor_parallel_size": tg, "pipeline_parallel_size": 1}
-    return out
+    return RunLayout(training=training, generation=GenerationLayout(pp=1, tp=tg))
 
 
 def apply_plan(config: TrainerConfig, chosen: Plan) -> TrainerConfig:
-    """A re-validated copy of ``config`` running the plan: engine blocks carry ``t`` / ``p``,
-    ``rollout`` carries ``t_g``, ``placement.processes`` is the actor pool's size."""
-    data = config.model_dump()
-    settings = engine_settings(config, chosen)
-    for role, sizes in settings.items():
-        if role == "rollout":
-            data["rollout"].update(sizes)
-            continue
-        section = data
-        for part in ROLE_KEYS[role]:
-            section = section[part]
-        section["engine"] = {**section["engine"], **sizes}
+    """A re-validated copy of ``config`` running the plan: each role's ``parallel`` and
+    ``rollout.tensor_parallel_size`` state its layout, ``placement.processes`` is the actor
+    pool's size."""
+    data = with_layout(config.model_dump(), plan_layout(config, chosen))
     actor_pool = next(p for p in chosen.pools if "actor" in p.roles)
     data["placement"]["processes"] = actor_pool.devices
     applied = validate(TrainerConfig, data, "placement auto (the planner's layout)")
@@ -260,18 +238,28 @@ def apply_plan(config: TrainerConfig, chosen: Plan) -> TrainerConfig:
 
 
 def _plan_record(config: TrainerConfig, chosen: Plan) -> dict[str, Any]:
-    """``plan.json``: the planner's placement plus what each engine was configured with."""
+    """``plan.json``: the planner's placement plus the layout each engine runs."""
     record = plan_to_placement(chosen)
     configs = role_configs(config)
+    layout = plan_layout(config, chosen)
     engines: dict[str, Any] = {}
-    for role, sizes in engine_settings(config, chosen).items():
-        if role == "rollout":
-            backend = config.rollout.backend
-            axes = get_engine_parallelism("rollout", backend)
-        else:
-            backend = configs[role].backend
-            axes = get_engine_parallelism("training", backend)
-        engines[role] = {"backend": backend, "parallel_axes": sorted(axes), **sizes}
+    for role, rc in configs.items():
+        if role not in chosen.models:
+            continue
+        sizes = layout.role(ROLE_KEYS[role])
+        axes = get_engine_parallelism("training", rc.backend)
+        engines[role] = {
+            "backend": rc.backend,
+            "parallel_axes": sorted(axes),
+            "tp": sizes.tp,
+            "pp": sizes.pp,
+        }
+    engines["rollout"] = {
+        "backend": config.rollout.backend,
+        "parallel_axes": sorted(get_engine_parallelism("rollout", config.rollout.backend)),
+        "tensor_parallel_size": layout.generation.tp,
+        "pipeline_parallel_size": layout.generation.pp,
+    }
     record["engines"] = engines
     return record
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from hf_core.config import TrainerConfig
+from hf_core.config.layout import resolve_layout
 from hf_core.engines.capabilities import (
     DeclaresHostOverhead,
     DeclaresNodeSharedMemory,
@@ -157,9 +158,9 @@ def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[Micro
     if config.reference is not None and not lora:
         resident += _frozen_bytes(config, config.reference, spec, ranks)
     if placement.mode != "standalone":  # the rollout engine lives in this process
-        rollout = config.rollout
-        shards = rollout.tensor_parallel_size * rollout.pipeline_parallel_size
-        resident += _bytes(rollout.engine, "dtype") * spec.num_params // shards
+        generation = resolve_layout(config).generation
+        shards = generation.tp * generation.pp
+        resident += _bytes(config.rollout.engine, "dtype") * spec.num_params // shards
         while_training = rollout_overhead_bytes(config, training=True)
         resident += while_training
         rollout_growth = rollout_overhead_bytes(config) - while_training

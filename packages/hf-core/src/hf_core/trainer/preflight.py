@@ -26,6 +26,7 @@ from hf_core.algorithms import (
     get_policy_loss,
 )
 from hf_core.config import ConfigError, ModelRoleConfig, TrainerConfig, load_config, validate
+from hf_core.config.layout import RunLayout, model_roles, resolve_layout
 from hf_core.data.io import check_dataset_file
 from hf_core.engines.hf_folder import check_model_folder, check_tokenizer, read_model_config
 from hf_core.errors import CheckpointError, EngineConfigError, ModelFolderError
@@ -54,10 +55,14 @@ def preflight(config: TrainerConfig) -> None:
     _check_algorithm(config)
     _check_reward_functions(config)
     _check_agent(config)
-    checked: dict[str, Any] = {}
+    try:
+        layout = resolve_layout(config)
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration:\n  rollout: {exc}") from None
+    _check_training_layouts(config, layout)
     for key, kind, backend, block, supplied in _engine_blocks(config):
-        checked[key] = _check_engine_block(key, kind, backend, block, supplied)
-    _check_generation_layout(config, checked.get("actor"))
+        _check_engine_block(key, kind, backend, block, supplied)
+    _check_generation_layout(config, layout)
 
 
 def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
@@ -163,17 +168,32 @@ def _check_agent(config: TrainerConfig) -> None:
         raise ConfigError(f"invalid configuration:\n  agent: {exc}") from None
 
 
-def _check_generation_layout(config: TrainerConfig, actor_settings: Any) -> None:
+def _check_training_layouts(config: TrainerConfig, layout: RunLayout) -> None:
+    """A role may split its model (``parallel.tp`` / ``parallel.pp`` above 1) only over the
+    axes its training engine declares."""
+    roles = model_roles(config)
+    for key, sizes in layout.training:
+        backend = roles[key].backend
+        axes = get_engine_parallelism("training", backend)
+        for axis, size in (("tp", sizes.tp), ("pp", sizes.pp)):
+            if size > 1 and axis not in axes:
+                raise ConfigError(
+                    f"invalid configuration:\n  {key}.parallel.{axis}: {size}, but the "
+                    f"{backend!r} training engine cannot split a model over ranks ({axis}); "
+                    f"use 1 (it is data parallel over its pool), or a backend declaring {axis}"
+                )
+
+
+def _check_generation_layout(config: TrainerConfig, layout: RunLayout) -> None:
     """The rollout's generation layout ``(p_g, t_g)`` must be one the rollout engine can form
     and the 3D-HybridEngine can reshard into from the actor's layout (HybridFlow §5.4)."""
-    rollout = config.rollout
-    t_g, p_g = rollout.tensor_parallel_size, rollout.pipeline_parallel_size
-    if t_g == 1 and p_g == 1:
+    rollout, gen = config.rollout, layout.generation
+    if gen.tp == 1 and gen.pp == 1:
         return
     axes = get_engine_parallelism("rollout", rollout.backend)
     for key, size, axis in (
-        ("tensor_parallel_size", t_g, "tp"),
-        ("pipeline_parallel_size", p_g, "pp"),
+        ("tensor_parallel_size", gen.tp, "tp"),
+        ("pipeline_parallel_size", gen.pp, "pp"),
     ):
         if size > 1 and axis not in axes:
             raise ConfigError(
@@ -181,25 +201,24 @@ def _check_generation_layout(config: TrainerConfig, actor_settings: Any) -> None
                 f"{rollout.backend!r} rollout engine cannot split a model over ranks "
                 f"({axis}); use 1, or a rollout backend that loads {axis.upper()} slices"
             )
-    if config.placement.mode != "auto" and config.placement.processes % (t_g * p_g):
+    if config.placement.mode != "auto" and config.placement.processes % (gen.tp * gen.pp):
         raise ConfigError(
-            f"invalid configuration:\n  rollout.tensor_parallel_size: t_g * p_g = {t_g * p_g} "
-            f"ranks form one rollout engine; it must divide the actor's "
+            f"invalid configuration:\n  rollout.tensor_parallel_size: t_g * p_g = "
+            f"{gen.tp * gen.pp} ranks form one rollout engine; it must divide the actor's "
             f"placement.processes = {config.placement.processes}"
         )
-    if not get_engine_parallelism("training", config.actor.backend) or actor_settings is None:
+    if not get_engine_parallelism("training", config.actor.backend):
         return  # a data-parallel actor streams whole tensors: any engine shards them itself
-    t = int(getattr(actor_settings, "tensor_parallel_size", 1))
-    p = int(getattr(actor_settings, "pipeline_parallel_size", 1))
-    for key, gen, train, name in (
-        ("tensor_parallel_size", t_g, t, "t"),
-        ("pipeline_parallel_size", p_g, p, "p"),
+    train = layout.role("actor")
+    for key, size, actor_size, name, axis in (
+        ("tensor_parallel_size", gen.tp, train.tp, "t", "tp"),
+        ("pipeline_parallel_size", gen.pp, train.pp, "p", "pp"),
     ):
-        if train % gen:
+        if actor_size % size:
             raise ConfigError(
-                f"invalid configuration:\n  rollout.{key}: {gen} does not divide the actor's "
-                f"{key} {train}; the 3D-HybridEngine regroups training ranks into generation "
-                f"groups, so {name}_g must divide {name} (HybridFlow §5.4)"
+                f"invalid configuration:\n  rollout.{key}: {size} does not divide the "
+                f"actor's parallel.{axis} {actor_size}; the 3D-HybridEngine regroups training "
+                f"ranks into generation groups, so {name}_g must divide {name} (HybridFlow §5.4)"
             )
 
 
@@ -252,10 +271,25 @@ def _engine_blocks(
     yield "rollout", "rollout", config.rollout.backend, config.rollout.engine, supplied
 
 
+def _layout_key(key: str, kind: EngineKind, setting: str) -> str | None:
+    """Where a recipe states the layout an engine setting carries (``use actor.parallel.tp``)."""
+    axis = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp"}.get(setting)
+    if axis is None:
+        return None
+    return f"use {key}.{setting}" if kind == "rollout" else f"use {key}.parallel.{axis}"
+
+
 def _check_engine_block(
     key: str, kind: EngineKind, backend: str, block: dict[str, Any], supplied: dict[str, Any]
 ) -> Any:
     """The engine's validated settings (``None`` if its plugin registered no model)."""
+    for setting in sorted(block):
+        layout_key = _layout_key(key, kind, setting)
+        if layout_key is not None:  # the layout has one spelling, whatever the backend
+            raise ConfigError(
+                f"invalid configuration:\n  {key}.engine.{setting}: the parallel layout is "
+                f"not an engine setting; {layout_key}"
+            )
     try:
         model = get_engine_config(kind, backend)
     except UnknownNameError as exc:
@@ -264,14 +298,9 @@ def _check_engine_block(
         return None  # the plugin registered no settings model: the engine checks its own
     clash = sorted(set(block) & (set(supplied) - {"seed"}))
     if clash:
-        where = (
-            f"use {key}.{clash[0]}"
-            if kind == "rollout" and clash[0] in ("tensor_parallel_size", "pipeline_parallel_size")
-            else "remove it from the engine block"
-        )
         raise ConfigError(
             f"invalid configuration:\n  {key}.engine.{clash[0]}: set by the trainer for every "
-            f"{kind} engine; {where}"
+            f"{kind} engine; remove it from the engine block"
         )
     data = {**supplied, **block}  # exactly what the role worker will pass
     try:

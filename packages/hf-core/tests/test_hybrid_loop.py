@@ -138,6 +138,10 @@ def test_plan_comes_from_the_two_engines_layouts() -> None:
     whole = build_plan(actor, ToyRollout(), "naive")  # a whole-tensor engine: t_g = 1
     assert whole == build_naive_plan(layout, GenerationLayout(pp=1, tp=1))
     assert build_plan(DataParallelActor(layout, 0), SlicingRollout(2, 0, 4), "hybrid") is None
+    resolved = GenerationLayout(pp=1, tp=2)  # the run's layout agrees with the engine's
+    assert build_plan(actor, SlicingRollout(2, 1, 4), "hybrid", resolved) == plan
+    with pytest.raises(RuntimeError, match="but the run's resolved layout is"):
+        build_plan(actor, ToyRollout(), "hybrid", resolved)  # it built whole-model engines
 
 
 def test_generation_tp_that_does_not_divide_training_tp_is_refused() -> None:

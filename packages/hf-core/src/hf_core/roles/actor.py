@@ -82,6 +82,7 @@ class ActorRolloutRefWorker(Worker):
             kind=config.rollout.reshard,
             rank=self.rank,
             device=self.device,
+            generation=resolve_layout(config).generation,
         )
         """How the weights reach the rollout engine: in this process, or broadcast to a pool."""
         self.handover = MemoryHandover(self.actor, self.reference, self.rollout)

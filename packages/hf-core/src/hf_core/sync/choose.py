@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from hf_core.engines import RolloutEngine, TrainingEngine, TrainsAdapters
+from hf_core.resharding import GenerationLayout
 from hf_core.sync.broadcast import BroadcastSync
 from hf_core.sync.hybrid import HybridSync
 from hf_core.sync.lora import AdapterSync, lora_of
@@ -25,16 +26,20 @@ def weight_sync_for(
     kind: ReshardKind,
     rank: int,
     device: torch.device | None = None,
+    generation: GenerationLayout | None = None,
 ) -> WeightSync:
     """The actor's sync: :class:`BroadcastSync` to a rollout pool when ``rollout`` is
     ``None`` (it needs ``device``), :class:`AdapterSync` when the actor trains LoRA adapters,
-    else :class:`HybridSync`."""
+    else :class:`HybridSync` (its plan checked against the run's resolved ``generation``
+    layout when given)."""
     if rollout is None:
         if device is None:
             raise ValueError("a broadcast to a rollout pool needs the actor's device")
         return BroadcastSync(actor, bucket_bytes=bucket_bytes, rank=rank, device=device)
     lora = lora_of(actor)
     if lora is None:
-        return HybridSync(actor, rollout, bucket_bytes=bucket_bytes, kind=kind, rank=rank)
+        return HybridSync(
+            actor, rollout, bucket_bytes=bucket_bytes, kind=kind, rank=rank, generation=generation
+        )
     assert isinstance(actor, TrainsAdapters)
     return AdapterSync(actor, rollout, lora, bucket_bytes=bucket_bytes)

@@ -23,7 +23,7 @@ from hf_core.engines import (
     RolloutEngine,
     TrainingEngine,
 )
-from hf_core.resharding import expected_received_bytes
+from hf_core.resharding import GenerationLayout, expected_received_bytes
 from hf_core.sync.plan import ReshardKind, build_plan, check_generation_rank
 
 
@@ -39,11 +39,12 @@ class HybridSync:
         bucket_bytes: int,
         kind: ReshardKind = "hybrid",
         rank: int = 0,
+        generation: GenerationLayout | None = None,
     ) -> None:
         self.actor, self.rollout = actor, rollout
         self.bucket_bytes = bucket_bytes
         self.rank = rank
-        self.plan = build_plan(actor, rollout, kind)
+        self.plan = build_plan(actor, rollout, kind, generation)
         self.loads_slices = isinstance(rollout, LoadsTPSlices)
         if self.plan is not None:
             check_generation_rank(self.plan, rank, rollout)

@@ -31,13 +31,26 @@ def generation_layout(rollout: RolloutEngine) -> GenerationLayout:
 
 
 def build_plan(
-    actor: TrainingEngine, rollout: RolloutEngine, kind: ReshardKind
+    actor: TrainingEngine,
+    rollout: RolloutEngine,
+    kind: ReshardKind,
+    resolved: GenerationLayout | None = None,
 ) -> ReshardPlan | None:
-    """Core's reshard plan for this pair, or ``None`` when the actor is data parallel."""
+    """Core's reshard plan for this pair, or ``None`` when the actor is data parallel.
+
+    ``resolved`` is the run's generation layout (:func:`hf_core.config.layout.resolve_layout`),
+    which the rollout engine was built with; what the engine reports must agree with it.
+    ``None`` (engines driven without a recipe, in tests and benches): the engine's report."""
+    gen = generation_layout(rollout)
+    if resolved is not None and gen != resolved:
+        raise RuntimeError(
+            f"{type(rollout).__name__} formed the generation layout {gen}, but the run's "
+            f"resolved layout is {resolved}"
+        )
     if not isinstance(actor, ReshardsWeights):
         return None
     build = build_hybrid_plan if kind == "hybrid" else build_naive_plan
-    train, gen = actor.parallel_layout(), generation_layout(rollout)
+    train = actor.parallel_layout()
     try:
         return build(train, gen)
     except ValueError as exc:

@@ -7,7 +7,7 @@ calls through worker groups.
 from hf_core.roles.actor import ActorRolloutRefWorker
 from hf_core.roles.critic import CriticWorker
 from hf_core.roles.judge import JUDGE_KEYS, JudgeWorker
-from hf_core.roles.rollout import RolloutWorker
+from hf_core.roles.rollout_pool import RolloutWorker
 from hf_core.roles.scorer import ScoreModelWorker
 
 __all__ = [

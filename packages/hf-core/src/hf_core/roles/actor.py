@@ -8,8 +8,8 @@ engine into the rollout engine in buckets, in the same process, with no second f
 generates, the rollout engine's weights and KV cache are released while the model trains.
 
 With ``placement.mode: standalone`` the rollout engines live in a pool of their own
-(:mod:`hf_core.roles.rollout`); this worker then holds no rollout engine and sends its weights
-to that pool over a broadcast group instead (:mod:`hf_core.roles.standalone_sync`).
+(:mod:`hf_core.roles.rollout_pool`); this worker then holds no rollout engine and sends its
+weights to that pool over a broadcast group instead (:mod:`hf_core.roles.standalone_sync`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Each step: generate (hybrid engine) -> reference log-probs, values, reward/cost scores in
 parallel (futures) -> advantages on the driver -> critic update -> actor update -> weight sync.
-Where the samples come from is a :class:`~hf_core.trainer.rollouts.RolloutSource`: the actor's
-own rollout engine, or a standalone rollout pool that may generate the next batches while the
-actor trains (``rollout.max_staleness``, asynchronous RL).
+Where the samples come from is a :class:`~hf_core.trainer.rollout_source.RolloutSource`: the
+actor's own rollout engine, or a standalone rollout pool that may generate the next batches
+while the actor trains (``rollout.max_staleness``, asynchronous RL).
 The algorithm is chosen by configuration (advantage estimator, policy loss, KL mode), so PPO,
 GRPO, ReMax, RLOO, REINFORCE++ and Safe-RLHF are this one loop with different settings.
 
@@ -58,7 +58,7 @@ from hf_core.trainer.checkpoint import (
     save_run_checkpoint,
 )
 from hf_core.trainer.preflight import preflight
-from hf_core.trainer.rollouts import RolloutSource, rollout_source
+from hf_core.trainer.rollout_source import RolloutSource, rollout_source
 from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
 
 log = logging.getLogger(__name__)

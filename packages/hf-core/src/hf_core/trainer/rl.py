@@ -42,6 +42,7 @@ from hf_core.algorithms import (
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
+from hf_core.engines import rank_zero_row
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
@@ -73,7 +74,7 @@ def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, f
     ``rollout/*`` keys (the rollout engine's mismatch, measured in the update's forward)
     keep their own prefix, with the token-weighted mean made from the summed parts.
     """
-    row = {k: float(v) for k, v in rows[0].items()}
+    row = rank_zero_row(rows)
     out = {f"{prefix}/{k}": v for k, v in row.items() if not k.startswith("rollout/")}
     return out | mismatch_summary(row)
 

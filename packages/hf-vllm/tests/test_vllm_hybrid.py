@@ -88,7 +88,7 @@ def test_greedy_matches_hf_generate(group: WorkerGroup, prompts: Batch, models: 
     assert len({tuple(row) for row in out["responses"].tolist()}) > 40
 
 
-def test_batch_matches_hf_rollout_engine(group: WorkerGroup, prompts: Batch) -> None:
+def test_batch_matches_transformers_rollout_engine(group: WorkerGroup, prompts: Batch) -> None:
     """Same keys, shapes, dtypes, padding and masks as the reference rollout engine."""
     params = {**GREEDY, "stop_token_ids": [5, 17]}
     ours = group.generate(prompts, rollout="vllm", params=params)

@@ -174,8 +174,8 @@ def fsdp(session: nox.Session) -> None:
 def megatron(session: nox.Session) -> None:
     """hf-megatron: megatron-core TP/PP/DP engine and the 3D-HybridEngine reshard.
 
-    hf-fsdp stays: its HF rollout engine ("hf") is what a t_g = 1 reshard streams into.  Tests
-    run up to four gloo ranks in one Ray worker group.
+    hf-fsdp stays: its HF rollout engine ("transformers") is what a t_g = 1 reshard streams
+    into.  Tests run up to four gloo ranks in one Ray worker group.
     """
     _backend_session(session, _tests_of("hf-megatron"), "hf-fsdp", "hf-megatron")
 

@@ -314,7 +314,7 @@ def rollout_table_rows(
         label = f"{size} (h{shape['hidden_size']}, {shape['num_layers']} layers)"
         for (engine, threads), res in results.items():
             rate = statistics.median(res["rates"])
-            hf_rate = statistics.median(results["hf", threads]["rates"])
+            hf_rate = statistics.median(results["transformers", threads]["rates"])
             yield label, f"{params / 1e6:.2f} M", engine, threads, res, rate, hf_rate
 
 

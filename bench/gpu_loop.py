@@ -54,7 +54,11 @@ def row_overrides(row: dict[str, Any], model: Path, data: Path, out: Path, gpus:
         steps=STEPS,
         processes=gpus,
         lr="1e-6",
-        extra=[f"actor.backend={row.get('actor', 'fsdp')}", "rollout.backend=hf", *row["extra"]],
+        extra=[
+            f"actor.backend={row.get('actor', 'fsdp')}",
+            "rollout.backend=transformers",
+            *row["extra"],
+        ],
     )
 
 

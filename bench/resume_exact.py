@@ -69,7 +69,7 @@ def main() -> None:
                 "reward.function=hf_testing.signal_rewards:digit_share",
                 "actor.engine.lr=1e-5",
             ]
-            return hybridflow([*overrides(model, data, out, "fsdp-hf", "float32", "0.5B"),
+            return hybridflow([*overrides(model, data, out, "fsdp-transformers", "float32", "0.5B"),
                                *extra], out, resume=resume)  # fmt: skip
 
         straight, straight_log = run("straight", STEPS)

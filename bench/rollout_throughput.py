@@ -34,7 +34,7 @@ from _common import (
 )
 
 SECTION = "## Rollout throughput: vLLM vs HF engine (`bench/rollout_throughput.py`)"
-ENGINES = ("hf", "vllm", "vllm-compiled")
+ENGINES = ("transformers", "vllm", "vllm-compiled")
 NOTE = (
     "With 2 threads on these 2 shared cores both engines slow down several-fold and vary "
     "widely run to run (idle OpenMP workers spin between the decode loop's short parallel ops "
@@ -46,7 +46,7 @@ NOTE = (
 
 
 def _build_engine(engine: str, path: Path, threads: int):
-    if engine == "hf":
+    if engine == "transformers":
         from hf_fsdp.rollout import HFRolloutEngine
 
         hf = HFRolloutEngine({"model_path": str(path), "max_batch_size": 256})
@@ -100,7 +100,7 @@ def main() -> None:
         _child(args)
         return
 
-    engines = ["hf", "vllm", *(["vllm-compiled"] if args.compiled else [])]
+    engines = ["transformers", "vllm", *(["vllm-compiled"] if args.compiled else [])]
     rows = rollout_matrix(engines, _measure, args, "hf-rollout-bench-")
 
     lines = [
@@ -133,10 +133,10 @@ def main() -> None:
             )
             for engine in engines
         }
-        fastest = max((e for e in engines if e != "hf"), key=best.get)
+        fastest = max((e for e in engines if e != "transformers"), key=best.get)
         lines.append(
             f"Result ({size}): best vLLM ({fastest}) {best[fastest]:,.0f} tokens/s vs best HF "
-            f"{best['hf']:,.0f} tokens/s = {best[fastest] / best['hf']:.1f}x."
+            f"{best['transformers']:,.0f} tokens/s = {best[fastest] / best['transformers']:.1f}x."
         )
     lines += ["", NOTE]
     publish(SECTION, "\n".join(lines) + "\n", args.write)

@@ -4,9 +4,9 @@ Every row is the same GRPO recipe with default engine settings (2 processes x 1 
 4 prompts x 4 samples, 32 new tokens, 1 warm-up + 3 measured steps); only the model and the
 dtype change between rows.  Models: the e2e bench's 0.85M Qwen2 (vocab 1,024), a 25M Qwen2
 (vocab 1,024), the Qwen2.5-0.5B shape with 2 layers (real vocabulary 151,936) and the full
-Qwen2.5-0.5B shape (random weights, ``hf_testing.real_shapes``).  Backend pairs: FSDP -> HF,
-FSDP -> vLLM, and megatron TP=2 -> vLLM t_g=2; ``float32`` and ``bfloat16``.  Plus LoRA on the
-Qwen2.5-1.5B shape (FSDP -> HF, bfloat16).
+Qwen2.5-0.5B shape (random weights, ``hf_testing.real_shapes``).  Backend pairs: FSDP ->
+transformers, FSDP -> vLLM, and megatron TP=2 -> vLLM t_g=2; ``float32`` and ``bfloat16``.  Plus
+LoRA on the Qwen2.5-1.5B shape (FSDP -> transformers, bfloat16).
 
 Per row: seconds per stage, tokens/s, peak RSS of each process, weight-sync seconds and the
 bytes the plan moves per rank, checkpoint save and restore seconds and bytes (a second run
@@ -15,7 +15,7 @@ engines, built from the same recipe in two bare gloo processes (no Ray, no train
 ``generate`` of the step's prompts plus one ``train_step`` on the result.
 
     python bench/scale.py                                  # every row (an hour or more)
-    python bench/scale.py --sizes 0.85M,0.5B-2layers --pairs fsdp-hf --dtypes float32
+    python bench/scale.py --sizes 0.85M,0.5B-2layers --pairs fsdp-transformers --dtypes float32
     python bench/scale.py --write                          # and update bench/RESULTS.md
 """
 
@@ -55,7 +55,7 @@ LORA_DTYPE = "bfloat16"
 """In float32 the frozen weights and the HF rollout's copy estimate 10.7 GiB a process, over
 the 10.2 GiB budget two processes get on 24 GiB: the pre-start check refuses it."""
 PAIRS: dict[str, list[str]] = {
-    "fsdp-hf": ["actor.backend=fsdp", "rollout.backend=hf"],
+    "fsdp-transformers": ["actor.backend=fsdp", "rollout.backend=transformers"],
     "fsdp-vllm": ["actor.backend=fsdp", "rollout.backend=vllm"],
     "megatron-vllm": [
         "actor.backend=megatron",
@@ -67,7 +67,7 @@ PAIRS: dict[str, list[str]] = {
 DTYPE_KEYS = {  # backend -> its dtype setting
     "fsdp": "actor.engine.param_dtype",
     "megatron": "actor.engine.param_dtype",
-    "hf": "rollout.engine.dtype",
+    "transformers": "rollout.engine.dtype",
     "vllm": "rollout.engine.dtype",
 }
 STAGES = ("generate", "prepare", "advantage", "update_actor", "weight_sync")
@@ -314,7 +314,7 @@ def main() -> None:
     if args.lora_only:
         runs = []
     if not args.no_lora:
-        runs.append((LORA_SHAPE[0], "fsdp-hf", LORA_DTYPE))
+        runs.append((LORA_SHAPE[0], "fsdp-transformers", LORA_DTYPE))
     if args.table_only:
         runs = []
     results: dict[tuple[str, str, str], dict[str, Any]] = {}

@@ -37,7 +37,7 @@ from _common import (
 
 SECTION = "## SGLang rollout engine: tokens/s and weight sync (`bench/sglang_rollout.py`)"
 ENGINES = {  # name -> (registered rollout engine, settings, weight-sync transports)
-    "hf": ("hf", {"max_batch_size": 256}, [None]),
+    "transformers": ("transformers", {"max_batch_size": 256}, [None]),
     "sglang": ("sglang", {"ignore_eos": True, "device": "cpu"}, ["tensor", "distributed"]),
     "vllm": ("vllm", {"ignore_eos": True}, [None]),
 }
@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     engine = get_rollout_engine(name)(model_path=str(path), **settings)
     startup = time.perf_counter() - start
-    if args.child == "hf":
+    if args.child == "transformers":
         engine.eos_token_ids = []  # decode to max_new_tokens, like ignore_eos
     tokens, rates = measure_generate(engine, path, args)
     stream = canonical_stream(path)
@@ -149,7 +149,7 @@ def main() -> None:
         child(args)
         return
 
-    engines = ["hf", "sglang", *(["vllm"] if args.vllm_python else [])]
+    engines = ["transformers", "sglang", *(["vllm"] if args.vllm_python else [])]
     rows = rollout_matrix(engines, measure, args, "hf-sglang-bench-")
     publish(SECTION, table(rows, args), args.write)
 

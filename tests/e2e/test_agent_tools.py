@@ -37,7 +37,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("backend", [pytest.param("hf", marks=LONG), "vllm"])
+@pytest.mark.parametrize("backend", [pytest.param("transformers", marks=LONG), "vllm"])
 def test_agent_demo_runs_multi_turn_steps(
     backend: str, assets: dict[str, str], in_workdir: Path
 ) -> None:

@@ -191,7 +191,11 @@ BAD_INPUTS = [
         ("reward.function", "'bad_rewards:NOT_A_FUNCTION' is a str, not a callable"),
     ),
     # backends and engine blocks
-    Bad("rollout-backend", _grpo("rollout.backend=hff"), ("rollout.backend", "'hf'")),
+    Bad(
+        "rollout-backend",
+        _grpo("rollout.backend=transformer"),
+        ("rollout.backend", "'transformers'"),
+    ),
     Bad("training-backend", _grpo("actor.backend=fsdpp"), ("actor.backend", "'fsdp'")),
     Bad("engine-key", _grpo("actor.engine.lrr=1"), ("actor.engine.lrr: unknown key",)),
     Bad("engine-negative-lr", _grpo("actor.engine.lr=-1"), ("actor.engine.lr: got -1",)),
@@ -262,9 +266,9 @@ BAD_INPUTS = [
         ("data.batch_size * rollout.n = 32 samples must split evenly into 3 ranks",),
     ),
     Bad(
-        "hf-rollout-tp2",
+        "transformers-rollout-tp2",
         _grpo("rollout.tensor_parallel_size=2"),
-        ("rollout.tensor_parallel_size: 2", "'hf' rollout engine cannot split a model"),
+        ("rollout.tensor_parallel_size: 2", "'transformers' rollout engine cannot split a model"),
     ),
     # a run that cannot fit this machine says so before it starts
     Bad(

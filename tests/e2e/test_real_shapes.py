@@ -19,7 +19,7 @@ from hf_core.trainer import RLTrainer
 from hf_testing.real_shapes import cached_shape_model
 
 PAIRS = {
-    "fsdp-hf": ["actor.backend=fsdp", "rollout.backend=hf"],
+    "fsdp-transformers": ["actor.backend=fsdp", "rollout.backend=transformers"],
     "megatron-vllm": [
         "actor.backend=megatron",
         "actor.parallel.tp=2",
@@ -29,7 +29,7 @@ PAIRS = {
     ],
 }
 DTYPE_KEYS = {"fsdp": "actor.engine.param_dtype", "megatron": "actor.engine.param_dtype"}
-ROLLOUT_DTYPE_KEYS = {"hf": "rollout.engine.dtype", "vllm": "rollout.engine.dtype"}
+ROLLOUT_DTYPE_KEYS = {"transformers": "rollout.engine.dtype", "vllm": "rollout.engine.dtype"}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_grpo_at_a_real_vocabulary(
                 assert math.isfinite(value), f"{key} = {value} at step {row['step']}"
     mismatch = max(row["rollout/logprob_abs_diff_max"] for row in rows)
     if dtype == "float32":  # summation order only (gloo TP=2 sums in another order)
-        assert mismatch <= (1e-4 if rollout == "hf" else 1e-3)
+        assert mismatch <= (1e-4 if rollout == "transformers" else 1e-3)
         assert "actor/is_weight_mean" not in rows[-1]  # no correction needed
     else:
         assert mismatch > 1e-4  # bf16 rounding shows, and is measured

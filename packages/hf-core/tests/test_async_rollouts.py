@@ -20,9 +20,9 @@ from hf_core.roles.losses import (
     rollout_is_mode,
     rollout_is_weights,
 )
-from hf_core.roles.rollout import ROLLOUT_VERSION
+from hf_core.roles.rollout_pool import ROLLOUT_VERSION
 from hf_core.sync import WeightChannel
-from hf_core.trainer.rollouts import StandaloneRollouts
+from hf_core.trainer.rollout_source import StandaloneRollouts
 
 
 def _config(tmp_path: Path, **sections: Any) -> TrainerConfig:

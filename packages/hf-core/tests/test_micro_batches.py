@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hf_core.batch import Batch
-from hf_core.engines import combine_metric_rows, plan_micro_batches, restore_outputs
+from hf_core.engines import plan_micro_batches, restore_outputs
 from hf_core.engines.micro_batches import trim_padding
 
 
@@ -85,12 +85,6 @@ def test_outputs_come_back_in_order_and_width() -> None:
         width = m.batch["responses"].shape[1]
         assert not merged["log_probs"][m.rows, width:].any()
     assert torch.equal(merged["scores"], batch["scores"] + 1)
-
-
-def test_combine_metric_rows_means_maxima_and_sums() -> None:
-    rows = [{"a": 1.0, "x_max": 3.0, "n_sum": 2.0, "loss": 1.0}, {"a": 3.0, "x_max": 5.0}]
-    combined = combine_metric_rows([*rows, {"n_sum": 4.0, "loss": 2.0}], sums=("loss",))
-    assert combined == {"a": 2.0, "x_max": 5.0, "n_sum": 6.0, "loss": 3.0}
 
 
 def test_prompt_groups_stay_in_one_micro_batch_where_they_fit() -> None:

@@ -188,7 +188,7 @@ def test_judge_prompt_and_score_parsing() -> None:
 def test_judge_config_is_checked() -> None:
     base = {"model": {"path": "/m"}}
     config = TrainerConfig.model_validate({**base, "reward": {"judge": {"model_path": "/j"}}})
-    assert config.reward.judge is not None and config.reward.judge.backend == "hf"
+    assert config.reward.judge is not None and config.reward.judge.backend == "transformers"
     with pytest.raises(ValueError, match="not both"):
         TrainerConfig.model_validate(
             {**base, "reward": {"judge": {"model_path": "/j"}, "model": {"backend": "fsdp"}}}

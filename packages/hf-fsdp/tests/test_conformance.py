@@ -1,4 +1,4 @@
-"""The backend conformance kit for the "fsdp" training engine and the "hf" rollout engine."""
+"""The backend conformance kit: the "fsdp" training engine and the "transformers" rollout engine."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class TestFSDPConformance(TrainingEngineConformance):
 
 
 class TestHFRolloutConformance(RolloutEngineConformance):
-    engine = "hf"
+    engine = "transformers"
     # the kit's references are float32 transformers forwards; the engine's default dtype,
     # auto, is bfloat16 on CPUs that compute it (tests/test_fsdp_config.py checks that)
     engine_config: ClassVar[dict[str, Any]] = {"dtype": "float32"}

@@ -100,10 +100,13 @@ def test_plugin_registers_both_engines() -> None:
 
     plugins.reset()
     assert plugins.get_training_engine("fsdp") is create_training_engine
-    assert plugins.get_rollout_engine("hf") is create_rollout_engine
+    assert plugins.get_rollout_engine("transformers") is create_rollout_engine
     info = {b.plugin: b for b in plugins.list_backends()}["fsdp"]
     assert info.distribution == "hf-fsdp"
-    assert info.training_engines == ["fsdp"] and info.rollout_engines == ["hf"]
+    assert info.training_engines == ["fsdp"] and info.rollout_engines == ["transformers"]
+    # the engine's old name is not an alias: the registry's usual error names what exists
+    with pytest.raises(KeyError, match=r"unknown rollout engine 'hf'; available: .*transformers"):
+        plugins.get_rollout_engine("hf")
 
 
 def test_plugin_factory_validates_config() -> None:

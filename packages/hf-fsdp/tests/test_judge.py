@@ -69,7 +69,7 @@ def test_judge_scores_through_the_hf_engine(judge_folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(judge_folder)
-    engine = get_rollout_engine("hf")(model_path=str(judge_folder))
+    engine = get_rollout_engine("transformers")(model_path=str(judge_folder))
     judge = GenerativeJudge(
         engine,
         tokenizer,

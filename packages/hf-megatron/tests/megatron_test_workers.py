@@ -140,7 +140,7 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
         source = self.engines[engine]
         plan = source.reshard_plan(gen_tp=t_g, kind=kind)
         if t_g == 1:
-            rollout = get_rollout_engine("hf")(model_path=model_path, dtype="float32")
+            rollout = get_rollout_engine("transformers")(model_path=model_path, dtype="float32")
         else:
             rollout = get_rollout_engine("megatron")(
                 model_path=model_path, padded_vocab_size=source.padded_vocab, plan=plan

@@ -38,7 +38,7 @@ ACTOR = {"lr": 1e-2, "eps": 1e-6, "micro_batch_size": 8, "grad_clip": 1.0}
 def group(models: dict[str, Path]) -> Iterator[WorkerGroup]:
     from vllm_test_workers import hybrid_group
 
-    with hybrid_group("vllm_dp2", models[MODEL], ACTOR, {}, hf=True) as workers:
+    with hybrid_group("vllm_dp2", models[MODEL], ACTOR, {}, transformers=True) as workers:
         yield workers
 
 
@@ -88,11 +88,11 @@ def test_greedy_matches_hf_generate(group: WorkerGroup, prompts: Batch, models: 
     assert len({tuple(row) for row in out["responses"].tolist()}) > 40
 
 
-def test_batch_matches_hf_rollout_engine(group: WorkerGroup, prompts: Batch) -> None:
+def test_batch_matches_transformers_rollout_engine(group: WorkerGroup, prompts: Batch) -> None:
     """Same keys, shapes, dtypes, padding and masks as the reference rollout engine."""
     params = {**GREEDY, "stop_token_ids": [5, 17]}
     ours = group.generate(prompts, rollout="vllm", params=params)
-    ref = group.generate(prompts, rollout="hf", params=params)
+    ref = group.generate(prompts, rollout="transformers", params=params)
     assert sorted(ours.keys()) == sorted(ref.keys())
     for key in ref.keys():
         assert ours[key].shape == ref[key].shape, key
@@ -192,10 +192,11 @@ def test_half_sent_fused_layer_is_refused_and_loads_nothing(
 
     # A complete sync afterwards works: vLLM and the HF engine, both synced, agree again.
     group.sync(bucket_bytes=1 << 20)
-    group.sync(bucket_bytes=1 << 20, rollout="hf")
+    group.sync(bucket_bytes=1 << 20, rollout="transformers")
     ours = group.generate(prompts, rollout="vllm", params=GREEDY)
     assert torch.equal(
-        ours["responses"], group.generate(prompts, rollout="hf", params=GREEDY)["responses"]
+        ours["responses"],
+        group.generate(prompts, rollout="transformers", params=GREEDY)["responses"],
     )
     assert not torch.equal(ours["responses"], perturbed["responses"])
 

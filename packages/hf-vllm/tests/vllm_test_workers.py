@@ -49,19 +49,25 @@ def perturbed(stream: Iterator[list[NamedTensor]], scale: float) -> Iterator[lis
 
 @contextmanager
 def hybrid_group(
-    name: str, model_path: Path, actor: dict[str, Any], vllm: dict[str, Any], hf: bool = False
+    name: str,
+    model_path: Path,
+    actor: dict[str, Any],
+    vllm: dict[str, Any],
+    transformers: bool = False,
 ) -> Iterator[Any]:
     """Two ranks of :class:`HybridWorker`, each with an FSDP actor (``actor`` settings), the
     vLLM engine (``vllm`` settings; ``group.info`` holds what ``build_vllm`` reported) and,
-    with ``hf``, the HF rollout engine, all on ``model_path``."""
+    with ``transformers``, the HF-transformers rollout engine, all on ``model_path``."""
     from hf_core.runtime import ResourcePool, spawn
 
     pool = ResourcePool([2], name=name)
     workers = spawn(pool, {"hybrid": HybridWorker})["hybrid"]
     path = str(model_path)
     workers.build_actor({"model_path": path, **actor})
-    if hf:
-        workers.build_hf({"model_path": path, "dtype": "float32"})  # vLLM runs float32 here
+    if transformers:
+        workers.build_transformers(
+            {"model_path": path, "dtype": "float32"}
+        )  # vLLM runs float32 here
     workers.info = workers.build_vllm({"model_path": path, **vllm})
     try:
         yield workers
@@ -125,10 +131,10 @@ class HybridWorker(Worker):
         }
 
     @register("ONE_TO_ALL")
-    def build_hf(self, config: dict[str, Any]) -> None:
+    def build_transformers(self, config: dict[str, Any]) -> None:
         from hf_fsdp.rollout import HFRolloutEngine
 
-        self.rollouts["hf"] = HFRolloutEngine(config)
+        self.rollouts["transformers"] = HFRolloutEngine(config)
 
     # --------------------------------------------------------------- generation
     @register("DP_PROTO")

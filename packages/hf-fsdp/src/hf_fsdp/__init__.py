@@ -1,7 +1,7 @@
 """HybridFlow's FSDP2 training engine and HF-transformers rollout engine.
 
-Engines are built by name through the plugin registry (``fsdp``, ``hf``), so importing this
-package imports nothing heavy.  Where things are:
+Engines are built by name through the plugin registry (``fsdp``, ``transformers``), so importing
+this package imports nothing heavy.  Where things are:
 
 - ``hf_fsdp.engine.FSDPEngine`` and ``hf_fsdp.config.FSDPEngineConfig``: the training engine;
 - ``hf_fsdp.rollout.HFRolloutEngine`` and ``hf_fsdp.config.HFRolloutConfig``: the rollout engine;

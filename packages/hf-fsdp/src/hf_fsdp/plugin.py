@@ -1,4 +1,4 @@
-"""HybridFlow plugin: registers the "fsdp" training engine and the "hf" rollout engine.
+"""HybridFlow plugin: registers the "fsdp" training engine and the "transformers" rollout engine.
 
 Loaded through the ``hybridflow.backends`` entry point.  Importing this module is cheap: the
 factories import torch.distributed / transformers only when an engine is built.
@@ -22,4 +22,4 @@ def register_training_engines(register: Callable[..., None]) -> None:
 
 @hookimpl
 def register_rollout_engines(register: Callable[..., None]) -> None:
-    register("hf", create_rollout_engine, config="hf_fsdp.config:HFRolloutConfig")
+    register("transformers", create_rollout_engine, config="hf_fsdp.config:HFRolloutConfig")

@@ -157,7 +157,7 @@ class AlgorithmConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    backend: str = Field("hf", description="a registered rollout engine")
+    backend: str = Field("transformers", description="a registered rollout engine")
     n: int = Field(1, ge=1, description="samples per prompt (GRPO/RLOO groups)")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -218,7 +218,7 @@ class JudgeConfig(_Strict):
     """A generative judge: a model on a rollout engine scoring responses through a prompt."""
 
     model_path: AbsPath = Field(description="the judge model (a local HF folder)")
-    backend: str = Field("hf", description="a registered rollout engine serving the judge")
+    backend: str = Field("transformers", description="a registered rollout engine for the judge")
     template: str | None = Field(
         None,
         description="judge prompt with {prompt}, {response}, {ground_truth} "

@@ -32,7 +32,7 @@ from hf_core.engines.hf_folder import (
     weight_files,
 )
 from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
-from hf_core.engines.metric_rows import combine_metric_rows
+from hf_core.engines.metric_rows import combine_metric_rows, rank_zero_row, worst_rank
 from hf_core.engines.micro_batches import MicroBatch, plan_micro_batches, restore_outputs
 from hf_core.engines.process_state import preserve_process_state
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
@@ -90,6 +90,7 @@ __all__ = [
     "pack_responses",
     "plan_micro_batches",
     "preserve_process_state",
+    "rank_zero_row",
     "restore_outputs",
     "save_hf_folder",
     "select_tokens",
@@ -99,5 +100,6 @@ __all__ = [
     "to_dtype",
     "token_ids",
     "weight_files",
+    "worst_rank",
     "write_peft_folder",
 ]

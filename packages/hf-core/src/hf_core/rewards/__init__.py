@@ -14,7 +14,7 @@ Built-ins (registered when this package is imported): ``digits_reverse`` and ``d
 (:mod:`hf_core.rewards.math_answers`, needs ``hf-core[math]``); the format checks
 ``format_gsm8k``, ``format_boxed`` and ``format_think`` (:mod:`hf_core.rewards.format`).  A
 generative judge (a model scoring responses through a prompt) is a role, not a function: see
-:mod:`hf_core.roles.judge`.
+:mod:`hf_core.roles.judge_worker`.
 """
 
 from hf_core.rewards import builtin as _builtin  # noqa: F401  (registers the built-ins)

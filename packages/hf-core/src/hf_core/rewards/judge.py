@@ -5,7 +5,8 @@
 
 It has the batched reward-function signature, so :class:`~hf_core.rewards.RuleReward` can
 decode a batch's responses and check the scores; the trainer runs it in a role worker
-(:class:`hf_core.roles.judge.JudgeWorker`, ``reward.judge`` in a recipe) that owns the engine.
+(:class:`hf_core.roles.judge_worker.JudgeWorker`, ``reward.judge`` in a recipe) that owns the
+engine.
 
 For each sample the template's ``{prompt}``, ``{response}`` and ``{ground_truth}`` are replaced
 (no other braces are read, so LaTeX stays as written), the text is rendered with the judge

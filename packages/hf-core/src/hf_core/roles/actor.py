@@ -8,10 +8,10 @@ engine into the rollout engine in buckets, in the same process, with no second f
 generates, the rollout engine's weights and KV cache are released while the model trains.
 
 With ``placement.mode: standalone`` the rollout engines live in a pool of their own
-(:mod:`hf_core.roles.rollout`); this worker then holds no rollout engine and sends its weights
-to that pool over a broadcast group instead (:mod:`hf_core.sync.broadcast`).  Either way the
-worker holds one :class:`~hf_core.sync.WeightSync`, chosen at init (in-process, LoRA adapters
-only, or broadcast), and the trainer calls one method for it: :meth:`sync_weights`.
+(:mod:`hf_core.roles.rollout_pool`); this worker then holds no rollout engine and sends its
+weights to that pool over a broadcast group instead (:mod:`hf_core.sync.broadcast`).  Either
+way the worker holds one :class:`~hf_core.sync.WeightSync`, chosen at init (in-process, LoRA
+adapters only, or broadcast), and the trainer calls one method for it: :meth:`sync_weights`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from hf_core.device import reset_stage_peak, stage_peak_gib
-from hf_core.engines import Offloadable, RolloutEngine, TrainingEngine
+from hf_core.engines import Offloadable, RolloutEngine, TrainingEngine, worst_rank
 
 Phase = Literal["training", "generation"]
 
@@ -110,14 +110,15 @@ def handover_metrics(logs: list[dict[str, object]]) -> dict[str, float]:
     """Per-step metrics from every rank's log: bytes per engine and action
     (``handover/<engine>_<action>_bytes``, the largest rank's) and
     ``memory/<stage>_peak_gib`` (the largest rank's)."""
-    out: dict[str, float] = {}
-    for log in logs:
-        per_rank: dict[str, float] = {}
-        for event in log["events"]:  # type: ignore[attr-defined]
-            key = f"handover/{event['engine']}_{event['action']}_bytes"
-            per_rank[key] = per_rank.get(key, 0.0) + float(event["bytes"])
-        for stage, peak in log["stage_peaks_gib"].items():  # type: ignore[attr-defined]
-            per_rank[f"memory/{stage}_peak_gib"] = float(peak)
-        for key, value in per_rank.items():
-            out[key] = max(out.get(key, 0.0), value)
-    return out
+    return worst_rank(_rank_metrics(log) for log in logs)
+
+
+def _rank_metrics(log: dict[str, object]) -> dict[str, float]:
+    """One rank's log as a metric row: bytes summed per engine and action, stage peaks."""
+    row: dict[str, float] = {}
+    for event in log["events"]:  # type: ignore[attr-defined]
+        key = f"handover/{event['engine']}_{event['action']}_bytes"
+        row[key] = row.get(key, 0.0) + float(event["bytes"])
+    for stage, peak in log["stage_peaks_gib"].items():  # type: ignore[attr-defined]
+        row[f"memory/{stage}_peak_gib"] = float(peak)
+    return row

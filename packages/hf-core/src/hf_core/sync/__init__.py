@@ -17,9 +17,8 @@ from hf_core.sync.hybrid import HybridSync
 from hf_core.sync.lora import AdapterSync, lora_of
 from hf_core.sync.plan import ReshardKind, build_plan, generation_layout
 from hf_core.sync.protocol import WeightSync
-from hf_core.sync.rank_metrics import merge_rank_metrics
 from hf_core.sync.receiver import BroadcastReceiver
-from hf_core.sync.stats import RecordsSyncs, SyncStats
+from hf_core.sync.stats import RecordsSyncs, SyncStats, merge_rank_metrics
 
 __all__ = [
     "AdapterSync",

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from hf_core.engines import NamedTensor, tensor_nbytes
+from hf_core.engines import NamedTensor, tensor_nbytes, worst_rank
 
 
 @dataclass
@@ -69,3 +69,9 @@ class RecordsSyncs:
     def sync_metrics(self) -> dict[str, float]:
         """The last sync's numbers under ``weight_sync/`` keys, for the trainer's log."""
         return self.last_sync.as_metrics() if self.last_sync else {}
+
+
+def merge_rank_metrics(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One log row from every rank's sync metrics (:func:`hf_core.engines.worst_rank`): the
+    worst rank's bytes and seconds, and zero redundancy only if it held on every rank."""
+    return worst_rank(rows, lowest=("reshard/zero_redundancy",))

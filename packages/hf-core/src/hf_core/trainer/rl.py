@@ -2,9 +2,9 @@
 
 Each step: generate (hybrid engine) -> reference log-probs, values, reward/cost scores in
 parallel (futures) -> advantages on the driver -> critic update -> actor update -> weight sync.
-Where the samples come from is a :class:`~hf_core.trainer.rollouts.RolloutSource`: the actor's
-own rollout engine, or a standalone rollout pool that may generate the next batches while the
-actor trains (``rollout.max_staleness``, asynchronous RL).
+Where the samples come from is a :class:`~hf_core.trainer.rollout_source.RolloutSource`: the
+actor's own rollout engine, or a standalone rollout pool that may generate the next batches
+while the actor trains (``rollout.max_staleness``, asynchronous RL).
 The algorithm is chosen by configuration (advantage estimator, policy loss, KL mode), so PPO,
 GRPO, ReMax, RLOO, REINFORCE++ and Safe-RLHF are this one loop with different settings.
 
@@ -42,6 +42,7 @@ from hf_core.algorithms import (
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
+from hf_core.engines import rank_zero_row
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
@@ -58,7 +59,7 @@ from hf_core.trainer.checkpoint import (
     save_run_checkpoint,
 )
 from hf_core.trainer.preflight import preflight
-from hf_core.trainer.rollouts import RolloutSource, rollout_source
+from hf_core.trainer.rollout_source import RolloutSource, rollout_source
 from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, f
     ``rollout/*`` keys (the rollout engine's mismatch, measured in the update's forward)
     keep their own prefix, with the token-weighted mean made from the summed parts.
     """
-    row = {k: float(v) for k, v in rows[0].items()}
+    row = rank_zero_row(rows)
     out = {f"{prefix}/{k}": v for k, v in row.items() if not k.startswith("rollout/")}
     return out | mismatch_summary(row)
 

@@ -30,7 +30,7 @@ from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import PromptLoader
 from hf_core.engines import SamplingParams
-from hf_core.roles.rollout import ROLLOUT_VERSION
+from hf_core.roles.rollout_pool import ROLLOUT_VERSION
 from hf_core.runtime import GroupFuture, WorkerError, WorkerLostError
 from hf_core.sync import merge_rank_metrics
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params

@@ -1,8 +1,8 @@
 """The judge worker: a generative judge's rollout engine in its own role (``reward.judge``).
 
-Like :class:`~hf_core.roles.scorer.ScoreModelWorker` for a reward model, each rank owns one
-engine (any registered rollout backend) and scores its shard of the batch; the trainer adds the
-``reward_scores`` it returns to the rule-based reward.  The policy tokenizer decodes the
+Like :class:`~hf_core.roles.score_model_worker.ScoreModelWorker` for a reward model, each rank
+owns one engine (any registered rollout backend) and scores its shard of the batch; the trainer
+adds the ``reward_scores`` it returns to the rule-based reward.  The policy tokenizer decodes the
 responses, the judge's own tokenizer encodes the judge prompts.
 """
 

@@ -111,14 +111,8 @@ def _dataflow(config: TrainerConfig, roles: list[str]) -> Dataflow:
 
 def role_configs(config: TrainerConfig) -> dict[str, ModelRoleConfig]:
     """Each model role the config uses, by planner role name."""
-    found: dict[str, ModelRoleConfig | None] = {
-        "actor": config.actor,
-        "reference": config.reference,
-        "critic": config.critic,
-        "reward": config.reward.model,
-        "cost": config.cost.model if config.cost is not None else None,
-    }
-    return {role: rc for role, rc in found.items() if rc is not None}
+    roles = model_roles(config)
+    return {role: roles[key] for role, key in ROLE_KEYS.items() if key in roles}
 
 
 def _model_configs(config: TrainerConfig, roles: list[str]) -> dict[str, Any]:

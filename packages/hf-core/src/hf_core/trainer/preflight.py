@@ -59,9 +59,9 @@ def preflight(config: TrainerConfig) -> None:
         layout = resolve_layout(config)
     except ValueError as exc:
         raise ConfigError(f"invalid configuration:\n  rollout: {exc}") from None
-    _check_training_layouts(config, layout)
     for key, kind, backend, block, supplied in _engine_blocks(config):
         _check_engine_block(key, kind, backend, block, supplied)
+    _check_training_layouts(config, layout)  # every backend name is known by now
     _check_generation_layout(config, layout)
 
 
@@ -262,7 +262,10 @@ def _engine_blocks(
     ]
     for key, role, head, trainable in training:
         if role is not None:
-            supplied = training_engine_args(config, role, head=head, trainable=trainable)
+            try:
+                supplied = training_engine_args(config, role, head=head, trainable=trainable)
+            except UnknownNameError as exc:
+                raise ConfigError(f"invalid configuration:\n  {key}.backend: {exc}") from None
             yield key, "training", role.backend, role.engine, supplied
     try:
         supplied = rollout_engine_args(config)

@@ -56,6 +56,7 @@ from hf_core.trainer.checkpoint import (
     folder_bytes,
     latest_checkpoint,
     load_trainer_state,
+    remove_partial_checkpoints,
     save_run_checkpoint,
 )
 from hf_core.trainer.preflight import preflight
@@ -187,6 +188,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ run
     def fit(self) -> RunSummary:
         self._seed()
+        remove_partial_checkpoints(self.output_dir)  # a failed or killed save's leftovers
         placed = place_roles(self.config, self.output_dir)  # auto: the planner's pools, layouts
         self.config = cfg = placed.config
         with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):

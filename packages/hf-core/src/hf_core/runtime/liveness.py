@@ -23,6 +23,21 @@ from hf_core.worker import StaleMeshError
 _POLL_S = 0.2
 
 
+def kernel_oom_kills() -> int:
+    """Processes the kernel's out-of-memory killer (or a memory cgroup's) has ended on this
+    host since boot (``/proc/vmstat``); -1 where the counter cannot be read.  A worker that
+    died while it rose is reported as out of memory (this host's workers: a single-node run,
+    or the driver's node of a larger one)."""
+    try:
+        with open("/proc/vmstat") as stats:
+            for line in stats:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
 class Liveness:
     """Failure detection for the host actors of one spawn (``actors[rank]``)."""
 
@@ -58,14 +73,20 @@ class Liveness:
         """
         if self.broken:
             raise GroupBrokenError(f"worker group {self.name!r} is broken: {self.broken}")
+        oom_kills = kernel_oom_kills()
         try:
             return self._wait(refs, ranks, role, method, silence_s)
         except WorkerLostError as exc:
             if exc.stacks_dir is not None:
                 raise
+            died = exc.reason.startswith("process died")
+            out_of_memory = exc.out_of_memory or (died and kernel_oom_kills() > oom_kills)
+            reason = exc.reason
+            if out_of_memory and not exc.out_of_memory:
+                reason = f"killed by the kernel's out-of-memory killer ({reason})"
             self.dump_stacks(f"rank {exc.rank} ({exc.role}) lost during {exc.method!r}")
             raise WorkerLostError(
-                exc.role, exc.rank, exc.method, exc.reason, self.stacks_dir
+                exc.role, exc.rank, exc.method, reason, self.stacks_dir, out_of_memory
             ) from None
 
     def _wait(

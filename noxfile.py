@@ -315,6 +315,17 @@ def bench_async(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def soak(session: nox.Session) -> None:
+    """The demo workload for 3,000 steps with a checkpoint every 100 (not in the default
+    matrix: ~20 minutes), every process's memory, descriptors and threads sampled and checked
+    flat after the warm-up: ``nox -s soak -- --write`` records it in faults/RESULTS.md.  The
+    e2e session runs a short version."""
+    _install_base(session)
+    session.install(*_constraints(), *_editable("hf-fsdp"))
+    session.run("python", str(ROOT / "faults" / "soak.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def faults(session: nox.Session) -> None:
     """Fault-injection trials on short GRPO runs (not in the default matrix: minutes per trial).
 

@@ -7,6 +7,9 @@ a private Ray instance per trial), ``--trials N`` times:
                from its latest checkpoint) and finish;
 * ``freeze``   SIGSTOP one worker process: reported within ``cluster.failure_timeout_s`` with
                stacks dumped, then healed as above;
+* ``freeze-stop`` the same with ``run.max_restarts=0``: the run must end within
+               ``cluster.failure_timeout_s`` + 5 s of the freeze, stacks dumped; ``--resume``
+               then finishes it;
 * ``sigint``   Ctrl-C (SIGINT to the driver's whole process group, as a terminal sends it):
                the driver must exit promptly; ``--resume`` then finishes the run;
 * ``save-kill`` SIGKILL the whole run while a checkpoint is being written: ``--resume`` must
@@ -43,8 +46,10 @@ from hf_testing.ray_nodes import marked_processes
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "grpo.yaml"
 MARKER = "HF_FAULT_TRIAL"
-KINDS = ("kill", "freeze", "sigint", "save-kill")
+KINDS = ("kill", "freeze", "freeze-stop", "sigint", "save-kill")
 FAILURE_TIMEOUT_S = 10
+STOP_MARGIN_S = 5.0
+"""A frozen worker with no restarts left must end the run this soon after the timeout."""
 
 
 @dataclasses.dataclass
@@ -68,6 +73,7 @@ class Trial:
     deadline_s: float
     token: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     ray_dirs: list[str] = dataclasses.field(default_factory=list)
+    max_restarts: int = 1
 
     @property
     def out(self) -> Path:
@@ -85,7 +91,7 @@ class Trial:
             f"run.output_dir={self.out}",
             f"run.total_steps={self.steps}",
             "run.save_every=2",
-            "run.max_restarts=1",
+            f"run.max_restarts={self.max_restarts}",
             "run.val_every=0",
             "run.progress=false",
             "rollout.max_new_tokens=4",
@@ -203,6 +209,37 @@ def run_freeze(trial: Trial, outcome: Outcome) -> None:
     _heal(trial, outcome, signal.SIGSTOP)
 
 
+def run_freeze_stop(trial: Trial, outcome: Outcome) -> None:
+    """SIGSTOP one worker after step 3 with no restarts allowed: the run must end (failed,
+    stacks dumped) within the failure timeout + STOP_MARGIN_S of the freeze; --resume then
+    finishes it."""
+    trial.max_restarts = 0
+    proc = trial.start()
+    if not trial.wait_for(_reached(trial, 3), proc, 0.2) or not trial.workers():
+        outcome.note = "run ended before the fault"
+        outcome.hang = not trial.finish(proc)
+        return
+    _signal(trial.workers()[-1], signal.SIGSTOP)
+    frozen = time.monotonic()
+    outcome.hang = not trial.finish(proc)
+    ended = time.monotonic() - frozen
+    bound = FAILURE_TIMEOUT_S + STOP_MARGIN_S
+    stacks = any((trial.out / "stacks").glob("*.txt"))
+    outcome.note = f"ended {ended:.1f} s after the freeze (bound {bound:.0f} s)"
+    if not stacks:
+        outcome.note += "; no stacks dumped"
+    outcome.leftovers += trial.leftovers()
+    resumed = trial.start(resume=True)
+    outcome.hang |= not trial.finish(resumed)
+    outcome.ok = (
+        not outcome.hang
+        and proc.returncode != 0
+        and stacks
+        and ended <= bound
+        and resumed.returncode == 0
+    )
+
+
 def run_sigint(trial: Trial, outcome: Outcome) -> None:
     """Ctrl-C after step 3: the driver must exit within 60 s; --resume finishes the run."""
     proc = trial.start()
@@ -244,6 +281,7 @@ def run_save_kill(trial: Trial, outcome: Outcome) -> None:
 RUNNERS: dict[str, Callable[[Trial, Outcome], None]] = {
     "kill": run_kill,
     "freeze": run_freeze,
+    "freeze-stop": run_freeze_stop,
     "sigint": run_sigint,
     "save-kill": run_save_kill,
 }
@@ -280,7 +318,7 @@ def run_trial(kind: str, workdir: Path, steps: int, deadline_s: float) -> Outcom
 
 
 def table(outcomes: list[Outcome]) -> str:
-    head = f"{'fault':<10} {'trials':>6} {'ok':>4} {'hangs':>6} {'leftover procs':>14} "
+    head = f"{'fault':<12} {'trials':>6} {'ok':>4} {'hangs':>6} {'leftover procs':>14} "
     head += f"{'lost steps':>10} {'redone steps':>12} {'mean s':>7}"
     rows = [head, "-" * len(head)]
     for kind in KINDS:
@@ -288,7 +326,7 @@ def table(outcomes: list[Outcome]) -> str:
         if not mine:
             continue
         rows.append(
-            f"{kind:<10} {len(mine):>6} {sum(o.ok for o in mine):>4} "
+            f"{kind:<12} {len(mine):>6} {sum(o.ok for o in mine):>4} "
             f"{sum(o.hang for o in mine):>6} {sum(o.leftovers for o in mine):>14} "
             f"{sum(o.lost_steps for o in mine):>10} {sum(o.redone_steps for o in mine):>12} "
             f"{sum(o.seconds for o in mine) / len(mine):>7.0f}"

@@ -200,6 +200,79 @@ def test_other_errors_are_not_retried(
     assert trainer.restarts == []
 
 
+def test_an_out_of_memory_loss_is_not_restarted_and_says_what_to_lower(
+    in_workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    oom = WorkerLostError("actor", 1, "update_actor", "killed (oom)", out_of_memory=True)
+    trainer, events = _policy_trainer(in_workdir, monkeypatch, [oom, "done"], "run.max_restarts=2")
+    trainer._last_metrics = {"memory/update_actor_peak_gib": 3.25}
+    with pytest.raises(WorkerLostError) as info:
+        trainer._fit_with_restarts([])
+    assert events == ["spawn", "attempt resume=False step=0", "shutdown"]  # no restart
+    assert trainer.restarts == [] and info.value.out_of_memory
+    text = str(info.value)
+    assert "out of memory in 'update_actor'" in text and "3.25 GiB" in text
+    assert "Not restarted" in text and "actor.engine.micro_batch_size" in text
+
+
+class CapMemoryAfterStep(threading.Thread):
+    """Moves one worker into a memory cgroup capped just above what it holds once
+    metrics.jsonl reaches a step: its next stage's allocations meet the kernel's OOM killer,
+    as a real run that outgrows its machine does."""
+
+    def __init__(self, trainer: RLTrainer, step: int, cgroup: Path, rank: int = 1) -> None:
+        super().__init__(daemon=True)
+        self.trainer, self.step, self.cgroup, self.rank = trainer, step, cgroup, rank
+        self.capped: int | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            roles = self.trainer.roles
+            if roles is not None and logged_step_reached(self.trainer.output_dir, self.step):
+                pid = roles.actor.pids[self.rank]
+                (self.cgroup / "memory.move_charge_at_immigrate").write_text("1")
+                (self.cgroup / "cgroup.procs").write_text(str(pid))
+                usage = int((self.cgroup / "memory.usage_in_bytes").read_text())
+                (self.cgroup / "memory.limit_in_bytes").write_text(str(usage + 2**20))
+                self.capped = pid
+                return
+
+
+@pytest.fixture
+def memory_cgroup() -> Any:
+    root = Path("/sys/fs/cgroup/memory")
+    if not os.access(root, os.W_OK):
+        pytest.skip("no writable cgroup v1 memory hierarchy (needs root)")
+    folder = root / f"hf-oom-test-{os.getpid()}"
+    folder.mkdir()
+    yield folder
+    for _ in range(100):
+        try:
+            folder.rmdir()
+            break
+        except OSError:
+            time.sleep(0.05)  # its last process is still exiting
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_worker_killed_by_the_oom_killer_ends_the_run_as_out_of_memory(
+    in_workdir: Path, memory_cgroup: Path
+) -> None:
+    trainer = RLTrainer(_config(in_workdir / "runs" / "oom", "run.max_restarts=2"))
+    capper = CapMemoryAfterStep(trainer, 2, memory_cgroup)
+    capper.start()
+    try:
+        with pytest.raises(WorkerLostError) as info:
+            trainer.fit()
+    finally:
+        capper.stop.set()
+    assert capper.capped is not None, "the worker was never capped"
+    assert info.value.out_of_memory, info.value
+    assert "out-of-memory killer" in str(info.value) and "Not restarted" in str(info.value)
+    assert trainer.restarts == []  # the same step would have run out again
+
+
 def test_time_based_checkpoints(in_workdir: Path) -> None:
     out = in_workdir / "runs" / "timed"
     trainer = RLTrainer(_config(out, "run.save_every=0", "run.save_every_minutes=0.5"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from hf_core.trainer.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     prune_checkpoints,
+    remove_partial_checkpoints,
     save_run_checkpoint,
     write_trainer_state,
 )
@@ -141,8 +144,50 @@ def test_crashed_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
 
     with pytest.raises(OSError, match="simulated"):
         save_run_checkpoint(tmp_path, 6, _state(6), crash)
-    assert (tmp_path / "checkpoints" / "step_6.partial").is_dir()
+    assert not (tmp_path / "checkpoints" / "step_6.partial").exists()  # nothing half-written
     assert latest_checkpoint(tmp_path).name == "step_3"
+
+
+def test_a_killed_saves_leftover_goes_when_the_next_run_starts(tmp_path: Path) -> None:
+    _save(tmp_path, 3)
+    leftover = tmp_path / "checkpoints" / "step_6.partial"
+    _fake_engines(leftover)  # what a save killed mid-write leaves
+    assert remove_partial_checkpoints(tmp_path) == [leftover]
+    assert not leftover.exists() and latest_checkpoint(tmp_path).name == "step_3"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs: a real disk that fills up (needs root to mount)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoint(
+    small_disk: Path,
+) -> None:
+    _save(small_disk, 3)
+
+    def big_engines(folder: Path) -> None:  # more than the disk has left
+        (folder / "actor").mkdir()
+        (folder / "actor" / "shard.bin").write_bytes(os.urandom(3 * 2**20))
+
+    with pytest.raises(CheckpointError, match=r"step 6 .*no space left on device") as info:
+        save_run_checkpoint(small_disk, 6, _state(6), big_engines)
+    assert "(step_3) is intact" in str(info.value)
+    assert not (small_disk / "checkpoints" / "step_6.partial").exists()
+    assert load_trainer_state(latest_checkpoint(small_disk))["step"] == 3
+    _save(small_disk, 9, keep=1)  # the space came back: the next save fits
+    assert latest_checkpoint(small_disk).name == "step_9"
 
 
 # --------------------------------------------------------------- pickle refusal

@@ -52,6 +52,36 @@ def test_errors_name_the_key(recipe: Path, overrides: list[str], message: str) -
         load_run_config(recipe, overrides)
 
 
+@pytest.mark.parametrize(
+    ("override", "guess", "block", "keys"),
+    [
+        ("rollout.max_stalenes=1", "rollout.max_staleness", "rollout", {"n", "bucket_mb"}),
+        ("actor.parallel.tpp=2", "actor.parallel.tp", "actor.parallel", {"tp", "pp"}),
+        ("algorithm.kl.coeff=0.1", "algorithm.kl.coef", "algorithm.kl", {"estimator", "target"}),
+    ],
+)
+def test_an_unknown_nested_key_lists_its_own_block(
+    recipe: Path, override: str, guess: str, block: str, keys: set[str]
+) -> None:
+    """Depth 2 and 3: the keys of the block the typo sits in, and the nearest of them, not
+    the top level's keys."""
+    with pytest.raises(ConfigError) as info:
+        load_config(TrainerConfig, recipe, [override])
+    text = str(info.value)
+    assert f"did you mean {guess}?" in text
+    listed = text.split(f"(keys of {block}: ")[1].split(")")[0].split(", ")
+    assert keys <= set(listed)
+    assert "run" not in listed and "placement" not in listed  # not the top level's keys
+
+
+def test_an_unknown_key_far_from_every_known_one_gets_no_guess(recipe: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(TrainerConfig, recipe, ["rollout.mode=streaming"])
+    text = str(info.value)
+    assert "rollout.mode: unknown key (got 'streaming') (keys of rollout: " in text
+    assert "did you mean" not in text
+
+
 def test_missing_recipe_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="recipe file not found"):
         load_config(TrainerConfig, tmp_path / "nope.yaml")

@@ -7,6 +7,7 @@ in one read.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +26,9 @@ def _shown(value: Any) -> str:
     return "{...}" if isinstance(value, dict) else repr(value)
 
 
-def _describe(errors: Sequence[Mapping[str, Any]], source: str) -> str:
+def _describe(
+    errors: Sequence[Mapping[str, Any]], source: str, model: type[BaseModel] | None = None
+) -> str:
     lines = [f"invalid configuration ({source}):"]
     for error in errors:
         key = ".".join(str(part) for part in error["loc"]) or "<root>"
@@ -33,12 +36,32 @@ def _describe(errors: Sequence[Mapping[str, Any]], source: str) -> str:
             # a cross-field check (the schema's model validator): its text names the keys
             lines.append(f"  {_validator_text(error['msg'])}")
         elif error["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key (got {_shown(error['input'])})")
+            hint = _unknown_key_hint(model, tuple(error["loc"])) if model else ""
+            lines.append(f"  {key}: unknown key (got {_shown(error['input'])}){hint}")
         elif error["type"] == "missing":
             lines.append(f"  {key}: required key is missing")
         else:
             lines.append(f"  {key}: got {_shown(error['input'])}: {error['msg']}")
     return "\n".join(lines)
+
+
+def _unknown_key_hint(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """``; did you mean rollout.max_staleness? (keys of rollout: ...)``: the keys of the block
+    the unknown key sits in (not the top level's) and the closest of them, if any is close."""
+    block: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if block is None:
+            return ""
+        field = block.model_fields.get(str(part))
+        block = _nested_model(field.annotation) if field is not None else None
+    if block is None:
+        return ""  # inside a free-form mapping or a list: nothing to suggest
+    known = sorted(block.model_fields)
+    parent = ".".join(str(p) for p in loc[:-1])
+    where = f"keys of {parent}" if parent else "known keys"
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    guess = f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?" if close else ""
+    return f"{guess} ({where}: {', '.join(known)})"
 
 
 def _validator_text(msg: str) -> str:
@@ -60,10 +83,7 @@ def validate(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        text = _describe(exc.errors(), source)
-        if any(e["type"] == "extra_forbidden" for e in exc.errors()):
-            text += f"\n  (known keys: {', '.join(sorted(model.model_fields))})"
-        raise error(text) from None
+        raise error(_describe(exc.errors(), source, model)) from None
 
 
 def parse_engine_config(model: type[M], data: dict[str, Any] | M) -> M:

@@ -31,17 +31,26 @@ class WorkerLostError(RuntimeError):
     """
 
     def __init__(
-        self, role: str, rank: int, method: str, reason: str, stacks_dir: str | None = None
+        self,
+        role: str,
+        rank: int,
+        method: str,
+        reason: str,
+        stacks_dir: str | None = None,
+        out_of_memory: bool = False,
     ) -> None:
         self.role, self.rank, self.method, self.reason = role, rank, method, reason
         self.stacks_dir = stacks_dir
+        self.out_of_memory = out_of_memory
+        """The kernel's out-of-memory killer ended the process (the same step would again)."""
         where = f"; every rank's Python stacks are in {stacks_dir}" if stacks_dir else ""
         super().__init__(
             f"worker lost: role {role!r} rank {rank} during {method!r}: {reason}{where}"
         )
 
-    def __reduce__(self) -> tuple[type, tuple[str, int, str, str, str | None]]:
-        return (type(self), (self.role, self.rank, self.method, self.reason, self.stacks_dir))
+    def __reduce__(self) -> tuple[type, tuple[str, int, str, str, str | None, bool]]:
+        args = (self.role, self.rank, self.method, self.reason, self.stacks_dir)
+        return (type(self), (*args, self.out_of_memory))
 
 
 class GroupBrokenError(RuntimeError):

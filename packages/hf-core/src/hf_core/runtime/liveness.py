@@ -23,6 +23,21 @@ from hf_core.worker import StaleMeshError
 _POLL_S = 0.2
 
 
+def kernel_oom_kills() -> int:
+    """Processes the kernel's out-of-memory killer (or a memory cgroup's) has ended on this
+    host since boot (``/proc/vmstat``); -1 where the counter cannot be read.  A worker that
+    died while it rose is reported as out of memory (this host's workers: a single-node run,
+    or the driver's node of a larger one)."""
+    try:
+        with open("/proc/vmstat") as stats:
+            for line in stats:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
 class Liveness:
     """Failure detection for the host actors of one spawn (``actors[rank]``)."""
 
@@ -58,14 +73,20 @@ class Liveness:
         """
         if self.broken:
             raise GroupBrokenError(f"worker group {self.name!r} is broken: {self.broken}")
+        oom_kills = kernel_oom_kills()
         try:
             return self._wait(refs, ranks, role, method, silence_s)
         except WorkerLostError as exc:
             if exc.stacks_dir is not None:
                 raise
+            died = exc.reason.startswith("process died")
+            out_of_memory = exc.out_of_memory or (died and kernel_oom_kills() > oom_kills)
+            reason = exc.reason
+            if out_of_memory and not exc.out_of_memory:
+                reason = f"killed by the kernel's out-of-memory killer ({reason})"
             self.dump_stacks(f"rank {exc.rank} ({exc.role}) lost during {exc.method!r}")
             raise WorkerLostError(
-                exc.role, exc.rank, exc.method, exc.reason, self.stacks_dir
+                exc.role, exc.rank, exc.method, reason, self.stacks_dir, out_of_memory
             ) from None
 
     def _wait(
@@ -80,7 +101,7 @@ class Liveness:
         pending = {ref: i for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pings: dict[int, tuple[ray.ObjectRef, float]] = {}
-        last_heartbeat = time.monotonic()
+        alive: dict[int, float] = {}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
             for ref in ready:
@@ -93,11 +114,9 @@ class Liveness:
                     peer_ranks = [ranks[pending[r]] for r in peers]
                     self._raise_if_peer_died(peers, peer_ranks, role, method)
                     raise
-            now = time.monotonic()
-            if pending and now - last_heartbeat >= self.heartbeat_s:
-                last_heartbeat = now
+            if pending:  # every poll: a frozen rank is reported on time, not a beat late
                 running = {ranks[i] for i in pending.values()}
-                self._check_pings(pings, running, role, method, now, silence_s)
+                self._check_pings(pings, alive, running, role, method, time.monotonic(), silence_s)
         return results
 
     def _settle_peers(
@@ -156,15 +175,21 @@ class Liveness:
     def _check_pings(
         self,
         pings: dict[int, tuple[ray.ObjectRef, float]],
+        alive: dict[int, float],
         running: set[int],
         role: str,
         method: str,
         now: float,
         silence_s: float,
     ) -> None:
+        """Ping each running rank once per heartbeat, and check every poll.  ``alive[rank]``
+        is the last moment the rank is known to have been alive (when it was sent a ping it
+        answered), so a frozen rank is reported ``silence_s`` after its last sign of life,
+        not after the first ping it failed to answer (which can be a heartbeat later)."""
         for rank in running:
             if rank not in pings:
                 pings[rank] = (self.actors[rank].ping.remote(), now)
+                alive[rank] = now  # running: alive when the heartbeat began
                 continue
             ref, sent = pings[rank]
             done, _ = ray.wait([ref], timeout=0)
@@ -174,14 +199,16 @@ class Liveness:
                 except (RayActorError, GetTimeoutError) as exc:
                     self.broken = f"rank {rank} ({role}) lost during {method!r}"
                     raise WorkerLostError(role, rank, method, f"process died: {exc}") from None
-                pings[rank] = (self.actors[rank].ping.remote(), now)
-            elif now - sent > silence_s:
+                alive[rank] = sent
+                if now - sent >= self.heartbeat_s:
+                    pings[rank] = (self.actors[rank].ping.remote(), now)
+            elif now - alive[rank] > silence_s:
                 self.broken = f"rank {rank} ({role}) stopped answering during {method!r}"
                 raise WorkerLostError(
                     role,
                     rank,
                     method,
-                    f"no heartbeat for {now - sent:.1f} s (bound {silence_s} s)",
+                    f"no sign of life for {now - alive[rank]:.1f} s (bound {silence_s} s)",
                 )
 
     def dump_stacks(self, reason: str) -> str:

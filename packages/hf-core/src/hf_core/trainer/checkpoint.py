@@ -22,6 +22,7 @@ one ``latest`` names), with any ``.partial`` leftover of a crashed save.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -135,9 +136,20 @@ def save_run_checkpoint(
     partial = root / f"step_{step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    save_engines(partial)
-    write_trainer_state(partial, state)
-    write_manifest(partial, KIND, step=step)
+    try:
+        save_engines(partial)
+        write_trainer_state(partial, state)
+        write_manifest(partial, KIND, step=step)
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)  # nothing half-written stays, nor its bytes
+        if _disk_full(exc):
+            raise CheckpointError(
+                f"the checkpoint of step {step} could not be written to {root}: no space left "
+                f"on device ({_free_bytes(root) / 2**20:.0f} MiB free). The previous checkpoint "
+                f"({_latest_name(root) or 'none yet'}) is intact and loadable (--resume). Free "
+                "space, point run.output_dir at a larger disk, or lower run.keep_checkpoints"
+            ) from None
+        raise
     if final.exists():  # the same step saved again (a resumed run): replace it
         shutil.rmtree(final)
     os.replace(partial, final)
@@ -147,6 +159,37 @@ def save_run_checkpoint(
     if keep is not None:
         prune_checkpoints(output_dir, keep)
     return final
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """ENOSPC here, or in a worker (its error carries the message, not the errno)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    return os.strerror(errno.ENOSPC) in str(exc)
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+
+
+def remove_partial_checkpoints(output_dir: Path) -> list[Path]:
+    """Delete every ``step_*.partial`` a crashed or failed save left (a run does this when it
+    starts, so leftovers never outlive the next start); returns what went."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    removed = [p for p in root.iterdir() if p.is_dir() and _is_partial(p.name)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed an incomplete checkpoint %s", path)
+    return removed
+
+
+def _is_partial(name: str) -> bool:
+    return name.startswith("step_") and name.endswith(".partial")
 
 
 def _latest_name(root: Path) -> str | None:
@@ -169,7 +212,7 @@ def prune_checkpoints(output_dir: Path, keep: int) -> list[Path]:
         match = _STEP.fullmatch(entry.name)
         if entry.is_dir() and match:
             steps.append((int(match.group(1)), entry))
-        elif entry.is_dir() and entry.name.endswith(".partial") and entry.name.startswith("step_"):
+        elif entry.is_dir() and _is_partial(entry.name):
             removed.append(entry)
     steps.sort(reverse=True)
     removed += [path for _, path in steps[keep:] if path.name != latest]

@@ -56,8 +56,10 @@ from hf_core.trainer.checkpoint import (
     folder_bytes,
     latest_checkpoint,
     load_trainer_state,
+    remove_partial_checkpoints,
     save_run_checkpoint,
 )
+from hf_core.trainer.out_of_memory import out_of_memory_error
 from hf_core.trainer.preflight import preflight
 from hf_core.trainer.rollout_source import RolloutSource, rollout_source
 from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
@@ -133,6 +135,8 @@ class RLTrainer:
         self._rollouts: RolloutSource | None = None
         self.restarts: list[str] = []
         """The cause of each self-healing restart of this run, in order."""
+        self._last_metrics: dict[str, float] = {}
+        """The last logged step's metrics (its stages' peak memory names an OOM's cause)."""
         self.start_steps: list[int] = []
         """The step each attempt of :meth:`fit` started training from, as restored (0: from
         scratch); ``start_steps[1:]`` is where each restart resumed.  The metrics cannot tell:
@@ -187,6 +191,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ run
     def fit(self) -> RunSummary:
         self._seed()
+        remove_partial_checkpoints(self.output_dir)  # a failed or killed save's leftovers
         placed = place_roles(self.config, self.output_dir)  # auto: the planner's pools, layouts
         self.config = cfg = placed.config
         with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):
@@ -214,6 +219,8 @@ class RLTrainer:
                 )
                 return self._fit()
             except WorkerLostError as exc:
+                if exc.out_of_memory:  # restarting would run the same step out of memory again
+                    raise out_of_memory_error(exc, self._last_metrics) from None
                 if len(self.restarts) >= self.config.run.max_restarts:
                     raise
                 self._resume_now = self._prepare_restart(exc)
@@ -297,6 +304,7 @@ class RLTrainer:
                 ):
                     metrics.update(self.validate())
                 logger.log(metrics, self.step)
+                self._last_metrics = metrics
                 if self._save_due():
                     self._checkpoint()
             if cfg.run.save_final and self._checkpoint_step != self.step:

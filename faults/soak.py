@@ -1,0 +1,249 @@
+"""Soak: the demo workload for thousands of steps, every process's resources sampled
+(``nox -s soak``; not in the default matrix).
+
+Runs ``recipes/demo.yaml`` (the README demo's model and task) for ``--steps`` RL steps with a
+checkpoint every ``--save-every`` steps, in a private Ray instance, and every ``--interval``
+seconds samples each process of the run (the driver, Ray's own processes and the workers):
+resident memory, open file descriptors and threads, plus the host's shared memory in use
+(``/dev/shm``: Ray's object store and the ranks' exchange file live there).  After the
+warm-up (the first ``--warmup`` share of the run) the mean of the last window must stay within
+``--max-growth`` of the mean of the first window, for the run's total resident memory, shared
+memory, and every long-lived process's memory, descriptors and threads: a leak of any of them
+grows without bound over a long run.
+
+    python faults/soak.py --steps 3000 --write     # updates faults/RESULTS.md and its plot
+    python faults/soak.py --steps 60 --save-every 20 --interval 1 --max-growth 1.0   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hf_testing.ray_nodes import marked_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "demo.yaml"
+MARKER = "HF_SOAK_RUN"
+RESULTS = Path(__file__).with_name("RESULTS.md")
+PLOT = Path(__file__).with_name("soak.png")
+SECTION = "## Soak (`nox -s soak`, `faults/soak.py`)"
+METRICS = ("rss_mib", "fds", "threads")
+
+
+@dataclass
+class Sample:
+    seconds: float
+    step: int
+    shm_mib: float
+    processes: dict[str, dict[str, float]] = field(default_factory=dict)
+    """process label (``<pid> <name>``) -> metric -> value"""
+
+
+def _label(pid: int, cmd: str) -> str:
+    words = cmd.split()
+    name = next((w for w in words if w.startswith("ray::")), words[0] if words else "?")
+    return f"{pid} {Path(name).name if not name.startswith('ray::') else name}"
+
+
+def _process_metrics(pid: int) -> dict[str, float] | None:
+    proc = Path("/proc") / str(pid)
+    try:
+        status = dict(
+            line.split(":", 1) for line in (proc / "status").read_text().splitlines() if ":" in line
+        )
+        return {
+            "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+            "threads": int(status["Threads"]),
+            "fds": len(os.listdir(proc / "fd")),
+        }
+    except (OSError, KeyError, ValueError):
+        return None  # gone meanwhile, or a kernel thread
+
+
+def _latest_step(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        if line.strip():
+            return int(json.loads(line).get("step", 0))
+    return 0
+
+
+def sample(token: str, out: Path, began: float) -> Sample:
+    shm = shutil.disk_usage("/dev/shm").used / 2**20 if Path("/dev/shm").is_dir() else 0.0
+    now = Sample(time.monotonic() - began, _latest_step(out), shm)
+    for pid, cmd in marked_processes(token, MARKER).items():
+        metrics = _process_metrics(pid)
+        if metrics is not None:
+            now.processes[_label(pid, cmd)] = metrics
+    return now
+
+
+def _window_mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def growth_report(samples: list[Sample], warmup: float, max_growth: float) -> list[str]:
+    """Each series whose last-window mean exceeds its first-window mean (after the warm-up) by
+    more than ``max_growth``: the run's total RSS, shared memory, and each process present in
+    both windows.  Empty when nothing grew."""
+    kept = [s for s in samples if s.seconds >= warmup * samples[-1].seconds]
+    if len(kept) < 4:
+        return [f"too few samples after the warm-up ({len(kept)})"]
+    width = max(2, len(kept) // 10)
+    first, last = kept[:width], kept[-width:]
+    series: dict[str, tuple[list[float], list[float]]] = {
+        "total rss_mib": (
+            [sum(p["rss_mib"] for p in s.processes.values()) for s in first],
+            [sum(p["rss_mib"] for p in s.processes.values()) for s in last],
+        ),
+        "shm_mib": ([s.shm_mib for s in first], [s.shm_mib for s in last]),
+    }
+    for label in set(first[0].processes) & set(last[-1].processes):
+        for metric in METRICS:
+            series[f"{label} {metric}"] = (
+                [s.processes[label][metric] for s in first if label in s.processes],
+                [s.processes[label][metric] for s in last if label in s.processes],
+            )
+    problems = []
+    for name, (before, after) in sorted(series.items()):
+        start, end = _window_mean(before), _window_mean(after)
+        slack = 1.0 if name.endswith(("fds", "threads")) else 0.0  # one descriptor comes and goes
+        if end > start * (1 + max_growth) + slack:
+            problems.append(f"{name}: {start:.1f} -> {end:.1f} (+{100 * (end / start - 1):.1f}%)")
+    return problems
+
+
+def plot(samples: list[Sample], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    steps = [s.step for s in samples]
+    labels = sorted({label for s in samples for label in s.processes})
+    for ax, metric in zip(axes.flat, METRICS, strict=False):
+        for label in labels:
+            ax.plot(
+                steps,
+                [s.processes.get(label, {}).get(metric, float("nan")) for s in samples],
+                label=label,
+                linewidth=0.8,
+            )
+        ax.set_title(metric.replace("_", " "))
+    shm_ax = axes.flat[3]
+    shm_ax.plot(steps, [s.shm_mib for s in samples], color="k")
+    shm_ax.set_title("/dev/shm used (MiB)")
+    for ax in axes[1]:
+        ax.set_xlabel("RL step")
+    axes.flat[0].legend(fontsize=6, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _build_assets(folder: Path) -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "recipes" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_assets(folder)
+
+
+def run(args: argparse.Namespace, workdir: Path) -> tuple[list[Sample], int, Path]:
+    """Start the run, sample it until it ends; the samples, its exit code and its folder."""
+    token = uuid.uuid4().hex
+    out = workdir / "run"
+    assets = _build_assets(workdir / "assets")
+    ray_tmp = tempfile.mkdtemp(prefix="hfs-", dir="/tmp")  # short unix socket paths
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_TMPDIR=ray_tmp, **{MARKER: token})
+    env.pop("RAY_ADDRESS", None)
+    overrides = [f"{key}={value}" for key, value in assets.items()] + [
+        f"run.output_dir={out}",
+        f"run.total_steps={args.steps}",
+        f"run.save_every={args.save_every}",
+        "run.val_every=0",
+        "run.progress=false",
+        "sft.steps=20",
+    ]
+    cmd = [sys.executable, "-m", "hf_core.cli", "run", str(RECIPE), *overrides]
+    log = (workdir / "run.log").open("w")
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    samples: list[Sample] = []
+    try:
+        while proc.poll() is None:
+            now = sample(token, out, began)
+            if now.processes:
+                samples.append(now)
+            time.sleep(args.interval)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    return samples, proc.returncode, out
+
+
+def _write_results(text: str) -> None:
+    old = RESULTS.read_text() if RESULTS.exists() else ""
+    if SECTION in old:
+        head, _, rest = old.partition(SECTION)
+        tail = rest.split("\n## ", 1)
+        old = head + ("## " + tail[1] if len(tail) > 1 else "")
+    RESULTS.write_text(old.rstrip() + "\n\n" + text.strip() + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument("--warmup", type=float, default=0.1, help="share of the run left out")
+    parser.add_argument("--max-growth", type=float, default=0.05)
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
+    parser.add_argument("--write", action="store_true", help="update faults/RESULTS.md + plot")
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hf-soak-"))
+    samples, code, out = run(args, workdir)
+    if code != 0 or not samples:
+        print(f"the run failed (exit {code}); log: {workdir / 'run.log'}")
+        return 1
+    problems = growth_report(samples, args.warmup, args.max_growth)
+    path = PLOT if args.write else workdir / "soak.png"
+    plot(samples, path)
+    last = samples[-1]
+    total = sum(p["rss_mib"] for p in last.processes.values())
+    summary = (
+        f"{SECTION}\n\n`python faults/soak.py --steps {args.steps} --save-every "
+        f"{args.save_every}`: {_latest_step(out)} steps of `recipes/demo.yaml` in "
+        f"{last.seconds / 60:.0f} min, {len(samples)} samples of {len(last.processes)} "
+        f"processes every {args.interval:.0f} s; at the end {total:.0f} MiB resident in all, "
+        f"{last.shm_mib:.0f} MiB of /dev/shm.  Growth after the first {100 * args.warmup:.0f}% "
+        f"(last tenth against first tenth, bound {100 * args.max_growth:.0f}%): "
+        + ("; ".join(problems) if problems else "none")
+        + f".  Plot: `faults/{PLOT.name}`.\n"
+    )
+    print(summary)
+    if args.write:
+        _write_results(summary)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -216,9 +216,9 @@ def test_an_out_of_memory_loss_is_not_restarted_and_says_what_to_lower(
 
 
 class CapMemoryAfterStep(threading.Thread):
-    """Moves one worker into a memory cgroup capped just above what it holds once
-    metrics.jsonl reaches a step: its next stage's allocations meet the kernel's OOM killer,
-    as a real run that outgrows its machine does."""
+    """Moves one worker into a memory cgroup with 1 MiB of room once metrics.jsonl reaches a
+    step: the new pages its next stages touch meet the kernel's OOM killer, as a real run
+    that outgrows its machine does."""
 
     def __init__(self, trainer: RLTrainer, step: int, cgroup: Path, rank: int = 1) -> None:
         super().__init__(daemon=True)
@@ -231,10 +231,9 @@ class CapMemoryAfterStep(threading.Thread):
             roles = self.trainer.roles
             if roles is not None and logged_step_reached(self.trainer.output_dir, self.step):
                 pid = roles.actor.pids[self.rank]
-                (self.cgroup / "memory.move_charge_at_immigrate").write_text("1")
+                # what it holds stays charged where it was: 1 MiB of new pages is the cap
+                (self.cgroup / "memory.limit_in_bytes").write_text(str(2**20))
                 (self.cgroup / "cgroup.procs").write_text(str(pid))
-                usage = int((self.cgroup / "memory.usage_in_bytes").read_text())
-                (self.cgroup / "memory.limit_in_bytes").write_text(str(usage + 2**20))
                 self.capped = pid
                 return
 

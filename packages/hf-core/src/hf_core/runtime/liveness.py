@@ -84,7 +84,7 @@ class Liveness:
             reason = exc.reason
             if out_of_memory and not exc.out_of_memory:
                 reason = f"killed by the kernel's out-of-memory killer ({reason})"
-            self.dump_stacks(f"rank {exc.rank} ({exc.role}) lost during {exc.method!r}")
+            self.dump_stacks(f"rank {exc.rank} ({exc.role}) lost during {exc.method!r}", exc.rank)
             raise WorkerLostError(
                 exc.role, exc.rank, exc.method, reason, self.stacks_dir, out_of_memory
             ) from None
@@ -211,14 +211,18 @@ class Liveness:
                     f"no sign of life for {now - alive[rank]:.1f} s (bound {silence_s} s)",
                 )
 
-    def dump_stacks(self, reason: str) -> str:
+    def dump_stacks(self, reason: str, lost: int | None = None) -> str:
         """Have every live rank append its Python stacks to its file in ``stacks_dir``.
 
         Bounded: a dead rank answers with an error at once, a frozen one not at all (its own
         watchdog dumped it already); neither delays the report by more than a few seconds.
+        The ``lost`` rank is not asked: it cannot answer, and waiting for it would only
+        delay the report.
         """
         refs = []
-        for actor in self.actors:
+        for rank, actor in enumerate(self.actors):
+            if rank == lost:
+                continue
             try:
                 refs.append(actor.dump_stacks.remote(reason))
             except Exception:  # an actor handle already gone

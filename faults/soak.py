@@ -51,10 +51,18 @@ class Sample:
     """process label (``<pid> <name>``) -> metric -> value"""
 
 
+_LABELS: dict[int, str] = {}
+
+
 def _label(pid: int, cmd: str) -> str:
-    words = cmd.split()
-    name = next((w for w in words if w.startswith("ray::")), words[0] if words else "?")
-    return f"{pid} {Path(name).name if not name.startswith('ray::') else name}"
+    """``<pid> <name>``, fixed at first sight: Ray retitles its workers as they run methods
+    (``ray::IDLE``, ``ray::WorkerHost.execute``), which must not split one process's series."""
+    if pid not in _LABELS:
+        words = cmd.split()
+        name = next((w for w in words if w.startswith("ray::")), words[0] if words else "?")
+        name = name.split(".")[0] if name.startswith("ray::") else Path(name).name
+        _LABELS[pid] = f"{pid} {name}"
+    return _LABELS[pid]
 
 
 def _process_metrics(pid: int) -> dict[str, float] | None:

@@ -126,6 +126,10 @@ class MetricsLogger:
             else dict.fromkeys([*self.progress_keys, *self.plot_keys])
         )
         self.rows: list[dict[str, Any]] = []
+        """Every logged step, with only the keys the summary, table and plot read: the full
+        rows are in the JSONL file, and a long run must not hold them all in memory."""
+        self._kept = {"step", "timestamp", learning_summary.REWARD_KEY, *self.plot_keys}
+        self._kept.update(self.summary_keys)
         self._start = time.monotonic()
         self._closed = False
 
@@ -159,7 +163,7 @@ class MetricsLogger:
                     "%s: dropped %d rows after step %d", self.jsonl_path, removed, resume_step
                 )
             if self.jsonl_path.exists():
-                self.rows = read_metrics_jsonl(self.jsonl_path)
+                self.rows = [self._summarised(row) for row in read_metrics_jsonl(self.jsonl_path)]
         elif existing:
             self.jsonl_path.unlink()  # overwrite=True
         self._last_step = self.rows[-1]["step"] if self.rows else resume_step
@@ -242,7 +246,7 @@ class MetricsLogger:
         now = time.time()
         self._jsonl.write(encode_row(step, values, now))
         self._last_step = step
-        self.rows.append({"step": step, "timestamp": now, **values})
+        self.rows.append(self._summarised({"step": step, "timestamp": now, **values}))
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, step)
@@ -277,6 +281,9 @@ class MetricsLogger:
         if not self._closed:
             self._closed = True
             self._close_sinks()
+
+    def _summarised(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in row.items() if key in self._kept}
 
     def summary(self) -> RunSummary:
         learning = None

@@ -43,7 +43,11 @@ class HostSet:
     ) -> None:
         self.pool, self.name = pool, name
         stacks_dir = stacks_dir or os.path.join(tempfile.gettempdir(), "hybridflow-stacks")
-        remote_host = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(WorkerHost)
+        # No task events: Ray's GCS would keep one per method call (the trainer's metrics
+        # time every stage), growing for the whole run until its cap (the soak showed it).
+        remote_host = ray.remote(concurrency_groups={CONTROL_GROUP: 1}, enable_task_events=False)(
+            WorkerHost
+        )
         slots = pool.slots()
         uid = uuid.uuid4().hex[:6]
         stack_files = [

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,10 @@ def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, f
     row = rank_zero_row(rows)
     out = {f"{prefix}/{k}": v for k, v in row.items() if not k.startswith("rollout/")}
     return out | mismatch_summary(row)
+
+
+HANDOVER_LOG_STEPS = 100
+"""Steps of hand-over events kept in memory (a long run must not grow with them)."""
 
 
 class RLTrainer:
@@ -173,8 +178,9 @@ class RLTrainer:
             else None
         )
         self.step = 0
-        self.handover_log: list[dict[str, Any]] = []
-        """Per step, rank 0's memory hand-over events in order (engine, action, bytes)."""
+        self.handover_log: deque[dict[str, Any]] = deque(maxlen=HANDOVER_LOG_STEPS)
+        """Per step, rank 0's memory hand-over events in order (engine, action, bytes): the
+        last HANDOVER_LOG_STEPS steps (the metrics carry every step's totals)."""
 
     @property
     def _groups(self) -> RoleGroups:

@@ -297,6 +297,10 @@ def engines() -> Iterator[None]:
     plugins.reset()
 
 
+WHOLE = {"backend": "whole-toy"}
+"""A rollout backend the toy registry has (the default one is a backend's, not installed here)."""
+
+
 def _config(
     tmp_path: Path,
     actor: str,
@@ -350,16 +354,16 @@ def test_generation_layouts_are_checked_when_the_recipe_loads(tmp_path: Path) ->
             r"setting; use rollout.tensor_parallel_size",
         ),
         (
-            _config(tmp_path, "mp-toy", {}, engine={"tensor_parallel_size": 2}),
+            _config(tmp_path, "mp-toy", WHOLE, engine={"tensor_parallel_size": 2}),
             r"actor.engine.tensor_parallel_size: the parallel layout is not an engine setting; "
             r"use actor.parallel.tp",
         ),
         (
-            _config(tmp_path, "dp-toy", {}, engine={"pipeline_parallel_size": 2}),
+            _config(tmp_path, "dp-toy", WHOLE, engine={"pipeline_parallel_size": 2}),
             r"actor.engine.pipeline_parallel_size: .*use actor.parallel.pp",
         ),
         (
-            _config(tmp_path, "dp-toy", {}, tp=2),
+            _config(tmp_path, "dp-toy", WHOLE, tp=2),
             r"actor.parallel.tp: 2, but the 'dp-toy' training engine cannot split a model",
         ),
     ]

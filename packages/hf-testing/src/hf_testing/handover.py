@@ -19,9 +19,10 @@ def check_handover_log(log: Sequence[dict[str, Any]], trainers: Sequence[str]) -
     resumed before the weight sync; every move reporting bytes (on the CPU: what it would
     move); the step ending ready to generate (training engines offloaded, rollout resident).
     """
-    offloaded = dict.fromkeys(trainers, False)
-    resident = True
     assert log, "no hand-over was logged"
+    # the trainer keeps the last steps only: a log starting later starts from a step's end
+    offloaded = dict.fromkeys(trainers, log[0]["step"] > 1)
+    resident = True
     for entry in log:
         step, events = entry["step"], entry["events"]
         actions = [(e["engine"], e["action"]) for e in events]

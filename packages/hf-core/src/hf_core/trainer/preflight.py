@@ -86,17 +86,8 @@ def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
 
 def _model_folders(config: TrainerConfig) -> Iterator[tuple[str, Path]]:
     """(recipe key the path comes from, folder) for every model role, each folder once."""
-    roles: list[tuple[str, ModelRoleConfig | None]] = [
-        ("actor", config.actor),
-        ("reference", config.reference),
-        ("critic", config.critic),
-        ("reward.model", config.reward.model),
-        ("cost.model", config.cost.model if config.cost is not None else None),
-    ]
     seen: set[Path] = set()
-    for key, role in roles:
-        if role is None:
-            continue
+    for key, role in model_roles(config).items():
         folder = config.role_model(role)
         if folder not in seen:
             seen.add(folder)

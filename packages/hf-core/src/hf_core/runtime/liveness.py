@@ -102,6 +102,7 @@ class Liveness:
         results: list[Any] = [None] * len(refs)
         pings: dict[int, tuple[ray.ObjectRef, float]] = {}
         alive: dict[int, float] = {}
+        started = time.monotonic()
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
             for ref in ready:
@@ -114,9 +115,12 @@ class Liveness:
                     peer_ranks = [ranks[pending[r]] for r in peers]
                     self._raise_if_peer_died(peers, peer_ranks, role, method)
                     raise
-            if pending:  # every poll: a frozen rank is reported on time, not a beat late
+            now = time.monotonic()
+            # a call shorter than a heartbeat sends no ping (most calls of a small model);
+            # past that, every poll checks, so a frozen rank is reported on time
+            if pending and now - started >= self.heartbeat_s:
                 running = {ranks[i] for i in pending.values()}
-                self._check_pings(pings, alive, running, role, method, time.monotonic(), silence_s)
+                self._check_pings(pings, alive, running, role, method, now, silence_s, started)
         return results
 
     def _settle_peers(
@@ -181,6 +185,7 @@ class Liveness:
         method: str,
         now: float,
         silence_s: float,
+        started: float,
     ) -> None:
         """Ping each running rank once per heartbeat, and check every poll.  ``alive[rank]``
         is the last moment the rank is known to have been alive (when it was sent a ping it
@@ -189,7 +194,7 @@ class Liveness:
         for rank in running:
             if rank not in pings:
                 pings[rank] = (self.actors[rank].ping.remote(), now)
-                alive[rank] = now  # running: alive when the heartbeat began
+                alive[rank] = started  # silence counts from the call's start until it answers
                 continue
             ref, sent = pings[rank]
             done, _ = ray.wait([ref], timeout=0)

@@ -18,6 +18,7 @@ grows without bound over a long run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -229,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hf-soak-"))
     samples, code, out = run(args, workdir)
+    with (workdir / "samples.jsonl").open("w") as raw:  # the series behind the plot
+        for s in samples:
+            raw.write(json.dumps(dataclasses.asdict(s)) + "\n")
     if code != 0 or not samples:
         print(f"the run failed (exit {code}); log: {workdir / 'run.log'}")
         return 1

@@ -85,6 +85,23 @@ def test_error_while_peers_wait_in_a_collective_breaks_the_group() -> None:
         pool.release()
 
 
+def test_a_dead_engine_loses_its_worker_so_the_trainer_replaces_it(tmp_path: Path) -> None:
+    pool, group = _probe_group("engine-died", stacks_dir=tmp_path)
+    try:
+        with pytest.raises(WorkerLostError) as info:
+            group.engine_dies_on(rank=1)
+        lost = info.value
+        assert (lost.role, lost.rank, lost.method) == ("prober", 1, "engine_dies_on")
+        assert lost.reason.startswith("engine died: the engine of rank 1 failed on purpose")
+        assert not lost.out_of_memory
+        assert lost.stacks_dir == str(tmp_path)  # every rank's stacks, as for a lost process
+        with pytest.raises(GroupBrokenError, match="lost its engine"):
+            group.fail_on(rank=-1)
+    finally:
+        group.shutdown()
+        pool.release()
+
+
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_lost_worker_is_reported_within_the_bound(how: str, tmp_path: Path) -> None:
     bound = 4.0

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from hf_core.batch import Batch
+from hf_core.errors import EngineDiedError
 from hf_core.protocols import WorkerMesh, register
 from hf_core.resharding import GenerationLayout, ParallelLayout, build_hybrid_plan
 from hf_core.worker import Worker
@@ -110,6 +111,13 @@ class ProbeWorker(Worker):
     def fail_on(self, rank: int) -> int:
         if self.rank == rank:
             raise ValueError(f"boom on purpose at rank {rank}")
+        return self.rank
+
+    @register("ONE_TO_ALL")
+    def engine_dies_on(self, rank: int) -> int:
+        """``rank``'s engine fails for good (its process lives on); the others answer."""
+        if self.rank == rank:
+            raise EngineDiedError(f"the engine of rank {rank} failed on purpose")
         return self.rank
 
     @register("ONE_TO_ALL")

@@ -192,3 +192,32 @@ def test_llm_kwargs(models: dict) -> None:
     assert cpu["skip_tokenizer_init"] is False  # the tiny folder has a tokenizer
     assert "enable_sleep_mode" not in cpu
     assert llm_kwargs(cfg, path, "uni", on_gpu=True)["enable_sleep_mode"] is True
+
+
+class _Engine:
+    def __init__(self, unfinished: bool | None) -> None:
+        self.unfinished = unfinished
+
+    def has_unfinished_requests(self) -> bool:
+        if self.unfinished is None:
+            raise RuntimeError("the engine core is gone")
+        return self.unfinished
+
+
+def test_a_failed_step_with_requests_scheduled_is_a_dead_engine() -> None:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from hf_core.errors import EngineDiedError
+    from hf_vllm.engine_health import engine_died, raise_if_engine_died
+
+    refused, stepped, silent = (SimpleNamespace(llm_engine=_Engine(u)) for u in (False, True, None))
+    step_error = RuntimeError("kernel failed")
+    # vLLM refused the input and aborted what it had added: the same input fails again anywhere
+    assert not engine_died(refused, ValueError("prompt too long"))
+    raise_if_engine_died(refused, ValueError("prompt too long"))  # returns: re-raised as is
+    assert engine_died(stepped, step_error)  # requests left scheduled: its state is lost
+    assert engine_died(silent, step_error)  # cannot even report its requests
+    assert engine_died(refused, EngineDeadError())  # vLLM's own verdict
+    with pytest.raises(EngineDiedError, match="RuntimeError: kernel failed") as info:
+        raise_if_engine_died(stepped, step_error)
+    assert info.value.__cause__ is step_error

@@ -45,3 +45,10 @@ class ModelLoadError(HybridFlowError, ValueError):
 class MemoryFitError(HybridFlowError, MemoryError):
     """A run or an update cannot fit the memory its processes have: the message gives the
     estimate, its parts and the budget, and what would make it fit."""
+
+
+class EngineDiedError(HybridFlowError, RuntimeError):
+    """An engine inside a worker failed in a way that leaves it unable to serve again (its
+    in-flight state is lost, e.g. a rollout engine whose step raised with requests still
+    scheduled).  The worker raising it is treated as lost, like a process that died: the
+    trainer's self-healing replaces it and resumes from the latest checkpoint."""

@@ -44,6 +44,7 @@ from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
 from hf_vllm.cpu_embedding import skip_input_embedding_packing
 from hf_vllm.cpu_kv_cache import drop_kv_cache_pages
 from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
+from hf_vllm.engine_health import raise_if_engine_died
 from hf_vllm.model_info import has_tokenizer, max_positions
 from hf_vllm.outputs import pack_completions
 from hf_vllm.parallel import (
@@ -386,13 +387,17 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         )
         outputs = []
         if token_lists:
-            with torch_threads(self.config.torch_threads):
-                outputs = self.llm.generate(
-                    [{"prompt_token_ids": ids} for ids in token_lists],
-                    requests,
-                    use_tqdm=False,
-                    lora_request=self.adapters.request(),
-                )
+            try:
+                with torch_threads(self.config.torch_threads):
+                    outputs = self.llm.generate(
+                        [{"prompt_token_ids": ids} for ids in token_lists],
+                        requests,
+                        use_tqdm=False,
+                        lora_request=self.adapters.request(),
+                    )
+            except Exception as exc:
+                raise_if_engine_died(self.llm, exc)
+                raise
         responses, log_probs, response_mask = pack_completions(
             [output.outputs[0] for output in outputs],
             params.max_new_tokens,

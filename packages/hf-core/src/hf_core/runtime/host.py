@@ -13,6 +13,7 @@ rank frozen while holding the GIL, whose control thread can answer nothing.
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import socket
 import threading
@@ -26,9 +27,12 @@ import ray
 import torch
 import torch.distributed as dist
 
+from hf_core.errors import EngineDiedError
 from hf_core.protocols.mesh import WorkerMesh
-from hf_core.runtime.errors import WorkerError
+from hf_core.runtime.errors import WorkerError, WorkerLostError
 from hf_core.worker import StaleMeshError, Worker, build_worker
+
+log = logging.getLogger(__name__)
 
 CONTROL_GROUP = "control"
 """Concurrency group for heartbeats, so a ping is answered while a long method runs."""
@@ -148,6 +152,9 @@ class WorkerHost:
         self.watchdog.start()
         try:
             return getattr(worker, method)(*args, **kwargs)
+        except EngineDiedError as exc:  # the process lives on, but its engine cannot serve
+            log.error("role %r rank %d: %s", role, self.rank, exc, exc_info=exc)
+            raise WorkerLostError(role, self.rank, method, f"engine died: {exc}") from None
         except Exception as exc:
             raise _wrap(exc, role, self.rank, method) from None
         finally:

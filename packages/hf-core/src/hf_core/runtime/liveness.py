@@ -167,6 +167,9 @@ class Liveness:
             return ray.get(ref)
         except RayTaskError as exc:
             cause = exc.cause
+            if isinstance(cause, WorkerLostError):  # the host found its engine dead
+                self.broken = f"rank {rank} ({role}) lost its engine during {method!r}"
+                raise cause from None
             if isinstance(cause, (WorkerError, StaleMeshError)):
                 raise cause from None
             raise WorkerError(

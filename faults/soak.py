@@ -107,10 +107,19 @@ def _window_mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else 0.0
 
 
+def running(samples: list[Sample]) -> list[Sample]:
+    """``samples`` without the trailing ones taken while the run was shutting down (fewer
+    processes than it usually has): those would compare a half-stopped run with a whole one."""
+    usual = statistics.mode(len(s.processes) for s in samples)
+    end = max(i for i, s in enumerate(samples) if len(s.processes) >= usual)
+    return samples[: end + 1]
+
+
 def growth_report(samples: list[Sample], warmup: float, max_growth: float) -> list[str]:
     """Each series whose last-window mean exceeds its first-window mean (after the warm-up) by
     more than ``max_growth``: the run's total RSS, shared memory, and each process present in
     both windows.  Empty when nothing grew."""
+    samples = running(samples)
     kept = [s for s in samples if s.seconds >= warmup * samples[-1].seconds]
     if len(kept) < 4:
         return [f"too few samples after the warm-up ({len(kept)})"]
@@ -123,7 +132,8 @@ def growth_report(samples: list[Sample], warmup: float, max_growth: float) -> li
         ),
         "shm_mib": ([s.shm_mib for s in first], [s.shm_mib for s in last]),
     }
-    for label in set(first[0].processes) & set(last[-1].processes):
+    in_first = {label for s in first for label in s.processes}
+    for label in in_first & {label for s in last for label in s.processes}:
         for metric in METRICS:
             series[f"{label} {metric}"] = (
                 [s.processes[label][metric] for s in first if label in s.processes],
@@ -239,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = growth_report(samples, args.warmup, args.max_growth)
     path = PLOT if args.write else workdir / "soak.png"
     plot(samples, path)
-    last = samples[-1]
+    last = running(samples)[-1]
     total = sum(p["rss_mib"] for p in last.processes.values())
     summary = (
         f"{SECTION}\n\n`python faults/soak.py --steps {args.steps} --save-every "

@@ -1,8 +1,12 @@
-"""The recipe's ``agent:`` section: multi-turn, tool-using rollouts."""
+"""The recipe's ``agent:`` section (multi-turn, tool-using rollouts) and its ``sandbox:``
+section (where model-written code runs)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 QWEN_TOOL_RESPONSE = (
     "\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
@@ -49,3 +53,46 @@ class AgentConfig(BaseModel):
         "reset(prompt: str) and step(turn_text: str) -> str | None (an observation for the "
         "model, None: done); called after turns without tool calls",
     )
+
+
+class SandboxConfig(BaseModel):
+    """Where model-written code runs (the ``python`` tool, the ``code_tests`` reward): the
+    local sandbox (:mod:`hf_core.agents.sandbox`) or a remote service speaking SandboxFusion's
+    ``run_code`` API (:mod:`hf_core.agents.sandbox_remote`), whose isolation is its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["local", "remote"] = Field(
+        "local",
+        description="local: a sandboxed process on this machine; remote: the service at url",
+    )
+    url: str | None = Field(
+        None,
+        description="remote: the service's base URL (e.g. http://127.0.0.1:8080); requests go "
+        "to {url}/run_code",
+    )
+    request_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="remote: seconds to wait for the answer to one request (more than the "
+        "runs' wall limits, 10 s for the built-ins, plus the service's queueing)",
+    )
+    connect_retries: int = Field(
+        2, ge=0, le=10, description="remote: retries of a request whose connection failed"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http:// or https:// URL, e.g. http://127.0.0.1:8080")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self) -> SandboxConfig:
+        if self.kind == "remote" and self.url is None:
+            raise ValueError("sandbox.url is required when sandbox.kind is remote")
+        return self

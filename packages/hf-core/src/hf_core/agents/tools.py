@@ -5,7 +5,9 @@ up there, or imported as ``module:function`` (:mod:`hf_core.plugins.tools`).
 
 A tool is a function of keyword arguments, plain or ``async``; its result becomes the text of
 the tool message the model reads.  Whatever it raises becomes an error message to the model
-(the rollout goes on); :class:`ToolError` is the way to say "bad arguments" on purpose.
+(the rollout goes on); :class:`ToolError` is the way to say "bad arguments" on purpose.  The
+exception is a remote sandbox service that fails (:class:`SandboxServiceError`): that is the
+run's failure, not an answer the model should learn from, so it propagates.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hf_core.agents.sandbox import SandboxLimits, run_python_async
+from hf_core.agents.sandbox import SandboxLimits
+from hf_core.agents.sandbox_choice import run_sandboxed_async
+from hf_core.agents.sandbox_remote import SandboxServiceError
 from hf_core.errors import ConfigError
 from hf_core.registry import NamedRegistry, UnknownNameError
 
@@ -67,13 +71,16 @@ class Tool:
         }
 
     async def call(self, arguments: dict[str, Any], timeout_s: float | None = None) -> ToolResult:
-        """Run the tool; never raises for what the tool does (errors become results)."""
+        """Run the tool; never raises for what the tool does (errors become results), only
+        for a sandbox service that failed to run it."""
         try:
             if inspect.iscoroutinefunction(self.fn):
                 pending = self.fn(**arguments)
             else:
                 pending = asyncio.to_thread(self.fn, **arguments)
             value = await asyncio.wait_for(pending, timeout_s)
+        except SandboxServiceError:
+            raise  # the service is down or broken: the run fails loudly
         except ToolTimeout as e:
             return ToolResult(f"error: {e}", "timeout")
         except TimeoutError:
@@ -189,7 +196,7 @@ async def python(code: str) -> str:
     """Run Python code in the sandbox and return what it printed."""
     if not isinstance(code, str):
         raise ToolError("'code' must be a string")
-    result = await run_python_async(code, PYTHON_LIMITS)
+    result = await run_sandboxed_async(code, PYTHON_LIMITS)  # the recipe's sandbox: local/remote
     if result.killed in ("wall", "cpu"):
         raise ToolTimeout(f"the code was stopped at the {result.killed} time limit")
     if not result.ok:

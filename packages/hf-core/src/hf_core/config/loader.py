@@ -32,8 +32,11 @@ def _describe(
     lines = [f"invalid configuration ({source}):"]
     for error in errors:
         key = ".".join(str(part) for part in error["loc"]) or "<root>"
-        if not error["loc"] and error["type"] == "value_error":
-            # a cross-field check (the schema's model validator): its text names the keys
+        if error["type"] == "value_error" and (
+            not error["loc"] or isinstance(error["input"], Mapping)
+        ):
+            # a cross-field check (a model validator, the whole schema's or a block's): its
+            # text names the keys
             lines.append(f"  {_validator_text(error['msg'])}")
         elif error["type"] == "extra_forbidden":
             hint = _unknown_key_hint(model, tuple(error["loc"])) if model else ""
@@ -41,7 +44,7 @@ def _describe(
         elif error["type"] == "missing":
             lines.append(f"  {key}: required key is missing")
         else:
-            lines.append(f"  {key}: got {_shown(error['input'])}: {error['msg']}")
+            lines.append(f"  {key}: got {_shown(error['input'])}: {_validator_text(error['msg'])}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from hf_core.agents.config import AgentConfig
+from hf_core.agents.config import AgentConfig, SandboxConfig
 
 AbsPath = Annotated[Path, AfterValidator(lambda p: p.expanduser().absolute())]
 """Paths are made absolute against the driver's working directory, because worker
@@ -269,6 +269,10 @@ class TrainerConfig(_Strict):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     agent: AgentConfig | None = Field(
         None, description="multi-turn tool-using rollouts (None: one response per prompt)"
+    )
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig,
+        description="where model-written code runs (the python tool, the code_tests reward)",
     )
 
     @model_validator(mode="after")

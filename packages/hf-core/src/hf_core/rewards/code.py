@@ -4,8 +4,10 @@ The code is the last fenced block of the response (```` ```python ... ``` ```` o
 ```` ``` ```` fence), or the whole response when it has none.  The ground truth is test code
 (a string, e.g. ``assert add(2, 3) == 5``) or a list of such tests; the reward is the fraction
 of tests passed.  Each test gets its own sandbox run (:func:`hf_core.agents.sandbox.run_python`:
-CPU, memory, output and wall limits, the file-system lock); a test that hangs, burns CPU or
-memory fails; the batch's tests run in parallel threads.
+CPU, memory, output and wall limits, the file-system lock; or the recipe's remote sandbox
+service, :mod:`hf_core.agents.sandbox_choice`); a test that hangs, burns CPU or memory fails;
+the batch's tests run in parallel threads.  A remote service that fails to run a test raises
+(:class:`~hf_core.agents.sandbox_remote.SandboxServiceError`) rather than failing the test.
 
 Why the verdict cannot be forged.  Running code and test as one script and counting exit code 0
 as a pass is gameable by anything that ends the process with 0 before or after a failing
@@ -64,7 +66,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from hf_core.agents.sandbox import SandboxLimits, run_python
+from hf_core.agents.sandbox import SandboxLimits
+from hf_core.agents.sandbox_choice import run_sandboxed
 from hf_core.rewards.registry import reward_function
 
 CODE_TEST_LIMITS = SandboxLimits(cpu_seconds=5, memory_mb=512, wall_seconds=10.0)
@@ -99,10 +102,15 @@ def code_tests(
         for test in _tests(truth)
     ]
     passed = [0] * len(responses)
+    _judge_source()  # built (and cached) here: inspect's parsing in 4 threads at once can fail
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = pool.map(lambda job: _passes(job[1], job[2], limits), jobs)
-        for (i, _, _), ok in zip(jobs, results, strict=True):
-            passed[i] += int(ok)
+        try:
+            for (i, _, _), ok in zip(jobs, results, strict=True):
+                passed[i] += int(ok)
+        except BaseException:  # a sandbox service failed, say: the tests not started never run
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [
         passed[i] / len(_tests(truth)) if _tests(truth) else 0.0
         for i, truth in enumerate(ground_truths)
@@ -114,7 +122,7 @@ def _passes(code: str, test: str, limits: SandboxLimits) -> bool:
     pass_code = 10 + secrets.randbelow(100)  # not 0, 1 or 2: what any other exit gives
     seconds = 0.8 * limits.wall_seconds
     main = f"{_judge_source()}\n_judge({code!r}, {test!r}, {pass_code}, {seconds!r})\n"
-    return run_python(main, limits).exit_code == pass_code
+    return run_sandboxed(main, limits).exit_code == pass_code
 
 
 # ---------------------------------------------------------------------------- in the sandbox

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 
 from hf_core.agents.loop import AgentLoop
+from hf_core.agents.sandbox_choice import use_sandbox
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
 from hf_core.config.layout import resolve_layout, training_layout
@@ -26,9 +27,11 @@ from hf_core.protocols import WorkerMesh
 
 def build_agent_loop(config: TrainerConfig, engine: RolloutEngine) -> AgentLoop | None:
     """The agent loop the recipe's ``agent:`` section asks for around ``engine``, with the
-    run's tokenizer and its tools resolved by name; None without that section."""
+    run's tokenizer and its tools resolved by name; None without that section.  Sets this
+    process's sandbox to the recipe's ``sandbox:`` section (the ``python`` tool runs there)."""
     if config.agent is None:
         return None
+    use_sandbox(config.sandbox)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)

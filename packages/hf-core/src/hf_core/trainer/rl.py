@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hf_core.agents.loop import agent_metrics
+from hf_core.agents.sandbox_choice import use_sandbox
 from hf_core.algorithms import (
     LagrangeMultiplier,
     apply_kl_penalty,
@@ -128,6 +129,7 @@ class RLTrainer:
             if data.val_files
             else None
         )
+        use_sandbox(config.sandbox)  # rule-based rewards (code_tests) run their code there
         self.reward_fn = (
             RuleReward(config.reward.function, self.tokenizer) if config.reward.function else None
         )

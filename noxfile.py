@@ -329,8 +329,9 @@ def soak(session: nox.Session) -> None:
 def faults(session: nox.Session) -> None:
     """Fault-injection trials on short GRPO runs (not in the default matrix: minutes per trial).
 
-    Kills a worker, freezes one, Ctrl-Cs the driver and kills the run mid-save, each
-    ``--trials N`` times (default 10), and prints hangs, leftover processes and lost steps:
+    Kills a worker, freezes one, Ctrl-Cs the driver, kills the run mid-save and fills its disk
+    mid-save (a tmpfs: root only), each ``--trials N`` times (default 10), and prints hangs,
+    leftover processes and lost steps:
     ``nox -s faults -- --trials 2 --kinds kill,freeze``.
     """
     _install_base(session)

@@ -13,7 +13,11 @@ a private Ray instance per trial), ``--trials N`` times:
 * ``sigint``   Ctrl-C (SIGINT to the driver's whole process group, as a terminal sends it):
                the driver must exit promptly; ``--resume`` then finishes the run;
 * ``save-kill`` SIGKILL the whole run while a checkpoint is being written: ``--resume`` must
-               continue from the last complete checkpoint and finish.
+               continue from the last complete checkpoint and finish;
+* ``enospc``   the run's disk (a tmpfs, root only) is shrunk after the first checkpoint to
+               half a checkpoint's room, so the next save runs out of space: the run must exit
+               1 naming the full disk and the intact checkpoint, leaving no ``.partial``; with
+               the room back ``--resume`` must continue from that checkpoint and finish.
 
 Counted per trial: a hang (a deadline passed), leftover processes (any process still carrying
 the trial's environment marker some seconds after the end: killed, then counted), lost steps
@@ -42,14 +46,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hf_testing.ray_nodes import marked_processes
+from hf_testing.small_disk import (
+    MountError,
+    latest_saved,
+    leave_room_for_half,
+    partial_folders,
+    resize,
+    small_disk,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "grpo.yaml"
 MARKER = "HF_FAULT_TRIAL"
-KINDS = ("kill", "freeze", "freeze-stop", "sigint", "save-kill")
+KINDS = ("kill", "freeze", "freeze-stop", "sigint", "save-kill", "enospc")
 FAILURE_TIMEOUT_S = 10
 STOP_MARGIN_S = 5.0
 """A frozen worker with no restarts left must end the run this soon after the timeout."""
+DISK_BYTES = 64 * 2**20
+"""The enospc trial's tmpfs before it is shrunk and after the room comes back: a whole run."""
 
 
 @dataclasses.dataclass
@@ -74,10 +88,17 @@ class Trial:
     token: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     ray_dirs: list[str] = dataclasses.field(default_factory=list)
     max_restarts: int = 1
+    disk: Path | None = None
+    """Where the run folder lives when not under ``runs/`` (the enospc trial's small disk);
+    its logs stay in ``runs/``."""
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "runs"
 
     @property
     def out(self) -> Path:
-        return self.workdir / "runs" / f"trial_{self.token[:8]}"
+        return (self.disk or self.logs) / f"trial_{self.token[:8]}"
 
     def env(self) -> dict[str, str]:
         ray_tmp = tempfile.mkdtemp(prefix="hff-", dir="/tmp")  # short unix socket paths
@@ -102,7 +123,7 @@ class Trial:
         return [*cmd, "--resume"] if resume else cmd
 
     def start(self, resume: bool = False) -> subprocess.Popen:
-        log = (self.out.parent / f"{self.out.name}{'_resume' if resume else ''}.log").open("w")
+        log = (self.logs / f"{self.out.name}{'_resume' if resume else ''}.log").open("w")
         return subprocess.Popen(
             self.command(resume),
             cwd=self.workdir,
@@ -113,7 +134,7 @@ class Trial:
         )
 
     def log_text(self) -> str:
-        return "".join(p.read_text() for p in sorted(self.out.parent.glob(f"{self.out.name}*.log")))
+        return "".join(p.read_text() for p in sorted(self.logs.glob(f"{self.out.name}*.log")))
 
     def metrics_steps(self) -> list[int]:
         path = self.out / "metrics.jsonl"
@@ -278,12 +299,80 @@ def run_save_kill(trial: Trial, outcome: Outcome) -> None:
     outcome.ok = caught and not outcome.hang and resumed.returncode == 0
 
 
+def run_enospc(trial: Trial, outcome: Outcome) -> None:
+    """The run folder on a tmpfs that fills up during the second checkpoint save; the folder
+    is copied back under ``runs/`` before the tmpfs goes, for the step counts."""
+    mount = trial.workdir / f"disk_{trial.token[:8]}"
+    try:
+        with small_disk(mount, DISK_BYTES):
+            trial.disk = mount
+            try:
+                _fill_then_resume(trial, outcome, mount)
+            finally:
+                outcome.leftovers += trial.leftovers()  # nothing may hold the disk now
+                if trial.out.exists():
+                    shutil.copytree(trial.out, trial.logs / trial.out.name)
+                trial.disk = None
+    except MountError as exc:
+        outcome.note = f"no small disk: {exc}"
+
+
+def _fill_then_resume(trial: Trial, outcome: Outcome, mount: Path) -> None:
+    """Shrink the disk once the first checkpoint is saved; the run must fail as a full disk
+    with no ``.partial`` left, then ``--resume`` (the room back) must finish from it."""
+    proc = trial.start()
+    if not trial.wait_for(lambda: latest_saved(trial.out) is not None, proc, 0.05):
+        outcome.note = "run ended before its first checkpoint"
+        outcome.hang = not trial.finish(proc)
+        return
+    checkpoint = latest_saved(trial.out)
+    assert checkpoint is not None
+    leave_room_for_half(mount, checkpoint)
+    outcome.hang = not trial.finish(proc)
+    outcome.leftovers += trial.leftovers()
+    said = _says_disk_full(trial.log_text(), checkpoint)
+    left = partial_folders(trial.out)
+    resize(mount, DISK_BYTES)  # the room comes back, as when space is freed
+    resumed = trial.start(resume=True)
+    outcome.hang |= not trial.finish(resumed)
+    from_it = f"resumed from {checkpoint} at step" in trial.log_text()
+    left += partial_folders(trial.out)
+    outcome.note = f"exit {proc.returncode}, then {resumed.returncode}"
+    outcome.note += "" if said else "; no full-disk message naming the intact checkpoint"
+    outcome.note += f"; left {[str(p) for p in left]}" if left else ""
+    outcome.note += "" if from_it else f"; the resume did not start from {checkpoint.name}"
+    outcome.ok = (
+        not outcome.hang
+        and proc.returncode == 1
+        and said
+        and not left
+        and resumed.returncode == 0
+        and from_it
+    )
+
+
+def _says_disk_full(log: str, checkpoint: Path) -> bool:
+    """The driver's error names the failed save, the full disk, the room a checkpoint takes
+    against the room free, and the checkpoint left intact with the command to resume."""
+    error = " ".join(line for line in log.splitlines() if line.startswith("error: "))
+    return all(
+        re.search(pattern, error)
+        for pattern in (
+            r"the checkpoint of step \d+ could not be written to \S+: no space left on device",
+            r"a checkpoint of this run takes [\d.]+ [KM]iB; [\d.]+ [KM]iB free",
+            re.escape(f"The previous checkpoint ({checkpoint.name}) is intact"),
+            r"Resume with: hybridflow .* --resume",
+        )
+    )
+
+
 RUNNERS: dict[str, Callable[[Trial, Outcome], None]] = {
     "kill": run_kill,
     "freeze": run_freeze,
     "freeze-stop": run_freeze_stop,
     "sigint": run_sigint,
     "save-kill": run_save_kill,
+    "enospc": run_enospc,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from hf_core.algorithms import LagrangeMultiplier, make_kl_controller
 from hf_core.atomic import MANIFEST, load_tensor_file, read_manifest, write_manifest
 from hf_core.data import PromptDataset, PromptLoader, write_jsonl
-from hf_core.errors import CheckpointError
+from hf_core.errors import CheckpointError, DiskFullError
 from hf_core.rng import rng_state, set_rng_state
 from hf_core.trainer.checkpoint import (
     KIND,
@@ -181,13 +182,31 @@ def test_a_full_disk_during_a_save_is_a_clear_error_and_keeps_the_last_checkpoin
         (folder / "actor").mkdir()
         (folder / "actor" / "shard.bin").write_bytes(os.urandom(3 * 2**20))
 
-    with pytest.raises(CheckpointError, match=r"step 6 .*no space left on device") as info:
+    with pytest.raises(DiskFullError, match=r"step 6 .*no space left on device") as info:
         save_run_checkpoint(small_disk, 6, _state(6), big_engines)
     assert "(step_3) is intact" in str(info.value)
+    assert re.search(r"a checkpoint of this run takes \d+ KiB; \d\.\d MiB free", str(info.value))
     assert not (small_disk / "checkpoints" / "step_6.partial").exists()
     assert load_trainer_state(latest_checkpoint(small_disk))["step"] == 3
     _save(small_disk, 9, keep=1)  # the space came back: the next save fits
     assert latest_checkpoint(small_disk).name == "step_9"
+
+
+def test_a_full_disk_that_torch_reports_without_an_errno_is_still_a_full_disk(
+    small_disk: Path,
+) -> None:
+    """torch's zip writer turns ENOSPC into "unexpected pos ...": the free space tells."""
+    _save(small_disk, 3)
+
+    def torch_engines(folder: Path) -> None:
+        (folder / "actor").mkdir()
+        torch.save({"w": torch.zeros(2**20)}, folder / "actor" / "shard.pt")  # 4 MiB
+
+    with pytest.raises(DiskFullError, match=r"step 6 .*no space left on device") as info:
+        save_run_checkpoint(small_disk, 6, _state(6), torch_engines)
+    assert "unexpected pos" in str(info.value.__cause__)  # the error torch gave
+    assert not (small_disk / "checkpoints" / "step_6.partial").exists()
+    assert latest_checkpoint(small_disk).name == "step_3"
 
 
 # --------------------------------------------------------------- pickle refusal

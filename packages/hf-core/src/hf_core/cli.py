@@ -3,9 +3,10 @@
 Exit codes of ``hybridflow run``, so a launcher or a shell script can tell what happened:
 
 * 0: the run finished.
-* 1: the run failed inside: a worker raised or was lost.  One paragraph names the role, rank,
-  method and cause, the latest checkpoint and the command that resumes from it; the full
-  remote tracebacks go to ``<run.output_dir>/error.log``.
+* 1: the run failed inside: a worker raised or was lost, or a checkpoint did not fit on its
+  disk.  One paragraph names the role, rank, method and cause (or the disk's room against a
+  checkpoint's size), the latest checkpoint and the command that resumes from it; the full
+  tracebacks go to ``<run.output_dir>/error.log``.
 * 2: a bad input (recipe, override, model folder, tokenizer, data, reward function,
   checkpoint), reported in one message naming the key and the file -- before any process
   starts and before anything is written to the run's output folder.
@@ -28,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hf_core.data.cli import add_data_command
-from hf_core.errors import CheckpointError, HybridFlowError
+from hf_core.errors import CheckpointError, DiskFullError, HybridFlowError
 from hf_core.planner.cli import add_plan_command
 from hf_core.plugins import PluginLoadError, list_backends
 
@@ -112,6 +113,9 @@ def _train(config: TrainerConfig, args: argparse.Namespace) -> int:
     trainer = RLTrainer(config, resume=args.resume)
     try:
         trainer.fit()  # prints its own summary table
+    except DiskFullError as exc:  # a fault of the machine, like a lost worker: not a bad input
+        _say("error", _disk_full_paragraph(exc, config, args))
+        return EXIT_FAILED
     except Exception as exc:
         failure = _worker_failure(exc)
         if failure is None:
@@ -159,6 +163,16 @@ def _failure_paragraph(
     log = _write_error_log(out, failure, exc, args)
     logged = f"Full tracebacks: {log}." if isinstance(log, Path) else log
     return f"the run failed{after}: {what}: {cause}. {logged} {_resume_hint(out, args)}"
+
+
+def _disk_full_paragraph(
+    exc: DiskFullError, config: TrainerConfig, args: argparse.Namespace
+) -> str:
+    """The save's own message (sizes, what is intact), where the tracebacks are, the resume."""
+    out = Path(config.run.output_dir)
+    log = _write_error_log(out, exc.__cause__ or exc, exc, args)
+    logged = f"Full tracebacks: {log}." if isinstance(log, Path) else log
+    return f"the run failed: {exc}. {logged} {_resume_hint(out, args)}"
 
 
 def _resume_hint(out: Path, args: argparse.Namespace) -> str:

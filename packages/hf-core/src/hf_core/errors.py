@@ -32,6 +32,12 @@ class CheckpointError(HybridFlowError, RuntimeError, ValueError):
     callers catch the first, megatron's the second."""
 
 
+class DiskFullError(CheckpointError):
+    """A checkpoint could not be written because its disk is full: a fault of the machine, not
+    of the inputs (``hybridflow run`` exits 1, not 2).  The half-written folder is gone and the
+    previous checkpoint stays ``latest``; the message says how much room a checkpoint takes."""
+
+
 class ModelFolderError(HybridFlowError, FileNotFoundError):
     """A model or tokenizer path is not a usable HuggingFace folder: it is missing, a file, its
     ``config.json`` is absent or unreadable, it has no safetensors weights, or its tokenizer

@@ -13,7 +13,9 @@ Layout::
             manifest.json           size + sha256 of every file above, written last
 
 Everything is written into ``step_<k>.partial`` first and renamed when complete, then
-``latest`` is replaced atomically, so a crash mid-save leaves the previous checkpoint intact.
+``latest`` is replaced atomically, so a crash mid-save leaves the previous checkpoint intact;
+a save that fails removes its ``.partial`` at once, and one whose disk filled up is a
+:class:`DiskFullError` saying how much room a checkpoint takes and how much is free.
 Nothing is unpickled beyond plain tensors, and a folder is read only after every file matches
 its manifest: a truncated, altered or foreign checkpoint is a :class:`CheckpointError` naming
 the file.  After a save, the oldest ``step_*`` folders beyond ``keep`` are deleted (never the
@@ -35,7 +37,7 @@ from typing import Any
 import torch
 
 from hf_core.atomic import load_tensor_file, read_manifest, write_manifest
-from hf_core.errors import CheckpointError
+from hf_core.errors import CheckpointError, DiskFullError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,9 @@ STATE_FORMAT = "hybridflow-trainer-state"
 STATE_VERSION = 1
 _STEP = re.compile(r"step_(\d+)")
 _TENSOR = "__tensor__"  # marks where a tensor from STATE_TENSORS goes back in the JSON tree
+FULL_DISK_BYTES = 2**20
+"""A save that fails while its disk has less room than this ran out of space, whatever its
+error says: torch's zip writer reports a full disk as "unexpected pos ...", with no errno."""
 
 
 def checkpoints_dir(output_dir: Path) -> Path:
@@ -141,14 +146,11 @@ def save_run_checkpoint(
         write_trainer_state(partial, state)
         write_manifest(partial, KIND, step=step)
     except BaseException as exc:
+        full = isinstance(exc, Exception) and _disk_full(exc, root)  # while the bytes are there
+        written = _bytes_under(partial) if full else 0
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written stays, nor its bytes
-        if _disk_full(exc):
-            raise CheckpointError(
-                f"the checkpoint of step {step} could not be written to {root}: no space left "
-                f"on device ({_free_bytes(root) / 2**20:.0f} MiB free). The previous checkpoint "
-                f"({_latest_name(root) or 'none yet'}) is intact and loadable (--resume). Free "
-                "space, point run.output_dir at a larger disk, or lower run.keep_checkpoints"
-            ) from None
+        if full:
+            raise DiskFullError(_disk_full_message(root, step, written)) from exc
         raise
     if final.exists():  # the same step saved again (a resumed run): replace it
         shutil.rmtree(final)
@@ -161,16 +163,50 @@ def save_run_checkpoint(
     return final
 
 
-def _disk_full(exc: BaseException) -> bool:
-    """ENOSPC here, or in a worker (its error carries the message, not the errno)."""
+def _disk_full(exc: Exception, root: Path) -> bool:
+    """ENOSPC here, or in a worker (its error carries the message, not the errno), or any
+    error while the disk has (almost) no room left (see FULL_DISK_BYTES)."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return True
-    return os.strerror(errno.ENOSPC) in str(exc)
+    if os.strerror(errno.ENOSPC) in str(exc):
+        return True
+    free = _free_bytes(root)
+    return free is not None and free < FULL_DISK_BYTES
 
 
-def _free_bytes(folder: Path) -> int:
+def _disk_full_message(root: Path, step: int, written: int) -> str:
+    """What failed, how much room a checkpoint takes against what is free, what is intact."""
+    latest = _latest_name(root)
+    free = _free_bytes(root)
+    if latest is not None and (root / latest).is_dir():
+        needs = f"a checkpoint of this run takes {_size(_bytes_under(root / latest))}"
+    else:
+        needs = f"the disk filled up {_size(written)} into it"
+    have = "unknown" if free is None else _size(free)
+    return (
+        f"the checkpoint of step {step} could not be written to {root}: no space left on device "
+        f"({needs}; {have} free now that the incomplete step_{step}.partial is removed). "
+        f"The previous checkpoint ({latest or 'none yet'}) is intact and loadable (--resume). "
+        "Free space, move run.output_dir to a larger disk or lower run.keep_checkpoints, "
+        "then resume"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _free_bytes(folder: Path) -> int | None:
     try:
         return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def _bytes_under(folder: Path) -> int:
+    """:func:`folder_bytes`, or 0 where files vanish under it (a rank still cleaning up)."""
+    try:
+        return folder_bytes(folder)
     except OSError:
         return 0
 

@@ -237,6 +237,9 @@ def update_child(args: argparse.Namespace) -> None:
     mask = batch["response_mask"]
     batch["old_log_probs"] = batch["rollout_log_probs"]
     batch["advantages"] = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+    world = str(args.procs)  # as the runtime sets them for a worker (the memory fit reads them)
+    os.environ.update(RANK=str(args.rank), WORLD_SIZE=world, LOCAL_RANK=str(args.rank))
+    os.environ["LOCAL_WORLD_SIZE"] = world
     if args.procs > 1:
         init_gloo(args.rank, args.procs, args.port)
     torch.set_num_threads(args.threads)

@@ -195,9 +195,13 @@ def run_trainer(src: Path | None, overrides: list[str], out: Path, warmup: int) 
 
 
 def generation_child(args: argparse.Namespace) -> None:
-    """One rank of the raw-generation measurement (``--child-generate``)."""
+    """One rank of the raw-generation measurement (``--child-generate``).  The transformers
+    engine's ranks form a process group as in the loop (its CPU ranks on one host pool their
+    prompts there); vLLM's stay lone processes, as in the rows measured before."""
     import torch
 
+    if args.procs > 1 and args.backend == "transformers":
+        init_gloo(args.rank, args.procs, args.port)
     torch.set_num_threads(args.threads)
     from hf_core.engines import SamplingParams
     from hf_core.plugins import get_rollout_engine

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_core.agents.config import SandboxConfig
 from hf_core.config import ConfigError, TrainerConfig, describe_fields, load_config
 from hf_core.trainer.preflight import load_run_config
 
@@ -110,3 +111,31 @@ def test_cross_field_errors_read_as_the_validators_text(recipe: Path) -> None:
 def test_override_with_empty_key_is_rejected(recipe: Path) -> None:
     with pytest.raises(ConfigError, match="overrides must look like key=value"):
         load_config(TrainerConfig, recipe, ["=3"])
+
+
+def test_the_sandbox_section(recipe: Path) -> None:
+    assert load_config(TrainerConfig, recipe).sandbox == SandboxConfig()  # local by default
+    config = load_config(
+        TrainerConfig, recipe, ["sandbox.kind=remote", "sandbox.url=http://10.0.0.7:8080/"]
+    )
+    assert (config.sandbox.kind, config.sandbox.url) == ("remote", "http://10.0.0.7:8080")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["sandbox.kind=remote"], "\n  sandbox.url is required when sandbox.kind is remote"),
+        (["sandbox.kind=docker"], "sandbox.kind: got 'docker'"),
+        (["sandbox.url=localhost:8080"], "sandbox.url: got 'localhost:8080': must be an http"),
+        (
+            ["sandbox.ur=http://x"],
+            "sandbox.ur: unknown key (got 'http://x'); did you mean sandbox.url?",
+        ),
+        (["sandbox.request_timeout_s=0"], "sandbox.request_timeout_s: got 0"),
+    ],
+)
+def test_the_sandbox_section_is_checked(recipe: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(TrainerConfig, recipe, overrides)
+    assert message in str(info.value)
+    assert "Value error" not in str(info.value)

@@ -26,7 +26,7 @@ from hf_core.agents.sandbox_choice import run_sandboxed, sandbox_in_use, use_san
 from hf_core.agents.sandbox_remote import RemoteSandbox, SandboxServiceError
 from hf_core.agents.tool_calls import format_tool_call
 from hf_core.batch import Batch
-from hf_core.config import ConfigError, TrainerConfig, load_config
+from hf_core.config import TrainerConfig
 from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.decoding import pack_responses, strip_left_padding
 from hf_core.plugins.tools import get_tool, resolve_tools
@@ -355,48 +355,3 @@ def test_a_failing_service_is_no_silent_zero_reward(remote: FakeService) -> None
     with pytest.raises(RewardFunctionError, match="SandboxServiceError: sandbox service at") as e:
         reward.score_texts(["def f():\n    return 1"], [["assert f() == 1"]])
     assert isinstance(e.value.__cause__, SandboxServiceError)
-
-
-# ------------------------------------------------------------------------ the recipe section
-
-RECIPE = """
-model: {path: models/policy}
-data: {train_files: [data/train.jsonl], batch_size: 4}
-rollout: {n: 4}
-reward: {function: code_tests}
-"""
-
-
-@pytest.fixture
-def recipe(tmp_path: Path) -> Path:
-    path = tmp_path / "recipe.yaml"
-    path.write_text(RECIPE)
-    return path
-
-
-def test_the_sandbox_section(recipe: Path) -> None:
-    assert load_config(TrainerConfig, recipe).sandbox == SandboxConfig()  # local by default
-    config = load_config(
-        TrainerConfig, recipe, ["sandbox.kind=remote", "sandbox.url=http://10.0.0.7:8080/"]
-    )
-    assert (config.sandbox.kind, config.sandbox.url) == ("remote", "http://10.0.0.7:8080")
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["sandbox.kind=remote"], "\n  sandbox.url is required when sandbox.kind is remote"),
-        (["sandbox.kind=docker"], "sandbox.kind: got 'docker'"),
-        (["sandbox.url=localhost:8080"], "sandbox.url: got 'localhost:8080': must be an http"),
-        (
-            ["sandbox.ur=http://x"],
-            "sandbox.ur: unknown key (got 'http://x'); did you mean sandbox.url?",
-        ),
-        (["sandbox.request_timeout_s=0"], "sandbox.request_timeout_s: got 0"),
-    ],
-)
-def test_the_sandbox_section_is_checked(recipe: Path, overrides: list[str], message: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        load_config(TrainerConfig, recipe, overrides)
-    assert message in str(info.value)
-    assert "Value error" not in str(info.value)

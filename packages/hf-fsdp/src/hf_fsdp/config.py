@@ -176,6 +176,12 @@ class HFRolloutConfig(BaseModel):
         "hf_fsdp.decoder) where it applies, transformers' forward otherwise",
     )
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
+    cpu_host_generation: bool = Field(
+        True,
+        description="CPU ranks of one process group on one host decode every rank's prompts "
+        "on the host's first rank with all their threads (hf_fsdp.cpu_host_rollout): "
+        "decoding reads every weight once a step instead of once per rank",
+    )
 
 
 # Validation with errors naming key, value and expectation is core's (shared by backends).

@@ -40,6 +40,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.dtypes import rollout_dtype
 from hf_fsdp.config import HFRolloutConfig, parse_config
+from hf_fsdp.cpu_host_rollout import HostGeneration
 from hf_fsdp.decoder import (
     DecodeSession,
     LlamaFamilyDecoder,
@@ -97,6 +98,8 @@ class HFRolloutEngine(RolloutEngine):
         self._tensors_this_sync = 0
         self._released = False
         self._model_bytes: int | None = None
+        pooled = cfg.cpu_host_generation
+        self._host = HostGeneration.for_this_process(self.device) if pooled else None
 
     def _lean_decoder(self, onednn: bool) -> LlamaFamilyDecoder | None:
         if self.config.decoder == "transformers":
@@ -171,7 +174,18 @@ class HFRolloutEngine(RolloutEngine):
     # --------------------------------------------------------------- generation
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
-        ``max_new_tokens`` so batches from different ranks concatenate."""
+        ``max_new_tokens`` so batches from different ranks concatenate.  CPU ranks on one
+        host pool their prompts on one rank (:mod:`hf_fsdp.cpu_host_rollout`)."""
+        if self._host is not None:
+            return self._host.generate(prompts, lambda whole: self._generate(whole, params))
+        return self._generate(prompts, params)
+
+    def generate_per_rank(self) -> None:
+        """From now on each rank decodes its own prompts, whenever it is called (the agent
+        loop's turns differ per rank)."""
+        self._host = None
+
+    def _generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         batch = expand_prompts(prompts, params)
         if self._released:
             self.resume_memory()

@@ -36,6 +36,7 @@ from hf_core.engines import (
     preserve_process_state,
     special_tokens,
     strip_left_padding,
+    torch_threads,
 )
 from hf_core.resharding import GenerationLayout
 from hf_core.sync import RecordsSyncs
@@ -54,7 +55,7 @@ from hf_vllm.parallel import (
     read_generation_rank,
     resolve_executor,
 )
-from hf_vllm.runtime import require_vllm, torch_threads
+from hf_vllm.runtime import require_vllm
 from hf_vllm.sampling import build_sampling_params, request_seeds, truncates
 from hf_vllm.tp_slices import VLLMPartition, reload_presharded, vllm_param_name
 from hf_vllm.vocab_weights import load_vocab_in_place, repack_heads, vocab_parameter_names
@@ -388,6 +389,10 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         outputs = []
         if token_lists:
             try:
+                # On CPU, vLLM's decode loop interleaves short parallel ops with serial
+                # Python; with more than one thread the idle OpenMP workers spin between
+                # them, which on shared cores costs far more than the parallelism gains (1
+                # thread 2-30x faster than 2 on a busy 2-core machine, bench/RESULTS.md).
                 with torch_threads(self.config.torch_threads):
                     outputs = self.llm.generate(
                         [{"prompt_token_ids": ids} for ids in token_lists],

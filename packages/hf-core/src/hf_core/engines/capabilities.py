@@ -160,6 +160,17 @@ class ServesAdapters(Protocol):
 
 
 @runtime_checkable
+class PoolsGenerateCalls(Protocol):
+    """A rollout engine whose ``generate`` may pool the work of its group's ranks (CPU ranks
+    on one host decoding on one rank with every core): then every rank of its process group
+    must call ``generate`` at the same time, equally often, as the single-turn rollout does.
+    A caller that cannot promise that (the agent loop: each rank runs its own number of
+    turns) calls ``generate_per_rank`` once, before its first ``generate``."""
+
+    def generate_per_rank(self) -> None: ...
+
+
+@runtime_checkable
 class DeclaresTrainingState(Protocol):
     """A training engine's *settings* that know the bytes one rank holds for its weights,
     gradients and optimizer state.

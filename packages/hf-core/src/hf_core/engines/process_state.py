@@ -42,3 +42,20 @@ def preserve_process_state() -> Iterator[None]:
         torch.random.set_rng_state(torch_state)
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads (None: as they are), then restore
+    the caller's count: an engine that decodes with a different count than the trainer
+    trains with (vLLM's 1 on CPU, the pooled HF engine's whole host) changes it for the
+    call only."""
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,126 @@
+"""CPU ranks on one host decode as one: the host's first rank generates every rank's prompts
+with all the ranks' threads while the others wait (CPU only).
+
+Why: decoding is bound by reading the weights, once per generated token.  Ranks that each
+decode their share of the batch each read every weight: on the development VM (2 cores) one
+decode step over the Qwen2.5-0.5B shape's 0.92 GiB of bfloat16 weights took 70 ms for 16 rows
+on one process with 2 threads, and 125 ms on two processes with one thread and 8 rows each --
+the same with the weights in one shared file (docs/performance.md).  Pooling the host's
+prompts on one rank reads the weights once per step with the same cores; the waiting ranks
+block in a gloo receive, which takes no CPU.
+
+The ranks' prompt batches are gathered (token ids: small), decoded together, and each rank
+gets back exactly its rows, with its own prompt width.  Every rank of the group must call
+``generate`` at the same time, as core's single-turn rollout does; the agent loop, whose ranks
+run their own numbers of turns, switches pooling off
+(:class:`~hf_core.engines.PoolsGenerateCalls`).  Used only when every rank of the default
+process group is on this host and computes on the CPU; GPUs and multi-host groups decode
+per rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from hf_core.batch import Batch
+from hf_core.engines import torch_threads
+
+PROMPT_WIDTH_KEYS = ("input_ids", "attention_mask", "position_ids")
+"""Prompt-batch keys of width ``prompt_len`` (left-padded)"""
+OUTPUT_WIDTH_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
+"""Rollout-output keys whose leading columns are the prompt's (left padding first)"""
+
+
+def _host_id() -> str:
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class HostGeneration:
+    """Pooled generation over the default process group (all on one host)."""
+
+    def __init__(self, threads: int) -> None:
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.threads = threads
+
+    @classmethod
+    def for_this_process(cls, device: torch.device) -> HostGeneration | None:
+        """Pooling for this engine, or None (a GPU, no process group, one rank, or ranks
+        on several hosts).  Collective: every rank of the group builds its engine."""
+        if device.type != "cpu" or not dist.is_available() or not dist.is_initialized():
+            return None
+        if dist.get_world_size() < 2:
+            return None
+        seen: list[tuple[str, int] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, (_host_id(), torch.get_num_threads()))
+        if len({host for host, _ in seen}) != 1:  # type: ignore[misc]
+            return None
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        threads = sum(count for _, count in seen)  # type: ignore[misc]
+        return cls(min(threads, cores) if cores else threads)
+
+    def generate(self, prompts: Batch, decode: Callable[[Batch], Batch]) -> Batch:
+        """``decode`` (the engine's own generate, closed over its sampling settings) of every
+        rank's ``prompts`` on rank 0; this rank's rows of the result."""
+        gathered: list[Batch | None] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(prompts, gathered, dst=0)
+        mine: list[Batch | None] = [None]
+        if self.rank == 0:
+            assert gathered is not None
+            parts = [part for part in gathered if part is not None]
+            width = max(_width(p) for p in parts)
+            whole = Batch.concat([_left_pad(p, width) for p in parts])
+            with torch_threads(self.threads):
+                out = decode(whole)
+            rows_per_prompt = len(out) // len(whole) if len(whole) else 1
+            pieces, start = [], 0
+            for part in parts:
+                rows = len(part) * rows_per_prompt
+                piece = out.index(slice(start, start + rows))
+                pieces.append(_trim_left(piece, width - _width(part)))
+                start += rows
+            dist.scatter_object_list(mine, pieces, src=0)
+        else:
+            dist.scatter_object_list(mine, None, src=0)
+        assert mine[0] is not None
+        return mine[0]
+
+
+def _width(batch: Batch) -> int:
+    return int(batch["input_ids"].shape[1])
+
+
+def _left_pad(batch: Batch, width: int) -> Batch:
+    """``batch`` with its prompt-width keys left-padded to ``width`` columns (mask 0)."""
+    extra = width - _width(batch)
+    if extra == 0:
+        return batch
+    out = batch.select(*batch.keys())
+    for key in PROMPT_WIDTH_KEYS:
+        if key in batch:
+            value = batch[key]
+            assert isinstance(value, torch.Tensor)
+            pad = value.new_zeros(value.shape[0], extra)
+            out[key] = torch.cat([pad, value], dim=1)
+    return out
+
+
+def _trim_left(batch: Batch, columns: int) -> Batch:
+    """Drop ``columns`` leading (padding) columns of the output's prompt-width keys."""
+    if columns == 0:
+        return batch
+    for key in OUTPUT_WIDTH_KEYS:
+        if key in batch:
+            value = batch[key]
+            assert isinstance(value, torch.Tensor)
+            batch[key] = value[:, columns:].contiguous()
+    return batch

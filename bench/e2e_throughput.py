@@ -206,19 +206,29 @@ def generation_child(args: argparse.Namespace) -> None:
     from hf_core.engines import SamplingParams
     from hf_core.plugins import get_rollout_engine
 
+    prompts, params = rank_prompts(args, SamplingParams)
+    settings = ROLLOUT_SETTINGS[args.backend]
+    engine = get_rollout_engine(args.backend)(model_path=args.model, seed=0, **settings)
+    print_result({"seconds": timed_calls(lambda: engine.generate(prompts, params), args.repeats)})
+
+
+def rank_prompts(args: argparse.Namespace, sampling: Any) -> tuple[Any, Any]:
+    """This child rank's share of a step's prompts and the loop's sampling settings."""
     prompts_per_step, n, new_tokens = CONFIGS[args.config]
     share = prompts_per_step // args.procs
     prompts = task_prompts(args.model, args.data, args.rank * share, share)
-    settings = ROLLOUT_SETTINGS[args.backend]
-    engine = get_rollout_engine(args.backend)(model_path=args.model, seed=0, **settings)
-    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, n=n, seed=1)
-    engine.generate(prompts, params)  # warm-up
+    return prompts, sampling(temperature=1.0, max_new_tokens=new_tokens, n=n, seed=1)
+
+
+def timed_calls(call: Any, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls, after one warm-up call (left out)."""
+    call()
     seconds = []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         start = time.perf_counter()
-        engine.generate(prompts, params)
+        call()
         seconds.append(time.perf_counter() - start)
-    print_result({"seconds": seconds})
+    return seconds
 
 
 def update_child(args: argparse.Namespace) -> None:
@@ -231,11 +241,8 @@ def update_child(args: argparse.Namespace) -> None:
     from hf_core.plugins import get_rollout_engine
     from hf_testing.workers import policy_loss
 
-    prompts_per_step, n, new_tokens = CONFIGS[args.config]
-    share = prompts_per_step // args.procs
-    prompts = task_prompts(args.model, args.data, args.rank * share, share)
+    prompts, params = rank_prompts(args, SamplingParams)
     rollout = get_rollout_engine("transformers")(model_path=args.model, seed=0)
-    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, n=n, seed=1)
     batch = rollout.generate(prompts, params)
     del rollout
     mask = batch["response_mask"]
@@ -250,12 +257,8 @@ def update_child(args: argparse.Namespace) -> None:
     from hf_fsdp.engine import FSDPEngine
 
     engine = FSDPEngine({"model_path": args.model, "lr": 1e-4})
-    engine.train_step(batch, policy_loss)  # warm-up: Adam's state appears, the fit is made
-    seconds = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        engine.train_step(batch, policy_loss)
-        seconds.append(time.perf_counter() - start)
+    # the warm-up call also creates Adam's state and makes the micro-batch fit
+    seconds = timed_calls(lambda: engine.train_step(batch, policy_loss), args.repeats)
     print_result({"seconds": seconds})
 
 

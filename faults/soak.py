@@ -166,16 +166,26 @@ def running(samples: list[Sample]) -> list[Sample]:
     return samples[: end + 1]
 
 
+def compared_windows(
+    samples: list[Sample], warmup: float
+) -> tuple[list[Sample], list[Sample]] | None:
+    """The first and last tenth of the steady run after the warm-up (None: too few samples)."""
+    steady = running(samples)
+    kept = [s for s in steady if s.seconds >= warmup * steady[-1].seconds]
+    if len(kept) < 4:
+        return None
+    width = max(2, len(kept) // 10)
+    return kept[:width], kept[-width:]
+
+
 def growth_report(samples: list[Sample], warmup: float, max_growth: float) -> list[str]:
     """Each series whose last-window mean exceeds its first-window mean (after the warm-up) by
     more than ``max_growth``: the run's total RSS, shared memory, and each process present in
     both windows.  Empty when nothing grew."""
-    samples = running(samples)
-    kept = [s for s in samples if s.seconds >= warmup * samples[-1].seconds]
-    if len(kept) < 4:
-        return [f"too few samples after the warm-up ({len(kept)})"]
-    width = max(2, len(kept) // 10)
-    first, last = kept[:width], kept[-width:]
+    windows = compared_windows(samples, warmup)
+    if windows is None:
+        return ["too few samples after the warm-up"]
+    first, last = windows
     series: dict[str, tuple[list[float], list[float]]] = {
         "total rss_mib": (
             [sum(p["rss_mib"] for p in s.processes.values()) for s in first],
@@ -330,10 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     plot(samples, path)
     last = running(samples)[-1]
     total = sum(p["rss_mib"] for p in last.processes.values())
-    steady = running(samples)
-    kept = [s for s in steady if s.seconds >= args.warmup * steady[-1].seconds]
-    width = max(2, len(kept) // 10)
-    idle = idle_growth(kept[:width], kept[-width:], "0 gcs_server rss_mib")
+    windows = compared_windows(samples, args.warmup)
+    idle = idle_growth(*windows, "0 gcs_server rss_mib") if windows else None
     summary = (
         f"{SECTION}\n\n`python faults/soak.py --steps {args.steps} --save-every "
         f"{args.save_every}`: {_latest_step(out)} steps of `recipes/demo.yaml` in "

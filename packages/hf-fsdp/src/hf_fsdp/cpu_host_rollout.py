@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ OUTPUT_WIDTH_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
 
 def _host_id() -> str:
     try:
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"

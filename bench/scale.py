@@ -308,6 +308,9 @@ def main() -> None:
     if args.child_floor:
         print_result(run_ranks(floor_rank, 2, args))
         return
+    unknown = sorted(set(args.pairs.split(",")) - set(PAIRS))
+    if unknown:  # e.g. fsdp-hf, the transformers pair's name before the backend was renamed
+        parser.error(f"--pairs: unknown {unknown}; known: {sorted(PAIRS)}")
     runs = list(
         itertools.product(args.sizes.split(","), args.pairs.split(","), args.dtypes.split(","))
     )

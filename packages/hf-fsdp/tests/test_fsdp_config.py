@@ -161,7 +161,7 @@ def test_replicas_only_where_they_fit_on_a_cpu_host() -> None:
     """hf_fsdp.cpu_replicas's rule, which the engine and the pre-start memory check share."""
     from hf_fsdp.cpu_replicas import REPLICA_MEMORY_SHARE, replica_state_bytes, replicas_fit
 
-    cfg = FSDPEngineConfig(model_path="m")
+    cfg = FSDPEngineConfig(model_path="m", cpu_data_parallel="replicate")
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     params = 25_000_000
     state = replica_state_bytes(cfg, params)
@@ -171,16 +171,24 @@ def test_replicas_only_where_they_fit_on_a_cpu_host() -> None:
     assert not replicas_fit(cfg, cpu, params, 2, host_bytes=roomy - 1)
     assert replicas_fit(cfg, cpu, params, 1, host_bytes=1)  # one process: FSDP holds as much
     assert not replicas_fit(cfg, gpu, params, 1, host_bytes=roomy)  # GPUs always shard
-    for overrides in ({"cpu_data_parallel": "fsdp"}, {"cpu_collectives": "process_group"}):
+    for overrides in (
+        {"cpu_data_parallel": "fsdp"},
+        {"cpu_data_parallel": "replicate", "cpu_collectives": "process_group"},
+        {},  # the default pools instead (hf_fsdp.cpu_host_training); one process is plain
+    ):
         other = FSDPEngineConfig(model_path="m", **overrides)
         assert not replicas_fit(other, cpu, params, 2, host_bytes=roomy)
+    assert replicas_fit(FSDPEngineConfig(model_path="m"), cpu, params, 1, host_bytes=1)
     lora = FSDPEngineConfig(model_path="m", lora={"rank": 4})
     assert replica_state_bytes(lora, params) == 4 * params  # frozen weights only
 
 
 def test_training_state_declared_per_rank_follows_the_replica_rule() -> None:
-    cfg = FSDPEngineConfig(model_path="m", device="cpu")
+    pooled = FSDPEngineConfig(model_path="m", device="cpu")
     small, huge = 1_000_000, 10**12
+    assert pooled.state_bytes_per_rank(small, 2, True) == 16 * small // 2  # one state a host
+    assert pooled.state_bytes_per_rank(small, 1, True) == 16 * small
+    cfg = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="replicate")
     assert cfg.state_bytes_per_rank(small, 2, True) == 16 * small  # replicas: all of it
     assert cfg.state_bytes_per_rank(huge, 2, True) == 16 * huge // 2  # FSDP shards
     assert cfg.state_bytes_per_rank(huge, 4, False) == 4 * huge // 4

@@ -150,13 +150,16 @@ def _assert_same_weights(got: dict[str, torch.Tensor], model: torch.nn.Module) -
     assert diffs[worst] < ATOL, (worst, diffs[worst])
 
 
-FSDP = {"cpu_data_parallel": "fsdp"}  # tiny models default to replicas (hf_fsdp.cpu_replicas)
+FSDP = {"cpu_data_parallel": "fsdp"}  # CPU ranks default to pooling (hf_fsdp.cpu_host_training)
 MICRO_BATCHING = {
     "fixed-chunks": {"max_tokens_per_micro_batch": None},
     "token-budget": {},  # the default budget, samples capped by TRAIN's micro_batch_size
     # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
     "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
     "fsdp": FSDP,
+    "replicas": {"cpu_data_parallel": "replicate"},
+    "replicas-small-token-budget": {"cpu_data_parallel": "replicate", "micro_batch_size": None,
+                                    "max_tokens_per_micro_batch": 2 * (P + R)},
     "fsdp-small-token-budget": {**FSDP, "micro_batch_size": None,
                                 "max_tokens_per_micro_batch": 2 * (P + R)},
     "per-layer-units": {**FSDP, "fsdp_unit": "layer"},  # tiny models default to one unit
@@ -181,7 +184,9 @@ def test_actor_update_matches_single_process(
     built = group.build("actor", {"model_path": str(path), **TRAIN, **micro_batching})
     expected_collectives = micro_batching.get("cpu_collectives", "shared_memory")
     assert [b["collectives"] for b in built] == [expected_collectives] * 2
-    sharded = "cpu_data_parallel" in micro_batching or "cpu_collectives" in micro_batching
+    sharded = (
+        micro_batching.get("cpu_data_parallel") == "fsdp" or "cpu_collectives" in micro_batching
+    )
     assert [b["sharded"] for b in built] == [sharded] * 2
     before = group.weights("actor")[0]
     batch = rollout_batch(B, P, R, _vocab(path), seed=21)
@@ -206,7 +211,7 @@ def test_actor_update_matches_single_process(
     moved = max(float((got[k] - before[k]).abs().max()) for k in got)
     assert moved > 100 * ATOL  # the step changed the weights by far more than the tolerance
     _assert_same_weights(got, model)
-    if not sharded:  # replicas took the same averaged step: identical to the bit
+    if not sharded:  # one shared model, or replicas that took the same averaged step
         digests = group.local_digest("actor")
         assert digests[0] == digests[1]
     group.drop("actor")
@@ -277,7 +282,7 @@ def test_weight_sync_then_rollout_matches_exported_model(
 # --------------------------------------------------------------------- checkpoints
 
 
-@pytest.mark.parametrize("data_parallel", ["replicate", "fsdp"])
+@pytest.mark.parametrize("data_parallel", ["pool", "replicate", "fsdp"])
 def test_resume_from_checkpoint_is_identical(
     group: WorkerGroup, models: dict, tmp_path: Path, data_parallel: str
 ) -> None:

@@ -38,6 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -53,14 +54,25 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "hybridflow_fsdp.json"
 FORMAT = "hybridflow-fsdp-checkpoint"
-VERSION = 2  # 2: RNG and engine files hold only weights_only-loadable values
+VERSION = 3
+"""2: RNG and engine files hold only weights_only-loadable values; 3: the optimizer state is
+keyed by parameter name throughout (DCP's flattened form), param groups included: ranks whose
+optimizers step different parameters (pooled training's shares) then save distinct keys
+instead of one ``param_groups.0`` each, of which DCP would keep one."""
+READABLE_VERSIONS = (2, 3)
 
 
-def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def _options(version: int) -> StateDictOptions:
+    return StateDictOptions(flatten_optimizer_state_dict=version >= 3)
+
+
+def _dcp_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, version: int = VERSION
+) -> dict[str, Any]:
     """What DCP saves and loads: the model's state dict, and the optimiser's when given."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(version))
     return {"model": model_sd, "optimizer": optim_sd}
 
 
@@ -211,10 +223,11 @@ def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {folder}: unreadable {MANIFEST}: {exc}") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+    if manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS:
         raise CheckpointError(
             f"checkpoint {folder}: format {manifest.get('format')!r} version "
-            f"{manifest.get('version')!r}, expected {FORMAT!r} version {VERSION}"
+            f"{manifest.get('version')!r}, expected {FORMAT!r} version "
+            + " or ".join(map(str, READABLE_VERSIONS))
         )
     return folder, manifest
 
@@ -283,7 +296,8 @@ def load(
     folder = Path(folder_name)
     use_optimizer = optimizer is not None and bool(manifest.get("optimizer"))
     try:
-        state = _dcp_state(model, optimizer if use_optimizer else None)
+        version = int(manifest["version"])
+        state = _dcp_state(model, optimizer if use_optimizer else None, version)
         dcp.load(state, checkpoint_id=folder / "dcp")
         if use_optimizer:
             set_state_dict(
@@ -291,6 +305,7 @@ def load(
                 optimizer,
                 model_state_dict=state["model"],
                 optim_state_dict=state["optimizer"],
+                options=_options(version),
             )
         else:
             set_model_state_dict(model, state["model"])

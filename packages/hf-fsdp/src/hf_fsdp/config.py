@@ -94,13 +94,15 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "a /dev/shm file (hf_fsdp.cpu_shared_memory; gloo where ranks cannot share one), or "
         "process_group: always gloo.  GPUs use NCCL either way",
     )
-    cpu_data_parallel: Literal["replicate", "fsdp"] = Field(
-        "replicate",
-        description="CPU ranks on one host train plain replicas of the model and average "
-        "their gradients through shared memory (no FSDP gather / reduce copies; "
-        "hf_fsdp.cpu_replicas) when the replicas' training state fits in a quarter of the "
-        "host's memory (always on one process), else FSDP shards it; fsdp: always shard.  "
-        "GPUs always use FSDP",
+    cpu_data_parallel: Literal["pool", "replicate", "fsdp"] = Field(
+        "pool",
+        description="CPU ranks on one host: pool: one model in shared memory, the forwards "
+        "and backwards run on the host's first rank with every rank's threads and each rank "
+        "steps a share of the optimizer (hf_fsdp.cpu_host_training); replicate: plain "
+        "replicas averaging their gradients through shared memory (hf_fsdp.cpu_replicas) "
+        "when they fit in a quarter of the host's memory; fsdp: always shard.  Where pool or "
+        "replicate cannot run, FSDP shards; one process trains a plain model either way, "
+        "and GPUs always use FSDP",
     )
     lora: LoRAConfig | None = Field(
         None,
@@ -111,7 +113,9 @@ class FSDPEngineConfig(TrainingEngineConfig):
     def state_bytes_per_rank(self, num_params: int, ranks: int, trainable: bool) -> int:
         """One rank's weights, gradients and Adam moments (``DeclaresTrainingState``): its
         shard under FSDP, the whole state where CPU ranks train replicas
-        (:mod:`hf_fsdp.cpu_replicas`, the rule the engine applies)."""
+        (:mod:`hf_fsdp.cpu_replicas`, the rule the engine applies); under pooled training the
+        host holds one state, in the shared file and the ranks' optimizer shares, so about a
+        rank's share as under FSDP."""
         from hf_core.device import resolve_device
         from hf_fsdp.cpu_replicas import replicas_fit, training_state_bytes
 

@@ -20,16 +20,13 @@ per rank.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.engines import torch_threads
+from hf_fsdp.cpu_host import HostPool
 
 PROMPT_WIDTH_KEYS = ("input_ids", "attention_mask", "position_ids")
 """Prompt-batch keys of width ``prompt_len`` (left-padded)"""
@@ -37,50 +34,29 @@ OUTPUT_WIDTH_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
 """Rollout-output keys whose leading columns are the prompt's (left padding first)"""
 
 
-def _host_id() -> str:
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
 class HostGeneration:
     """Pooled generation over the default process group (all on one host)."""
 
-    def __init__(self, threads: int) -> None:
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
-        self.threads = threads
+    def __init__(self, pool: HostPool) -> None:
+        self.pool = pool
 
     @classmethod
     def for_this_process(cls, device: torch.device) -> HostGeneration | None:
         """Pooling for this engine, or None (a GPU, no process group, one rank, or ranks
         on several hosts).  Collective: every rank of the group builds its engine."""
-        if device.type != "cpu" or not dist.is_available() or not dist.is_initialized():
-            return None
-        if dist.get_world_size() < 2:
-            return None
-        seen: list[tuple[str, int] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(seen, (_host_id(), torch.get_num_threads()))
-        if len({host for host, _ in seen}) != 1:  # type: ignore[misc]
-            return None
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        threads = sum(count for _, count in seen)  # type: ignore[misc]
-        return cls(min(threads, cores) if cores else threads)
+        pool = HostPool.for_this_process(device)
+        return None if pool is None else cls(pool)
 
     def generate(self, prompts: Batch, decode: Callable[[Batch], Batch]) -> Batch:
         """``decode`` (the engine's own generate, closed over its sampling settings) of every
         rank's ``prompts`` on rank 0; this rank's rows of the result."""
-        gathered: list[Batch | None] | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(prompts, gathered, dst=0)
-        mine: list[Batch | None] = [None]
-        if self.rank == 0:
-            assert gathered is not None
+        gathered = self.pool.gather(prompts)
+        pieces: list[Batch] | None = None
+        if gathered is not None:
             parts = [part for part in gathered if part is not None]
             width = max(_width(p) for p in parts)
             whole = Batch.concat([_left_pad(p, width) for p in parts])
-            with torch_threads(self.threads):
+            with torch_threads(self.pool.threads):
                 out = decode(whole)
             rows_per_prompt = len(out) // len(whole) if len(whole) else 1
             pieces, start = [], 0
@@ -89,11 +65,9 @@ class HostGeneration:
                 piece = out.index(slice(start, start + rows))
                 pieces.append(_trim_left(piece, width - _width(part)))
                 start += rows
-            dist.scatter_object_list(mine, pieces, src=0)
-        else:
-            dist.scatter_object_list(mine, None, src=0)
-        assert mine[0] is not None
-        return mine[0]
+        mine = self.pool.scatter(pieces)
+        assert mine is not None
+        return mine
 
 
 def _width(batch: Batch) -> int:

@@ -62,12 +62,14 @@ def replicas_fit(
 ) -> bool:
     """Whether ``ranks_on_host`` CPU ranks train replicas (before the shared file is
     checked): the rule both the engine and the pre-start memory check apply."""
-    if device.type != "cpu" or cfg.cpu_data_parallel != "replicate":
+    if device.type != "cpu" or cfg.cpu_data_parallel == "fsdp":
         return False
     if mixed_precision(cfg, device) is not None:
         return False
-    if ranks_on_host == 1:
+    if ranks_on_host == 1:  # one process trains a plain model under pool too
         return True
+    if cfg.cpu_data_parallel != "replicate":
+        return False
     if cfg.cpu_collectives != "shared_memory":  # gloo would move every gradient over TCP
         return False
     total = host_bytes if host_bytes is not None else node_memory_bytes()

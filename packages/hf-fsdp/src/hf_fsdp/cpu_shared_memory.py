@@ -168,7 +168,7 @@ class SharedMemoryReduceScatter(_PlainBuffers, ReduceScatter):
         return None
 
 
-def _map_shared_file(group: dist.ProcessGroup, size: int) -> torch.Tensor | None:
+def map_shared_file(group: dist.ProcessGroup, size: int) -> torch.Tensor | None:
     """The same ``size``-byte file mapped on every rank, or ``None`` on all ranks when any
     rank cannot map it (another host, no ``/dev/shm``, too little room)."""
     rank = group.rank()
@@ -225,7 +225,7 @@ def exchange_for(
         return entry[1]
     world = group.size()
     slot_bytes = file_bytes // (2 * world) // _ALIGN * _ALIGN
-    buffer = _map_shared_file(group, 2 * world * slot_bytes)
+    buffer = map_shared_file(group, 2 * world * slot_bytes)
     exchange = None if buffer is None else SharedMemoryExchange(group, buffer, slot_bytes)
     if exchange is None:
         log.info("FSDP collectives stay on the process group: its ranks share no /dev/shm file")

@@ -48,12 +48,14 @@ from hf_core.engines import (
     plan_micro_batches,
     restore_outputs,
     save_hf_folder,
+    torch_threads,
     write_peft_folder,
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
+from hf_fsdp.cpu_host_training import HostTraining
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
 from hf_fsdp.loading import (
@@ -96,13 +98,20 @@ class FSDPEngine(TrainingEngine):
             lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
         names = {native: canonical_name(native) for native, _ in model.named_parameters()}
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
-        replicated, self._replica_gradients = cpu_replicas.choose_replicas(
-            cfg, self.device, sum(p.numel() for p in model.parameters()), self.mesh.get_group()
-        )
+        self._host = HostTraining.plan(model, cfg, self.device, self.mesh.get_group())
+        """CPU ranks of one host training one shared model (:mod:`hf_fsdp.cpu_host_training`)"""
+        if self._host is not None:
+            replicated, self._replica_gradients = True, None
+        else:
+            replicated, self._replica_gradients = cpu_replicas.choose_replicas(
+                cfg, self.device, sum(p.numel() for p in model.parameters()), self.mesh.get_group()
+            )
         self.sharded = not replicated
-        """False: a plain module per rank (:mod:`hf_fsdp.cpu_replicas`), else FSDP2."""
+        """False: a plain module per rank (pooled, or :mod:`hf_fsdp.cpu_replicas`), else FSDP2."""
         self.collectives = "process_group"
-        if self.sharded:
+        if self._host is not None:
+            self.collectives = "shared_memory"
+        elif self.sharded:
             shard_model(model, self.mesh, cfg, self.device)
             if self.device.type == "cpu" and cfg.cpu_collectives == "shared_memory":
                 if cpu_shared_memory.attach(model, self.mesh.get_group()):
@@ -120,6 +129,10 @@ class FSDPEngine(TrainingEngine):
         )
         if self.device.type == "cpu" and cfg.cpu_linear == "onednn":
             use_onednn_linear(model)
+        if not cfg.trainable:
+            model.requires_grad_(False)
+        if self._host is not None:
+            self._host.bind(model)
         warn_if_emulated_half(self.device, fit.compute_dtype(cfg, self.device), "the FSDP engine")
         self.model = model
         self.mapping = FSDPWeightMapping(model)
@@ -130,10 +143,9 @@ class FSDPEngine(TrainingEngine):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         if cfg.trainable:
-            self.optimizer = build_optimizer(model.parameters(), cfg)
+            stepped = self._host.owned if self._host is not None else model.parameters()
+            self.optimizer = build_optimizer(stepped, cfg)
             self.scheduler = build_scheduler(self.optimizer, cfg)
-        else:
-            model.requires_grad_(False)
         self.step = 0
         self._collective_device = collective_device()
         self._offloaded = False
@@ -165,28 +177,32 @@ class FSDPEngine(TrainingEngine):
             if isinstance(module, FSDPModule):
                 module.reshard()
 
+    def _agreed(self, value: int, op: dist.ReduceOp) -> int:
+        """``value`` combined over the ranks that compute: all of them, or under pooled
+        training (:mod:`hf_fsdp.cpu_host_training`) the host's first rank alone."""
+        return value if self._host is not None else all_reduce_int(value, op)
+
     def _token_budget(self, batch: Batch, training: bool) -> int | None:
         """``max_tokens_per_micro_batch``, with ``auto`` resolved: for an update, what the
         process's memory affords (:mod:`hf_fsdp.fit`, decided once, at the first update, with
         gradient checkpointing); for forward-only passes (no activations kept), the default."""
         tokens = self.config.max_tokens_per_micro_batch
         if training and self.fit is None and "auto" in (tokens, self.config.gradient_checkpointing):
-            self._choose_fit(batch)
+            self._choose_fit(int(batch["attention_mask"].sum(-1).max()) if len(batch) else 1)
         if tokens != "auto":
             return tokens
         return self.fit.max_tokens if training and self.fit is not None else DEFAULT_MAX_TOKENS
 
-    def _choose_fit(self, batch: Batch) -> None:
-        longest = int(batch["attention_mask"].sum(-1).max()) if len(batch) else 1
-        longest = all_reduce_int(longest, dist.ReduceOp.MAX)
+    def _choose_fit(self, longest: int) -> None:
+        longest = self._agreed(longest, dist.ReduceOp.MAX)
         holders = self.world_size if self.sharded else 1  # replicas hold the whole state
         self.fit = fit.resolve_fit(
             self.config, self.hf_config, self.model, holders, self.rank, longest
         )
         # ranks must agree: each measured its own memory
-        tokens = all_reduce_int(self.fit.max_tokens, dist.ReduceOp.MIN)
-        without = all_reduce_int(self.fit.tokens_without_checkpointing, dist.ReduceOp.MIN)
-        recompute = all_reduce_int(int(self.fit.gradient_checkpointing), dist.ReduceOp.MAX)
+        tokens = self._agreed(self.fit.max_tokens, dist.ReduceOp.MIN)
+        without = self._agreed(self.fit.tokens_without_checkpointing, dist.ReduceOp.MIN)
+        recompute = self._agreed(int(self.fit.gradient_checkpointing), dist.ReduceOp.MAX)
         self.fit = dataclasses.replace(
             self.fit,
             max_tokens=tokens,
@@ -203,19 +219,15 @@ class FSDPEngine(TrainingEngine):
         if not self.fit.gradient_checkpointing:  # never needed: no collective per update
             return
         largest = max((int(m.batch["attention_mask"].numel()) for m in micro), default=0)
-        largest = all_reduce_int(largest, dist.ReduceOp.MAX)
+        largest = self._agreed(largest, dist.ReduceOp.MAX)
         on = self.fit.gradient_checkpointing and largest > self.fit.tokens_without_checkpointing
         if on != self._checkpointing:
             set_gradient_checkpointing(self.model, on)
             self._checkpointing = on
 
-    def _micro_batches(self, batch: Batch, training: bool = False) -> tuple[list[MicroBatch], int]:
-        """This rank's micro-batches (length-grouped, padding trimmed; see
-        :mod:`hf_core.engines.micro_batches`) and the largest count on any rank.
-
-        Ranks with fewer micro-batches run extra forward passes on a copy of their first
-        one and drop the result: FSDP's collectives need every rank in every pass.
-        """
+    def _plan(self, batch: Batch, training: bool = False) -> list[MicroBatch]:
+        """``batch``'s micro-batches (length-grouped, padding trimmed; see
+        :mod:`hf_core.engines.micro_batches`)."""
         cfg = self.config
         groups = None
         if cfg.shared_prefix and "responses" in batch and len(batch):
@@ -223,7 +235,15 @@ class FSDPEngine(TrainingEngine):
                 batch["input_ids"], batch["attention_mask"], int(batch["responses"].shape[1])
             )
         budget = self._token_budget(batch, training)
-        micro = plan_micro_batches(batch, budget, cfg.micro_batch_size, groups)
+        return plan_micro_batches(batch, budget, cfg.micro_batch_size, groups)
+
+    def _micro_batches(self, batch: Batch, training: bool = False) -> tuple[list[MicroBatch], int]:
+        """This rank's micro-batches and the largest count on any rank.
+
+        Ranks with fewer micro-batches run extra forward passes on a copy of their first
+        one and drop the result: FSDP's collectives need every rank in every pass.
+        """
+        micro = self._plan(batch, training)
         count = all_reduce_int(len(micro), dist.ReduceOp.MAX)
         if count and not micro:
             raise ValueError(
@@ -234,8 +254,32 @@ class FSDPEngine(TrainingEngine):
 
     @torch.no_grad()
     def _forward_only(self, batch: Batch, keys: tuple[str, ...], **kwargs: Any) -> Batch:
+        if self._host is None:
+            micro, count = self._micro_batches(batch)
+            return self._forward_micro_batches(batch, micro, count, keys, **kwargs)
+        pool = self._host.pool  # every rank's batch through the host's first rank
+        parts = pool.gather(batch)
+        results = None
+        if parts is not None:
+            with torch_threads(pool.threads):
+                results = [
+                    self._forward_micro_batches(
+                        part, (m := self._plan(part)), len(m), keys, **kwargs
+                    )
+                    for part in parts
+                ]
+        out: Batch = pool.scatter(results)
+        return out
+
+    def _forward_micro_batches(
+        self,
+        batch: Batch,
+        micro: list[MicroBatch],
+        count: int,
+        keys: tuple[str, ...],
+        **kwargs: Any,
+    ) -> Batch:
         self.model.eval()
-        micro, count = self._micro_batches(batch)
         outputs: list[dict[str, torch.Tensor]] = []
         for i in range(count):
             part = micro[min(i, len(micro) - 1)].batch
@@ -277,18 +321,21 @@ class FSDPEngine(TrainingEngine):
         return self._forward_only(batch, ("scores",))
 
     # -------------------------------------------------------------- train step
-    def _loss_meta(self, batch: Batch, num_micro: int) -> dict[str, Any]:
-        tokens = int(batch["response_mask"].sum()) if "response_mask" in batch else 0
-        totals = torch.tensor([len(batch), tokens], device=self._collective_device)
-        dist.all_reduce(totals)
+    @staticmethod
+    def _response_tokens(batch: Batch) -> int:
+        return int(batch["response_mask"].sum()) if "response_mask" in batch else 0
+
+    def _loss_meta(
+        self, batch: Batch, num_micro: int, rank: int, global_rows: int, global_tokens: int
+    ) -> dict[str, Any]:
         return {
             "dp_size": self.world_size,
-            "dp_rank": self.rank,
-            "global_batch_size": int(totals[0]),
+            "dp_rank": rank,
+            "global_batch_size": global_rows,
             "mini_batch_size": len(batch),
             "num_micro_batches": num_micro,
-            "global_response_tokens": int(totals[1]),
-            "local_response_tokens": tokens,
+            "global_response_tokens": global_tokens,
+            "local_response_tokens": self._response_tokens(batch),
         }
 
     @property
@@ -304,7 +351,9 @@ class FSDPEngine(TrainingEngine):
         using ``micro_batch.meta``: ``dp_size``, ``global_batch_size``, ``mini_batch_size``
         (this rank), ``num_micro_batches``, ``micro_batch_size``, ``global_response_tokens``
         and ``local_response_tokens`` (sums of ``response_mask`` when the batch has one).
-        The actor's log-probs use ``batch.meta["temperature"]`` (default 1.0).
+        The actor's log-probs use ``batch.meta["temperature"]`` (default 1.0).  Under pooled
+        training the host's first rank calls ``loss_fn`` for every rank's micro-batches, so
+        it must depend only on its arguments and on settings every rank shares.
 
         Returns the loss function's metrics and ``loss`` combined over micro-batches and
         ranks (:func:`~hf_core.engines.combine_metric_rows`: means, maxima for ``*_max``),
@@ -316,14 +365,117 @@ class FSDPEngine(TrainingEngine):
                 "train_step on a frozen engine (trainable=False: reference / reward model)"
             )
         self._require_onloaded("train_step")
+        if self._host is not None:
+            metrics_out = self._pooled_gradients(batch, loss_fn)
+            stepped, replicated = self._host.owned, False
+        else:
+            metrics_out = self._gradients(batch, loss_fn)
+            stepped, replicated = list(self.model.parameters()), True
+        grad_norm = clip_grad_norm(
+            stepped, self.config.grad_clip, self._collective_device, replicated=replicated
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            log.warning("step %d: gradient norm %s, update skipped", self.step, grad_norm)
+        else:
+            self.optimizer.step()
+        if self._host is not None:
+            self._host.zero_owned_grads()
+            dist.barrier()  # every share stepped before any rank reads the weights
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        metrics_out.update(
+            grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
+        )
+        if self.fit is not None:  # the choice only: its memory figures are logged once
+            metrics_out.update(
+                {
+                    "fit/micro_batch_tokens": float(self.fit.max_tokens),
+                    "fit/gradient_checkpointing": float(self._checkpointing),
+                }
+            )
+        return metrics_out
+
+    def _gradients(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """This rank's gradients, averaged over the ranks; the step's metrics."""
         micro, count = self._micro_batches(batch, training=True)
         self._recompute_for(micro)
-        meta = self._loss_meta(batch, len(micro))
+        totals = torch.tensor(
+            [len(batch), self._response_tokens(batch)], device=self._collective_device
+        )
+        dist.all_reduce(totals)
+        meta = self._loss_meta(batch, len(micro), self.rank, int(totals[0]), int(totals[1]))
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = heads.ForwardTokens()
+        rows = self._backward(batch, micro, count, meta, loss_fn, tokens)
+        if self._replica_gradients is not None:
+            self._replica_gradients.average([p for p in self.model.parameters() if p.requires_grad])
+        # each micro-batch's loss is its share of the global loss: they add up on a rank
+        if tokens.rows:  # below 1 where shared_prefix packed prompt groups
+            rows.append({"forward_token_fraction": tokens.fraction})
+        local = combine_metric_rows(rows, sums=("loss",))
+        return combine_metric_rows(all_gather_objects(local))
+
+    def _pooled_gradients(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """Every rank's gradients, summed into the shared ones by the host's first rank
+        with every rank's threads and divided by the rank count (FSDP's average)."""
+        assert self._host is not None
+        pool = self._host.pool
+        parts = pool.gather(batch)
+        summary = None
+        if parts is not None:
+            with torch_threads(pool.threads):
+                summary = self._leader_gradients(parts, loss_fn)
+        metrics, self.fit, self._checkpointing = pool.broadcast(summary)
+        metrics_out: dict[str, float] = metrics
+        return metrics_out
+
+    def _leader_gradients(
+        self, parts: list[Batch], loss_fn: LossFn
+    ) -> tuple[dict[str, float], MicroBatchFit | None, bool]:
+        if self.fit is None and "auto" in (
+            self.config.max_tokens_per_micro_batch,
+            self.config.gradient_checkpointing,
+        ):
+            self._choose_fit(
+                max((int(p["attention_mask"].sum(-1).max()) for p in parts if len(p)), default=1)
+            )
+        plans = [self._plan(part, training=True) for part in parts]
+        self._recompute_for([m for plan in plans for m in plan])
+        rows_total = sum(len(part) for part in parts)
+        tokens_total = sum(self._response_tokens(part) for part in parts)
+        tokens = heads.ForwardTokens()
+        per_rank = []
+        for rank, (part, micro) in enumerate(zip(parts, plans, strict=True)):
+            meta = self._loss_meta(part, len(micro), rank, rows_total, tokens_total)
+            rows = self._backward(part, micro, len(micro), meta, loss_fn, tokens, self.world_size)
+            per_rank.append(combine_metric_rows(rows, sums=("loss",)))
+        metrics = combine_metric_rows(per_rank)
+        if tokens.rows:  # below 1 where shared_prefix packed prompt groups
+            metrics["forward_token_fraction"] = tokens.fraction
+        return metrics, self.fit, self._checkpointing
+
+    def _backward(
+        self,
+        batch: Batch,
+        micro: list[MicroBatch],
+        count: int,
+        meta: dict[str, Any],
+        loss_fn: LossFn,
+        tokens: heads.ForwardTokens,
+        ranks_summed: int = 1,
+    ) -> list[dict[str, float]]:
+        """Forward and backward over ``count`` passes of ``micro`` (extra passes repeat the
+        first and add nothing: FSDP's collectives need every rank in every pass); each real
+        micro-batch's metrics.  ``ranks_summed``: how many ranks' gradients add up in one
+        process (pooled training), which scales each loss down to keep the average."""
         temperature = float(batch.meta.get("temperature", 1.0))
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         rows: list[dict[str, float]] = []
-        tokens = heads.ForwardTokens()
         for i in range(count):
             real = i < len(micro)
             mb = micro[i].batch if real else micro[0].batch
@@ -341,41 +493,14 @@ class FSDPEngine(TrainingEngine):
                 tokens=tokens if real else None,
             )
             loss, metrics = loss_fn(outputs, mb)
-            if not real:
-                loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing
-            loss.backward()
             if real:
                 rows.append({**metrics, "loss": float(loss.detach())})
-        if self._replica_gradients is not None:
-            self._replica_gradients.average([p for p in self.model.parameters() if p.requires_grad])
-        grad_norm = clip_grad_norm(
-            self.model.parameters(), self.config.grad_clip, self._collective_device
-        )
-        lr = self.optimizer.param_groups[0]["lr"]
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            log.warning("step %d: gradient norm %s, update skipped", self.step, grad_norm)
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self.step += 1
-        # each micro-batch's loss is its share of the global loss: they add up on a rank
-        if tokens.rows:  # below 1 where shared_prefix packed prompt groups
-            rows.append({"forward_token_fraction": tokens.fraction})
-        local = combine_metric_rows(rows, sums=("loss",))
-        metrics_out = combine_metric_rows(all_gather_objects(local))
-        metrics_out.update(
-            grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
-        )
-        if self.fit is not None:  # the choice only: its memory figures are logged once
-            metrics_out.update(
-                {
-                    "fit/micro_batch_tokens": float(self.fit.max_tokens),
-                    "fit/gradient_checkpointing": float(self._checkpointing),
-                }
-            )
-        return metrics_out
+            else:
+                loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing
+            if ranks_summed != 1:
+                loss = loss / ranks_summed
+            loss.backward()
+        return rows
 
     # ------------------------------------------------------------ weight export
     def export_weights(
@@ -478,36 +603,43 @@ class FSDPEngine(TrainingEngine):
         )
 
     # -------------------------------------------------------------- checkpoints
+    def _optimizer_state_reachable(self) -> AbstractContextManager[None]:
+        """Pooled training keeps gradients bound between steps, which would stop DCP from
+        building a fresh optimizer's state to save or load into: unbound for the call."""
+        return self._host.gradients_detached() if self._host is not None else nullcontext()
+
     def _checkpoint_info(self) -> dict[str, Any]:
         return {"head": self.config.head, "architecture": self.architecture}
 
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_onloaded("save_checkpoint")
         self._reshard()
-        checkpoint.save(
-            path,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            step=self.step,
-            param_shapes=self.param_shapes,
-            info=self._checkpoint_info(),
-            record=fit.record(self.fit),
-        )
+        with self._optimizer_state_reachable():
+            checkpoint.save(
+                path,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                step=self.step,
+                param_shapes=self.param_shapes,
+                info=self._checkpoint_info(),
+                record=fit.record(self.fit),
+            )
         if self.config.lora is not None:  # the adapters also as peft loads them
             self.export_adapter_folder(Path(path) / ADAPTER_FOLDER)
 
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_onloaded("load_checkpoint")
         self._reshard()
-        self.step = checkpoint.load(
-            path,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            param_shapes=self.param_shapes,
-            info=self._checkpoint_info(),
-        )
+        with self._optimizer_state_reachable():
+            self.step = checkpoint.load(
+                path,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                param_shapes=self.param_shapes,
+                info=self._checkpoint_info(),
+            )
         # the resumed run splits batches as the saved one did (bit-exact resume)
         self.fit = fit.restored(checkpoint.read_manifest(path)[1], self.fit)
 

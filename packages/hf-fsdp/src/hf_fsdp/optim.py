@@ -39,14 +39,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: FSDPEngineConfig) -> 
 
 
 def clip_grad_norm(
-    params: Iterable[nn.Parameter], max_norm: float | None, device: torch.device
+    params: Iterable[nn.Parameter],
+    max_norm: float | None,
+    device: torch.device,
+    replicated: bool = True,
 ) -> float:
     """Global L2 norm of the gradients over all ranks; clip to ``max_norm`` if given.
 
     FSDP2 gradients are dim-0 shards (every element lives on exactly one rank), so the global
     squared norm is the all-reduced sum of the local shards' squared norms.  Doing this on the
     local tensors, rather than through DTensor ops, also works when FSDP's CPU offload keeps
-    the gradients in host memory while the process group is nccl-only.  Same formula as
+    the gradients in host memory while the process group is nccl-only.  Plain (non-DTensor)
+    gradients are the same on every rank (``replicated``: replicas, counted once) or each
+    rank's own share (pooled training's optimizer shares).  Same formula as
     ``torch.nn.utils.clip_grad_norm_``: scale by ``max_norm / (norm + 1e-6)`` when below 1.
     """
     grads = [p.grad for p in params if p.grad is not None]
@@ -59,7 +64,7 @@ def clip_grad_norm(
                 raise NotImplementedError(f"gradient placements {grad.placements} (not FSDP)")
             local, share = grad.to_local(), 1.0
         else:  # replicated on every rank: count it once overall
-            local, share = grad, 1.0 / world
+            local, share = grad, 1.0 / world if replicated else 1.0
         # one read of the gradient (``pow(2).sum()`` wrote a squared copy: 0.57 s of a 0.5B
         # update on CPU), accumulated in float32 whatever the gradient dtype
         norm = torch.linalg.vector_norm(local, dtype=torch.float32).to(device)

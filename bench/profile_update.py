@@ -90,9 +90,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--data-parallel",
-        default="replicate",
-        choices=("replicate", "fsdp"),
-        help="the engine's cpu_data_parallel (replicas where they fit, or FSDP shards)",
+        default="pool",
+        choices=("pool", "replicate", "fsdp"),
+        help="the engine's cpu_data_parallel (one pooled model, replicas where they fit, "
+        "or FSDP shards)",
     )
     parser.add_argument("--layouts", default="1x2,2x1", help="processes x threads, comma-separated")
     parser.add_argument("--top", type=int, default=20)

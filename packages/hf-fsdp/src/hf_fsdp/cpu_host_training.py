@@ -17,9 +17,11 @@ copy of the weights and one of the gradients, mapped by every rank from a ``/dev
 - every rank reads the same weights for its weight sync, export and checkpoint (DCP saves a
   replicated tensor once; each rank's optimizer saves the moments of its share).
 
-The arithmetic is the data-parallel step's: each rank's micro-batches are planned and scaled
-exactly as that rank would, and the summed gradient is divided by the rank count, as FSDP's
-reduce-scatter averages.  Used where FSDP would otherwise run on CPU ranks of one host:
+The arithmetic is the data-parallel step's.  The ranks' batches, joined in rank order, are
+trained as one process would train the global batch (the gradient data parallelism averages
+to); where their widths differ, each rank's micro-batches are planned and scaled as that rank
+would and the summed gradient is divided by the rank count, as FSDP's reduce-scatter
+averages.  Used where FSDP would otherwise run on CPU ranks of one host:
 ``cpu_data_parallel: pool`` (the default), no mixed precision, and every rank able to map
 the file; GPUs always shard with FSDP.
 """
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hf_core.batch import Batch, BatchError
 from hf_fsdp.config import FSDPEngineConfig
 from hf_fsdp.cpu_host import HostPool
 from hf_fsdp.cpu_shared_memory import map_shared_file
@@ -66,6 +69,24 @@ def owners(sizes: list[int], world: int) -> list[int]:
         out.append(min(world - 1, int(world * (before + size / 2) / total)))
         before += size
     return out
+
+
+def joined(parts: list[Batch]) -> Batch | None:
+    """The ranks' batches as one, rows in rank order, or None where their keys or widths
+    differ (a trainer's batch split over the ranks has one width)."""
+    try:
+        return Batch.concat(parts)
+    except (BatchError, RuntimeError):
+        return None
+
+
+def split_rows(whole: Batch, sizes: list[int]) -> list[Batch]:
+    """``whole``'s rows back in pieces of ``sizes`` (the ranks' shares of :func:`joined`)."""
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(whole.index(slice(start, start + size)))
+        start += size
+    return pieces
 
 
 def _trainable(model: nn.Module, trains: bool) -> list[nn.Parameter]:

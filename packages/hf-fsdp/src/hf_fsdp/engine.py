@@ -55,7 +55,7 @@ from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
-from hf_fsdp.cpu_host_training import HostTraining
+from hf_fsdp.cpu_host_training import HostTraining, joined, split_rows
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
 from hf_fsdp.loading import (
@@ -262,14 +262,20 @@ class FSDPEngine(TrainingEngine):
         results = None
         if parts is not None:
             with torch_threads(pool.threads):
-                results = [
-                    self._forward_micro_batches(
-                        part, (m := self._plan(part)), len(m), keys, **kwargs
-                    )
-                    for part in parts
-                ]
-        out: Batch = pool.scatter(results)
-        return out
+                whole = joined(parts)
+                if whole is not None:
+                    micro = self._plan(whole)
+                    out = self._forward_micro_batches(whole, micro, len(micro), keys, **kwargs)
+                    results = split_rows(out, [len(part) for part in parts])
+                else:
+                    results = [
+                        self._forward_micro_batches(
+                            part, (m := self._plan(part)), len(m), keys, **kwargs
+                        )
+                        for part in parts
+                    ]
+        mine: Batch = pool.scatter(results)
+        return mine
 
     def _forward_micro_batches(
         self,
@@ -326,10 +332,16 @@ class FSDPEngine(TrainingEngine):
         return int(batch["response_mask"].sum()) if "response_mask" in batch else 0
 
     def _loss_meta(
-        self, batch: Batch, num_micro: int, rank: int, global_rows: int, global_tokens: int
+        self,
+        batch: Batch,
+        num_micro: int,
+        rank: int,
+        global_rows: int,
+        global_tokens: int,
+        dp_size: int | None = None,
     ) -> dict[str, Any]:
         return {
-            "dp_size": self.world_size,
+            "dp_size": self.world_size if dp_size is None else dp_size,
             "dp_rank": rank,
             "global_batch_size": global_rows,
             "mini_batch_size": len(batch),
@@ -444,15 +456,23 @@ class FSDPEngine(TrainingEngine):
             self._choose_fit(
                 max((int(p["attention_mask"].sum(-1).max()) for p in parts if len(p)), default=1)
             )
-        plans = [self._plan(part, training=True) for part in parts]
+        whole = joined(parts)
+        # (batch, its rank, data-parallel size): the joined batch as one process trains it,
+        # else each rank's batch as that rank would, the ranks' gradients summed
+        shares = (
+            [(whole, 0, 1)]
+            if whole is not None
+            else [(part, rank, len(parts)) for rank, part in enumerate(parts)]
+        )
+        plans = [self._plan(share, training=True) for share, _, _ in shares]
         self._recompute_for([m for plan in plans for m in plan])
         rows_total = sum(len(part) for part in parts)
         tokens_total = sum(self._response_tokens(part) for part in parts)
         tokens = heads.ForwardTokens()
         per_rank = []
-        for rank, (part, micro) in enumerate(zip(parts, plans, strict=True)):
-            meta = self._loss_meta(part, len(micro), rank, rows_total, tokens_total)
-            rows = self._backward(part, micro, len(micro), meta, loss_fn, tokens, self.world_size)
+        for (share, rank, dp_size), micro in zip(shares, plans, strict=True):
+            meta = self._loss_meta(share, len(micro), rank, rows_total, tokens_total, dp_size)
+            rows = self._backward(share, micro, len(micro), meta, loss_fn, tokens, dp_size)
             per_rank.append(combine_metric_rows(rows, sums=("loss",)))
         metrics = combine_metric_rows(per_rank)
         if tokens.rows:  # below 1 where shared_prefix packed prompt groups

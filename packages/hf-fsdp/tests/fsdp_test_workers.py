@@ -44,6 +44,22 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
             digest.update(local.detach().contiguous().view(-1).view(torch.uint8).numpy())
         return digest.hexdigest()
 
+    @register("DP_PROTO")
+    def train_widened(self, batch: Batch, name: str, loss: str) -> dict[str, float]:
+        """``train``, with odd ranks' prompts one left-padding column wider: the ranks'
+        batches then differ in width (same samples, same numbers)."""
+        import torch
+
+        from hf_testing.workers import LOSSES
+
+        if self.rank % 2:
+            widened = batch.select(*batch.keys())
+            for key in ("prompts", "input_ids", "attention_mask", "position_ids"):
+                value = batch[key]
+                widened[key] = torch.cat([value.new_zeros(value.shape[0], 1), value], dim=1)
+            batch = widened
+        return self.engines[name].train_step(batch, LOSSES[loss])
+
     @register("ONE_TO_ALL")
     def build_rollout(self, name: str, config: dict[str, Any]) -> None:
         from hf_fsdp.rollout import HFRolloutEngine

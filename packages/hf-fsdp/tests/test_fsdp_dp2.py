@@ -192,16 +192,7 @@ def test_actor_update_matches_single_process(
     batch = rollout_batch(B, P, R, _vocab(path), seed=21)
     metrics = group.train(batch, name="actor", loss="policy")
     got = group.weights("actor")[0]
-
-    model = AutoModelForCausalLM.from_pretrained(path)
-    one = Batch(dict(batch.tensors.items()))
-    one.meta.update(dp_size=1, global_response_tokens=int(batch["response_mask"].sum()))
-    log_probs = reference_log_probs(model, batch, 1.0)
-    logits = model(**_inputs(batch)).logits[:, P - 1 : -1]
-    entropy = torch.distributions.Categorical(logits=logits).entropy()
-    loss, _ = policy_loss({"log_probs": log_probs, "entropy": entropy}, one)
-    loss_value = loss.item()
-    norm = _reference_step(model, loss)
+    model, loss_value, norm = _single_process_update(path, batch)
 
     assert len(metrics) == 2 and metrics[0] == metrics[1]  # every rank reports global values
     assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
@@ -215,6 +206,38 @@ def test_actor_update_matches_single_process(
         digests = group.local_digest("actor")
         assert digests[0] == digests[1]
     group.drop("actor")
+
+
+def _single_process_update(path: Path, batch: Batch) -> tuple[torch.nn.Module, float, float]:
+    """The policy update of ``batch`` by plain transformers in this process: the model after
+    it, the loss and the gradient norm."""
+    model = AutoModelForCausalLM.from_pretrained(path)
+    one = Batch(dict(batch.tensors.items()))
+    one.meta.update(dp_size=1, global_response_tokens=int(batch["response_mask"].sum()))
+    log_probs = reference_log_probs(model, batch, 1.0)
+    logits = model(**_inputs(batch)).logits[:, P - 1 : -1]
+    entropy = torch.distributions.Categorical(logits=logits).entropy()
+    loss, _ = policy_loss({"log_probs": log_probs, "entropy": entropy}, one)
+    loss_value = loss.item()
+    return model, loss_value, _reference_step(model, loss)
+
+
+def test_pooled_ranks_with_batches_of_different_widths_match_single_process(
+    group: WorkerGroup, models: dict
+) -> None:
+    """Pooled training (the CPU default) joins the ranks' batches when they have one width;
+    otherwise it runs each rank's share as that rank would and averages (this path)."""
+    path = models["qwen2_tied"]
+    built = group.build("actor_widths", {"model_path": str(path), **TRAIN})
+    assert [b["sharded"] for b in built] == [False, False]
+    batch = rollout_batch(B, P, R, _vocab(path), seed=25)
+    metrics = group.train_widened(batch, name="actor_widths", loss="policy")
+    got = group.weights("actor_widths")[0]
+    model, loss_value, norm = _single_process_update(path, batch)
+    assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    assert metrics[0]["loss"] == pytest.approx(loss_value, rel=1e-5, abs=1e-6)
+    _assert_same_weights(got, model)
+    group.drop("actor_widths")
 
 
 def test_critic_update_matches_single_process(group: WorkerGroup, models: dict) -> None:

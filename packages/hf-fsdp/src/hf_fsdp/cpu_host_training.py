@@ -28,6 +28,7 @@ the file; GPUs always shard with FSDP.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -40,6 +41,8 @@ from hf_fsdp.config import FSDPEngineConfig
 from hf_fsdp.cpu_host import HostPool
 from hf_fsdp.cpu_shared_memory import map_shared_file
 from hf_fsdp.loading import mixed_precision
+
+log = logging.getLogger(__name__)
 
 _ALIGN = 64
 """Each tensor's offset in the shared file (bytes): whole cache lines, any dtype's alignment."""
@@ -128,9 +131,22 @@ class HostTraining:
         trainable = _trainable(model, cfg.trainable)
         if trainable and len(set(owners([_nbytes(p) for p in trainable], pool.world))) < pool.world:
             return None  # a rank would step nothing: an optimizer wants parameters
-        buffer = map_shared_file(group, _layout_bytes(model, cfg.trainable))
+        size = _layout_bytes(model, cfg.trainable)
+        buffer = map_shared_file(group, size)
         if buffer is None:
+            log.info(
+                "pooled training needs a %d MiB /dev/shm file every rank maps (twice that "
+                "free): FSDP shards instead",
+                size >> 20,
+            )
             return None
+        log.info(
+            "%d ranks train one model (%d MiB of weights and gradients in /dev/shm), computed "
+            "on rank 0 with %d threads",
+            pool.world,
+            size >> 20,
+            pool.threads,
+        )
         return cls(pool, buffer, cfg.trainable)
 
     @torch.no_grad()

@@ -2,7 +2,9 @@
 processes: the same bytes for every size, dtype and rank count, tensors far larger than a
 slot, the file gone once mapped, gloo kept when a rank cannot map it, and a dead peer failing
 the call instead of hanging it.  The replicas' gradient average (hf_fsdp.cpu_replicas) over
-the same file: gloo's mean, and the same bytes on every rank."""
+the same file: gloo's mean, and the same bytes on every rank.  The host pool (hf_fsdp.cpu_host)
+that pooled generation and training share: a failure on its computing rank raises on every
+rank."""
 
 from __future__ import annotations
 
@@ -126,6 +128,24 @@ def _fallback(rank: int) -> tuple[bool, Any]:
         torch.from_file = real  # type: ignore[assignment]
 
 
+def _pooled_failure(rank: int) -> tuple[Any, str]:
+    """The host pool (hf_fsdp.cpu_host) hands each rank its item, then the leader's compute
+    raises: every rank raises, none is left waiting."""
+    from hf_fsdp.cpu_host import HostPool
+
+    pool = HostPool(threads=1)
+    items = pool.lead(10 * rank, lambda values: [v + 1 for v in values], scatter=True)
+
+    def broken(values: list[Any]) -> Any:
+        raise ValueError("a bad batch")
+
+    try:
+        pool.lead(rank, broken, scatter=False)
+        return items, "returned"
+    except Exception as error:
+        return items, f"{type(error).__name__}: {error}"
+
+
 def _dead_peer(rank: int) -> str:
     """Rank 1 dies before the collective that rank 0 waits in."""
     shm, exchange = _exchange(SMALL_BUDGET)
@@ -145,6 +165,7 @@ def _run(rank: int, world: int, port: int, result: Any) -> None:
     result[("replicas", rank)] = _replica_average(rank, world)
     if world == 2:
         result[("fallback", rank)] = _fallback(rank)
+        result[("pooled_failure", rank)] = _pooled_failure(rank)
         result[("dead_peer", rank)] = _dead_peer(rank)
 
 
@@ -192,6 +213,13 @@ def test_three_ranks_reduce_each_peer_chunk_in_its_place() -> None:
 def test_a_rank_that_cannot_map_the_file_keeps_every_rank_on_gloo(two_ranks: dict) -> None:
     assert two_ranks[("fallback", 0)] == (False, None)
     assert two_ranks[("fallback", 1)] == (False, None)
+
+
+def test_a_failure_on_the_pooling_rank_raises_on_every_rank(two_ranks: dict) -> None:
+    assert two_ranks[("pooled_failure", 0)] == (1, "ValueError: a bad batch")
+    items, said = two_ranks[("pooled_failure", 1)]
+    assert items == 11  # its own item of the leader's list
+    assert said.startswith("RuntimeError: rank 0 failed") and "ValueError: a bad batch" in said
 
 
 def test_a_dead_peer_fails_the_collective_instead_of_hanging(two_ranks: dict) -> None:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from hf_core.engines import torch_threads
 
 
 def host_id() -> str:
@@ -60,6 +63,39 @@ class HostPool:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         threads = sum(count for _, count in seen)  # type: ignore[misc]
         return cls(min(threads, cores) if cores else threads)
+
+    def lead(self, value: Any, compute: Callable[[list[Any]], Any], *, scatter: bool) -> Any:
+        """Every rank's ``value`` to the leader and ``compute(values)`` there with the pool's
+        threads; the result on every rank (``scatter``: a list, item ``rank`` to each rank).
+        An exception on the leader raises on every rank, so none is left waiting."""
+        gathered = self.gather(value)
+        result: Any = None
+        failure: Exception | None = None
+        if gathered is not None:
+            try:
+                with torch_threads(self.threads):
+                    result = compute(gathered)
+            except Exception as exc:  # re-raised below, after the others are told
+                failure = exc
+        said = f"{type(failure).__name__}: {failure}" if failure is not None else ""
+        if scatter:
+            items = None
+            if self.leader:
+                items = (
+                    [("ok", r) for r in result]
+                    if failure is None
+                    else [("error", said)] * self.world
+                )
+            status, payload = self.scatter(items)
+        else:
+            status, payload = self.broadcast(("ok", result) if failure is None else ("error", said))
+        if failure is not None:
+            raise failure
+        if status == "error":
+            raise RuntimeError(
+                f"rank 0 failed on the host's pooled work for rank {self.rank}: {payload}"
+            )
+        return payload
 
     def gather(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` in rank order on the leader; None elsewhere."""

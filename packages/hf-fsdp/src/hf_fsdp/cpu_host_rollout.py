@@ -25,7 +25,6 @@ from collections.abc import Callable
 import torch
 
 from hf_core.batch import Batch
-from hf_core.engines import torch_threads
 from hf_fsdp.cpu_host import HostPool
 
 PROMPT_WIDTH_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -50,14 +49,11 @@ class HostGeneration:
     def generate(self, prompts: Batch, decode: Callable[[Batch], Batch]) -> Batch:
         """``decode`` (the engine's own generate, closed over its sampling settings) of every
         rank's ``prompts`` on rank 0; this rank's rows of the result."""
-        gathered = self.pool.gather(prompts)
-        pieces: list[Batch] | None = None
-        if gathered is not None:
-            parts = [part for part in gathered if part is not None]
+
+        def decode_all(parts: list[Batch]) -> list[Batch]:
             width = max(_width(p) for p in parts)
             whole = Batch.concat([_left_pad(p, width) for p in parts])
-            with torch_threads(self.pool.threads):
-                out = decode(whole)
+            out = decode(whole)
             rows_per_prompt = len(out) // len(whole) if len(whole) else 1
             pieces, start = [], 0
             for part in parts:
@@ -65,8 +61,9 @@ class HostGeneration:
                 piece = out.index(slice(start, start + rows))
                 pieces.append(_trim_left(piece, width - _width(part)))
                 start += rows
-        mine = self.pool.scatter(pieces)
-        assert mine is not None
+            return pieces
+
+        mine: Batch = self.pool.lead(prompts, decode_all, scatter=True)
         return mine
 
 

@@ -48,7 +48,6 @@ from hf_core.engines import (
     plan_micro_batches,
     restore_outputs,
     save_hf_folder,
-    torch_threads,
     write_peft_folder,
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
@@ -257,24 +256,22 @@ class FSDPEngine(TrainingEngine):
         if self._host is None:
             micro, count = self._micro_batches(batch)
             return self._forward_micro_batches(batch, micro, count, keys, **kwargs)
-        pool = self._host.pool  # every rank's batch through the host's first rank
-        parts = pool.gather(batch)
-        results = None
-        if parts is not None:
-            with torch_threads(pool.threads):
-                whole = joined(parts)
-                if whole is not None:
-                    micro = self._plan(whole)
-                    out = self._forward_micro_batches(whole, micro, len(micro), keys, **kwargs)
-                    results = split_rows(out, [len(part) for part in parts])
-                else:
-                    results = [
-                        self._forward_micro_batches(
-                            part, (m := self._plan(part)), len(m), keys, **kwargs
-                        )
-                        for part in parts
-                    ]
-        mine: Batch = pool.scatter(results)
+
+        def forward_all(parts: list[Batch]) -> list[Batch]:
+            whole = joined(parts)
+            if whole is None:
+                return [
+                    self._forward_micro_batches(
+                        part, (m := self._plan(part)), len(m), keys, **kwargs
+                    )
+                    for part in parts
+                ]
+            micro = self._plan(whole)
+            out = self._forward_micro_batches(whole, micro, len(micro), keys, **kwargs)
+            return split_rows(out, [len(part) for part in parts])
+
+        # every rank's batch through the host's first rank
+        mine: Batch = self._host.pool.lead(batch, forward_all, scatter=True)
         return mine
 
     def _forward_micro_batches(
@@ -436,13 +433,10 @@ class FSDPEngine(TrainingEngine):
         """Every rank's gradients, summed into the shared ones by the host's first rank
         with every rank's threads and divided by the rank count (FSDP's average)."""
         assert self._host is not None
-        pool = self._host.pool
-        parts = pool.gather(batch)
-        summary = None
-        if parts is not None:
-            with torch_threads(pool.threads):
-                summary = self._leader_gradients(parts, loss_fn)
-        metrics, self.fit, self._checkpointing = pool.broadcast(summary)
+        summary = self._host.pool.lead(
+            batch, lambda parts: self._leader_gradients(parts, loss_fn), scatter=False
+        )
+        metrics, self.fit, self._checkpointing = summary
         metrics_out: dict[str, float] = metrics
         return metrics_out
 

@@ -1,0 +1,31 @@
+"""Pooled CPU training's pure parts (hf_fsdp.cpu_host_training): how the optimizer is split
+between the ranks, and when the ranks' batches join into one.  The training itself is checked
+against one process in test_fsdp_dp2.py."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_core.batch import Batch
+from hf_fsdp.cpu_host_training import joined, owners, split_rows
+
+
+def test_each_rank_steps_a_contiguous_share_of_about_equal_bytes() -> None:
+    sizes = [545, 4, 4, 120, 120, 120, 120, 120, 120, 120, 120, 4]
+    for world in (2, 3):
+        ranks = owners(sizes, world)
+        assert ranks == sorted(ranks) and set(ranks) == set(range(world))  # runs, none empty
+        shares = [sum(s for s, r in zip(sizes, ranks, strict=True) if r == k) for k in range(world)]
+        assert max(shares) - min(shares) <= max(sizes)  # off by at most one parameter
+    assert owners([10], 2) == [1]  # one parameter cannot be split: a rank gets nothing
+
+
+def test_batches_of_one_width_join_in_rank_order_and_split_back() -> None:
+    first = Batch({"input_ids": torch.arange(6).view(2, 3)})
+    second = Batch({"input_ids": torch.arange(6, 15).view(3, 3)})
+    whole = joined([first, second])
+    assert whole is not None and whole["input_ids"][:, 0].tolist() == [0, 3, 6, 9, 12]
+    back = split_rows(whole, [2, 3])
+    assert torch.equal(back[1]["input_ids"], second["input_ids"])
+    wider = Batch({"input_ids": torch.zeros(1, 4, dtype=torch.long)})
+    assert joined([first, wider]) is None  # widths differ: each rank's share on its own

@@ -194,7 +194,11 @@ class FSDPEngine(TrainingEngine):
 
     def _choose_fit(self, longest: int) -> None:
         longest = self._agreed(longest, dist.ReduceOp.MAX)
-        holders = self.world_size if self.sharded else 1  # replicas hold the whole state
+        # replicas hold the whole state each; FSDP shards it, and pooled ranks hold one state
+        # for the host (weights and gradients in the shared file, Adam split)
+        holders = (
+            1 if self._replica_gradients is not None or self.world_size == 1 else self.world_size
+        )
         self.fit = fit.resolve_fit(
             self.config, self.hf_config, self.model, holders, self.rank, longest
         )

@@ -434,8 +434,8 @@ class FSDPEngine(TrainingEngine):
         return combine_metric_rows(all_gather_objects(local))
 
     def _pooled_gradients(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """Every rank's gradients, summed into the shared ones by the host's first rank
-        with every rank's threads and divided by the rank count (FSDP's average)."""
+        """The gradients of every rank's batch, computed into the shared ones by the host's
+        first rank with every rank's threads (:mod:`hf_fsdp.cpu_host_training`)."""
         assert self._host is not None
         summary = self._host.pool.lead(
             batch, lambda parts: self._leader_gradients(parts, loss_fn), scatter=False

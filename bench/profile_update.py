@@ -90,10 +90,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--data-parallel",
-        default="pool",
-        choices=("pool", "replicate", "fsdp"),
-        help="the engine's cpu_data_parallel (one pooled model, replicas where they fit, "
-        "or FSDP shards)",
+        default="auto",
+        choices=("auto", "pool", "replicate", "fsdp"),
+        help="the engine's cpu_data_parallel (auto: pooled from 8M parameters, replicas "
+        "below where they fit; pool; replicate; fsdp)",
     )
     parser.add_argument("--layouts", default="1x2,2x1", help="processes x threads, comma-separated")
     parser.add_argument("--top", type=int, default=20)

@@ -44,7 +44,7 @@ def _run(rank: int, world: int, port: int, model: str, result: Any) -> None:
     from hf_fsdp.rollout import HFRolloutEngine
 
     settings = {"model_path": model, "dtype": "float32", "device": "cpu"}
-    pooled = HFRolloutEngine(settings)
+    pooled = HFRolloutEngine({**settings, "cpu_host_generation": True})  # auto: from 8M
     alone = HFRolloutEngine({**settings, "cpu_host_generation": False})
     params = SamplingParams(temperature=0.0, max_new_tokens=6, n=2)
     prompts = _prompts(rank, width=8 + 3 * rank)  # the ranks' prompt widths differ

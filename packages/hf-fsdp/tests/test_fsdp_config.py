@@ -174,22 +174,25 @@ def test_replicas_only_where_they_fit_on_a_cpu_host() -> None:
     for overrides in (
         {"cpu_data_parallel": "fsdp"},
         {"cpu_data_parallel": "replicate", "cpu_collectives": "process_group"},
-        {},  # the default pools instead (hf_fsdp.cpu_host_training); one process is plain
+        {},  # auto pools a 25M model instead (hf_fsdp.cpu_host_training)
+        {"cpu_data_parallel": "pool"},
     ):
         other = FSDPEngineConfig(model_path="m", **overrides)
         assert not replicas_fit(other, cpu, params, 2, host_bytes=roomy)
-    assert replicas_fit(FSDPEngineConfig(model_path="m"), cpu, params, 1, host_bytes=1)
+    assert replicas_fit(FSDPEngineConfig(model_path="m"), cpu, params, 1, host_bytes=1)  # plain
+    tiny = 1_000_000  # under POOL_MIN_PARAMS: auto replicates
+    assert replicas_fit(FSDPEngineConfig(model_path="m"), cpu, tiny, 2, host_bytes=roomy)
     lora = FSDPEngineConfig(model_path="m", lora={"rank": 4})
     assert replica_state_bytes(lora, params) == 4 * params  # frozen weights only
 
 
 def test_training_state_declared_per_rank_follows_the_replica_rule() -> None:
-    pooled = FSDPEngineConfig(model_path="m", device="cpu")
+    cfg = FSDPEngineConfig(model_path="m", device="cpu")  # auto
     small, huge = 1_000_000, 10**12
-    assert pooled.state_bytes_per_rank(small, 2, True) == 16 * small // 2  # one state a host
-    assert pooled.state_bytes_per_rank(small, 1, True) == 16 * small
-    cfg = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="replicate")
     assert cfg.state_bytes_per_rank(small, 2, True) == 16 * small  # replicas: all of it
+    pooled = 25_000_000  # auto pools from 8M parameters: one state a host
+    assert cfg.state_bytes_per_rank(pooled, 2, True) == 16 * pooled // 2
+    assert cfg.state_bytes_per_rank(pooled, 1, True) == 16 * pooled
     assert cfg.state_bytes_per_rank(huge, 2, True) == 16 * huge // 2  # FSDP shards
     assert cfg.state_bytes_per_rank(huge, 4, False) == 4 * huge // 4
     sharded = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="fsdp")

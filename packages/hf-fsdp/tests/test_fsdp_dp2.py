@@ -150,16 +150,18 @@ def _assert_same_weights(got: dict[str, torch.Tensor], model: torch.nn.Module) -
     assert diffs[worst] < ATOL, (worst, diffs[worst])
 
 
-FSDP = {"cpu_data_parallel": "fsdp"}  # CPU ranks default to pooling (hf_fsdp.cpu_host_training)
+FSDP = {"cpu_data_parallel": "fsdp"}  # tiny models default to replicas (hf_fsdp.cpu_replicas)
+POOL = {"cpu_data_parallel": "pool"}  # the default from 8M parameters (hf_fsdp.cpu_host_training)
 MICRO_BATCHING = {
     "fixed-chunks": {"max_tokens_per_micro_batch": None},
     "token-budget": {},  # the default budget, samples capped by TRAIN's micro_batch_size
     # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
     "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
     "fsdp": FSDP,
-    "replicas": {"cpu_data_parallel": "replicate"},
-    "replicas-small-token-budget": {"cpu_data_parallel": "replicate", "micro_batch_size": None,
-                                    "max_tokens_per_micro_batch": 2 * (P + R)},
+    "pooled": POOL,
+    "pooled-small-token-budget": {**POOL, "micro_batch_size": None,
+                                  "max_tokens_per_micro_batch": 2 * (P + R)},
+    "pooled-chunked-head": {**POOL, **CHUNKED_HEAD},
     "fsdp-small-token-budget": {**FSDP, "micro_batch_size": None,
                                 "max_tokens_per_micro_batch": 2 * (P + R)},
     "per-layer-units": {**FSDP, "fsdp_unit": "layer"},  # tiny models default to one unit
@@ -225,10 +227,11 @@ def _single_process_update(path: Path, batch: Batch) -> tuple[torch.nn.Module, f
 def test_pooled_ranks_with_batches_of_different_widths_match_single_process(
     group: WorkerGroup, models: dict
 ) -> None:
-    """Pooled training (the CPU default) joins the ranks' batches when they have one width;
-    otherwise it runs each rank's share as that rank would and averages (this path)."""
+    """Pooled training (the CPU default from 8M parameters) joins the ranks' batches when
+    they have one width; otherwise it runs each rank's share as that rank would and averages
+    (this path)."""
     path = models["qwen2_tied"]
-    built = group.build("actor_widths", {"model_path": str(path), **TRAIN})
+    built = group.build("actor_widths", {"model_path": str(path), **TRAIN, **POOL})
     assert [b["sharded"] for b in built] == [False, False]
     batch = rollout_batch(B, P, R, _vocab(path), seed=25)
     metrics = group.train_widened(batch, name="actor_widths", loss="policy")

@@ -94,9 +94,11 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "a /dev/shm file (hf_fsdp.cpu_shared_memory; gloo where ranks cannot share one), or "
         "process_group: always gloo.  GPUs use NCCL either way",
     )
-    cpu_data_parallel: Literal["pool", "replicate", "fsdp"] = Field(
-        "pool",
-        description="CPU ranks on one host: pool: one model in shared memory, the forwards "
+    cpu_data_parallel: Literal["auto", "pool", "replicate", "fsdp"] = Field(
+        "auto",
+        description="CPU ranks on one host: auto: pool for models of 8M parameters and "
+        "more (hf_fsdp.cpu_host.POOL_MIN_PARAMS), replicate below; pool: one model in "
+        "shared memory, the forwards "
         "and backwards run on the host's first rank with every rank's threads and each rank "
         "steps a share of the optimizer (hf_fsdp.cpu_host_training); replicate: plain "
         "replicas averaging their gradients through shared memory (hf_fsdp.cpu_replicas) "
@@ -180,11 +182,12 @@ class HFRolloutConfig(BaseModel):
         "hf_fsdp.decoder) where it applies, transformers' forward otherwise",
     )
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
-    cpu_host_generation: bool = Field(
-        True,
+    cpu_host_generation: bool | Literal["auto"] = Field(
+        "auto",
         description="CPU ranks of one process group on one host decode every rank's prompts "
         "on the host's first rank with all their threads (hf_fsdp.cpu_host_rollout): "
-        "decoding reads every weight once a step instead of once per rank",
+        "decoding reads every weight once a step instead of once per rank; auto: for models "
+        "of 8M parameters and more (hf_fsdp.cpu_host.POOL_MIN_PARAMS)",
     )
 
 

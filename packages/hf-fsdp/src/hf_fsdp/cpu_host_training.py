@@ -22,8 +22,9 @@ trained as one process would train the global batch (the gradient data paralleli
 to); where their widths differ, each rank's micro-batches are planned and scaled as that rank
 would and the summed gradient is divided by the rank count, as FSDP's reduce-scatter
 averages.  Used where FSDP would otherwise run on CPU ranks of one host:
-``cpu_data_parallel: pool`` (the default), no mixed precision, and every rank able to map
-the file; GPUs always shard with FSDP.
+``cpu_data_parallel: pool``, or ``auto`` (the default) for models of
+:data:`~hf_fsdp.cpu_host.POOL_MIN_PARAMS` parameters and more; no mixed precision, and every
+rank able to map the file; GPUs always shard with FSDP.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from torch import nn
 
 from hf_core.batch import Batch, BatchError
 from hf_fsdp.config import FSDPEngineConfig
-from hf_fsdp.cpu_host import HostPool
+from hf_fsdp.cpu_host import HostPool, pooling_chosen
 from hf_fsdp.cpu_shared_memory import map_shared_file
 from hf_fsdp.loading import mixed_precision
 
@@ -48,9 +49,13 @@ _ALIGN = 64
 """Each tensor's offset in the shared file (bytes): whole cache lines, any dtype's alignment."""
 
 
-def pooling_wanted(cfg: FSDPEngineConfig, device: torch.device) -> bool:
-    """Whether the config asks for pooled training where the ranks allow it."""
-    if device.type != "cpu" or cfg.cpu_data_parallel != "pool":
+def pooling_wanted(cfg: FSDPEngineConfig, device: torch.device, num_params: int) -> bool:
+    """Whether the config asks for pooled training of a model of ``num_params`` where the
+    ranks allow it (``auto``: from :data:`~hf_fsdp.cpu_host.POOL_MIN_PARAMS`)."""
+    if device.type != "cpu" or cfg.cpu_data_parallel in ("replicate", "fsdp"):
+        return False
+    setting: bool | str = True if cfg.cpu_data_parallel == "pool" else "auto"
+    if not pooling_chosen(setting, num_params):
         return False
     return mixed_precision(cfg, device) is None and cfg.cpu_collectives == "shared_memory"
 
@@ -123,7 +128,7 @@ class HostTraining:
         """Pooled training for ``model`` (its parameters may still be on the meta device),
         or None where the config, the device, the hosts or ``/dev/shm`` rule it out.
         Collective: every rank of the default group gets the same answer."""
-        if not pooling_wanted(cfg, device):
+        if not pooling_wanted(cfg, device, sum(p.numel() for p in model.parameters())):
             return None
         pool = HostPool.for_this_process(device)
         if pool is None:

@@ -40,6 +40,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.dtypes import rollout_dtype
 from hf_fsdp.config import HFRolloutConfig, parse_config
+from hf_fsdp.cpu_host import pooling_chosen
 from hf_fsdp.cpu_host_rollout import HostGeneration
 from hf_fsdp.decoder import (
     DecodeSession,
@@ -98,7 +99,8 @@ class HFRolloutEngine(RolloutEngine):
         self._tensors_this_sync = 0
         self._released = False
         self._model_bytes: int | None = None
-        pooled = cfg.cpu_host_generation
+        size = sum(p.numel() for p in self.model.parameters())
+        pooled = pooling_chosen(cfg.cpu_host_generation, size)
         self._host = HostGeneration.for_this_process(self.device) if pooled else None
 
     def _lean_decoder(self, onednn: bool) -> LlamaFamilyDecoder | None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from hf_core.batch import Batch
-from hf_fsdp.cpu_host_training import joined, owners, split_rows
+from hf_fsdp.cpu_host import split_rows
+from hf_fsdp.cpu_host_training import joined, owners
 
 
 def test_each_rank_steps_a_contiguous_share_of_about_equal_bytes() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hf_core.batch import Batch
 from hf_core.engines import torch_threads
 
 POOL_MIN_PARAMS = 8_000_000
@@ -37,6 +38,24 @@ def pooling_chosen(setting: bool | str, num_params: int) -> bool:
     if setting == "auto":
         return num_params >= POOL_MIN_PARAMS
     return bool(setting)
+
+
+def data_parallel_choice(mode: str, num_params: int) -> str:
+    """``cpu_data_parallel`` for a model of ``num_params``: ``pool``, ``replicate`` or
+    ``fsdp``, ``auto`` resolved by :data:`POOL_MIN_PARAMS` (the one place that reads it for
+    training; the engine still falls back where the ranks cannot pool or replicate)."""
+    if mode == "auto":
+        return "pool" if pooling_chosen("auto", num_params) else "replicate"
+    return mode
+
+
+def split_rows(whole: Batch, sizes: list[int]) -> list[Batch]:
+    """``whole``'s rows back in consecutive pieces of ``sizes`` (the ranks' shares)."""
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(whole.index(slice(start, start + size)))
+        start += size
+    return pieces
 
 
 def host_id() -> str:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from hf_core.batch import Batch
-from hf_fsdp.cpu_host import HostPool
+from hf_fsdp.cpu_host import HostPool, split_rows
 
 PROMPT_WIDTH_KEYS = ("input_ids", "attention_mask", "position_ids")
 """Prompt-batch keys of width ``prompt_len`` (left-padded)"""
@@ -55,13 +55,11 @@ class HostGeneration:
             whole = Batch.concat([_left_pad(p, width) for p in parts])
             out = decode(whole)
             rows_per_prompt = len(out) // len(whole) if len(whole) else 1
-            pieces, start = [], 0
-            for part in parts:
-                rows = len(part) * rows_per_prompt
-                piece = out.index(slice(start, start + rows))
-                pieces.append(_trim_left(piece, width - _width(part)))
-                start += rows
-            return pieces
+            pieces = split_rows(out, [len(part) * rows_per_prompt for part in parts])
+            return [
+                _trim_left(piece, width - _width(part))
+                for piece, part in zip(pieces, parts, strict=True)
+            ]
 
         mine: Batch = self.pool.lead(prompts, decode_all, scatter=True)
         return mine

@@ -39,7 +39,7 @@ from torch import nn
 
 from hf_core.batch import Batch, BatchError
 from hf_fsdp.config import FSDPEngineConfig
-from hf_fsdp.cpu_host import HostPool, pooling_chosen
+from hf_fsdp.cpu_host import HostPool, data_parallel_choice
 from hf_fsdp.cpu_shared_memory import map_shared_file
 from hf_fsdp.loading import mixed_precision
 
@@ -52,10 +52,7 @@ _ALIGN = 64
 def pooling_wanted(cfg: FSDPEngineConfig, device: torch.device, num_params: int) -> bool:
     """Whether the config asks for pooled training of a model of ``num_params`` where the
     ranks allow it (``auto``: from :data:`~hf_fsdp.cpu_host.POOL_MIN_PARAMS`)."""
-    if device.type != "cpu" or cfg.cpu_data_parallel in ("replicate", "fsdp"):
-        return False
-    setting: bool | str = True if cfg.cpu_data_parallel == "pool" else "auto"
-    if not pooling_chosen(setting, num_params):
+    if device.type != "cpu" or data_parallel_choice(cfg.cpu_data_parallel, num_params) != "pool":
         return False
     return mixed_precision(cfg, device) is None and cfg.cpu_collectives == "shared_memory"
 
@@ -86,15 +83,6 @@ def joined(parts: list[Batch]) -> Batch | None:
         return Batch.concat(parts)
     except (BatchError, RuntimeError):
         return None
-
-
-def split_rows(whole: Batch, sizes: list[int]) -> list[Batch]:
-    """``whole``'s rows back in pieces of ``sizes`` (the ranks' shares of :func:`joined`)."""
-    pieces, start = [], 0
-    for size in sizes:
-        pieces.append(whole.index(slice(start, start + size)))
-        start += size
-    return pieces
 
 
 def _trainable(model: nn.Module, trains: bool) -> list[nn.Parameter]:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from hf_core.engines.memory_fit import node_memory_bytes
 from hf_fsdp.config import FSDPEngineConfig
-from hf_fsdp.cpu_host import pooling_chosen
+from hf_fsdp.cpu_host import data_parallel_choice
 from hf_fsdp.cpu_shared_memory import SharedMemoryExchange, exchange_for
 from hf_fsdp.distributed import all_reduce_int
 from hf_fsdp.loading import mixed_precision
@@ -54,14 +54,6 @@ def replica_state_bytes(cfg: FSDPEngineConfig, num_params: int) -> int:
     return training_state_bytes(cfg, num_params, cfg.trainable and cfg.lora is None)
 
 
-def replicating(cfg: FSDPEngineConfig, num_params: int) -> bool:
-    """Whether ``cpu_data_parallel`` asks for replicas of a model of ``num_params`` (``auto``
-    replicates models too small to gain from pooling)."""
-    if cfg.cpu_data_parallel == "auto":
-        return not pooling_chosen("auto", num_params)
-    return cfg.cpu_data_parallel == "replicate"
-
-
 def replicas_fit(
     cfg: FSDPEngineConfig,
     device: torch.device,
@@ -77,8 +69,8 @@ def replicas_fit(
         return False
     if ranks_on_host == 1:  # one process trains a plain model under pool too
         return True
-    if not replicating(cfg, num_params):  # pooled instead (hf_fsdp.cpu_host_training)
-        return False
+    if data_parallel_choice(cfg.cpu_data_parallel, num_params) != "replicate":
+        return False  # pooled instead (hf_fsdp.cpu_host_training)
     if cfg.cpu_collectives != "shared_memory":  # gloo would move every gradient over TCP
         return False
     total = host_bytes if host_bytes is not None else node_memory_bytes()

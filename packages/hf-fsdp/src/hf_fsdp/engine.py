@@ -54,7 +54,8 @@ from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
-from hf_fsdp.cpu_host_training import HostTraining, joined, split_rows
+from hf_fsdp.cpu_host import split_rows
+from hf_fsdp.cpu_host_training import HostTraining, joined
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
 from hf_fsdp.loading import (
@@ -76,6 +77,11 @@ log = logging.getLogger(__name__)
 
 ADAPTER_FOLDER = "adapter"
 """A LoRA engine's checkpoint holds its adapters in peft format in this sub-folder too."""
+
+
+def _longest(batch: Batch) -> int:
+    """The longest sample's tokens (1 for an empty batch): what the micro-batch fit needs."""
+    return int(batch["attention_mask"].sum(-1).max()) if len(batch) else 1
 
 
 class FSDPEngine(TrainingEngine):
@@ -187,7 +193,7 @@ class FSDPEngine(TrainingEngine):
         gradient checkpointing); for forward-only passes (no activations kept), the default."""
         tokens = self.config.max_tokens_per_micro_batch
         if training and self.fit is None and "auto" in (tokens, self.config.gradient_checkpointing):
-            self._choose_fit(int(batch["attention_mask"].sum(-1).max()) if len(batch) else 1)
+            self._choose_fit(_longest(batch))
         if tokens != "auto":
             return tokens
         return self.fit.max_tokens if training and self.fit is not None else DEFAULT_MAX_TOKENS
@@ -451,9 +457,7 @@ class FSDPEngine(TrainingEngine):
             self.config.max_tokens_per_micro_batch,
             self.config.gradient_checkpointing,
         ):
-            self._choose_fit(
-                max((int(p["attention_mask"].sum(-1).max()) for p in parts if len(p)), default=1)
-            )
+            self._choose_fit(max(_longest(part) for part in parts))
         whole = joined(parts)
         # (batch, its rank, data-parallel size): the joined batch as one process trains it,
         # else each rank's batch as that rank would, the ranks' gradients summed

@@ -1,6 +1,5 @@
-"""Pooled CPU training's pure parts (hf_fsdp.cpu_host_training): how the optimizer is split
-between the ranks, and when the ranks' batches join into one.  The training itself is checked
-against one process in test_fsdp_dp2.py."""
+"""Pooled CPU training's pure part (hf_fsdp.cpu_host_training): when the ranks' batches join
+into one.  The training itself is checked against one process in test_fsdp_dp2.py."""
 
 from __future__ import annotations
 
@@ -8,17 +7,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_fsdp.cpu_host import split_rows
-from hf_fsdp.cpu_host_training import joined, owners
-
-
-def test_each_rank_steps_a_contiguous_share_of_about_equal_bytes() -> None:
-    sizes = [545, 4, 4, 120, 120, 120, 120, 120, 120, 120, 120, 4]
-    for world in (2, 3):
-        ranks = owners(sizes, world)
-        assert ranks == sorted(ranks) and set(ranks) == set(range(world))  # runs, none empty
-        shares = [sum(s for s, r in zip(sizes, ranks, strict=True) if r == k) for k in range(world)]
-        assert max(shares) - min(shares) <= max(sizes)  # off by at most one parameter
-    assert owners([10], 2) == [1]  # one parameter cannot be split: a rank gets nothing
+from hf_fsdp.cpu_host_training import joined
 
 
 def test_batches_of_one_width_join_in_rank_order_and_split_back() -> None:

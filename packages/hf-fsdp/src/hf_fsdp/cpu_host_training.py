@@ -1,21 +1,29 @@
-"""CPU ranks on one host train one model: weights and gradients in one shared file, the
-forward and backward passes pooled on the host's first rank, the optimizer split (CPU only).
+"""CPU ranks on one host train one model: the weights in one shared file, the whole update
+(forwards, backwards, optimizer) on the host's first rank with every rank's threads (CPU only).
 
 Why: FSDP shards make each rank gather every weight before using it and reduce every
 gradient after, copies that on a CPU run at memory speed on the cores that compute; replicas
 (:mod:`hf_fsdp.cpu_replicas`) avoid the copies but hold the whole training state once per
 rank (two Qwen2.5-0.5B-shape replicas take two thirds of a 24 GB host); and either way each
 rank computes its half of the batch with its own threads, which on one host's shared cores is
-slower than one process computing all of it (docs/performance.md).  Here the host holds one
-copy of the weights and one of the gradients, mapped by every rank from a ``/dev/shm`` file:
+slower than one process computing all of it (docs/performance.md).  Here the host trains as
+one process would:
 
-- forwards and backwards run on rank 0 for every rank's batch, with every rank's threads
-  (:class:`~hf_fsdp.cpu_host.HostPool`; the others wait in a gloo receive);
-- each rank's optimizer steps a contiguous share of the trainable parameters, about
-  ``1 / world`` of their bytes, in place in the shared weights, all ranks at once; Adam's
-  moments are split the same way, so the host holds the training state of one process;
-- every rank reads the same weights for its weight sync, export and checkpoint (DCP saves a
-  replicated tensor once; each rank's optimizer saves the moments of its share).
+- rank 0 runs the forwards and backwards of every rank's batch, and the optimizer step, with
+  every rank's threads (:class:`~hf_fsdp.cpu_host.HostPool`; the others wait in a gloo
+  receive, which takes no CPU).  Its weights, gradients and Adam moments are its own
+  private tensors, as in one process;
+- the other ranks hold no training state, only a mirror of the weights in a ``/dev/shm``
+  file, which rank 0 brings up to date (one copy) before they read it for a weight sync, an
+  export or a checkpoint -- no gathers.
+
+Why rank 0 keeps its own weights rather than computing on the shared ones: a shared file
+sits on 4 KiB pages (tmpfs does not take transparent huge pages unless the host's
+``shmem_enabled`` allows it), and GEMMs streaming 0.5B-shape weights from them ran 30-60%
+slower than from private huge pages on the development VM.  An earlier version computed
+on the shared weights with the gradients bound in the same file and the optimizer split
+over the ranks; it paid that, plus autograd adding into the bound gradients and their
+zeroing (0.5B update: 8.30 s against 7.42 s on one process).
 
 The arithmetic is the data-parallel step's.  The ranks' batches, joined in rank order, are
 trained as one process would train the global batch (the gradient data parallelism averages
@@ -30,8 +38,6 @@ rank able to map the file; GPUs always shard with FSDP.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -65,17 +71,6 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGN) * _ALIGN
 
 
-def owners(sizes: list[int], world: int) -> list[int]:
-    """The rank that steps each parameter: contiguous runs of about ``1 / world`` of the
-    bytes each (a parameter goes to the rank whose share holds its middle byte)."""
-    total = sum(sizes) or 1
-    out, before = [], 0
-    for size in sizes:
-        out.append(min(world - 1, int(world * (before + size / 2) / total)))
-        before += size
-    return out
-
-
 def joined(parts: list[Batch]) -> Batch | None:
     """The ranks' batches as one, rows in rank order, or None where their keys or widths
     differ (a trainer's batch split over the ranks has one width)."""
@@ -85,25 +80,26 @@ def joined(parts: list[Batch]) -> Batch | None:
         return None
 
 
-def _trainable(model: nn.Module, trains: bool) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad] if trains else []
-
-
-def _layout_bytes(model: nn.Module, trains: bool) -> int:
-    """The shared file's size: every weight, then every trainable weight's gradient."""
-    weights = sum(_aligned(_nbytes(p)) for p in model.parameters())
-    return weights + sum(_aligned(_nbytes(p)) for p in _trainable(model, trains))
+def _layout_bytes(model: nn.Module) -> int:
+    """The shared file's size: every weight, each at an aligned offset."""
+    return sum(_aligned(_nbytes(p)) for p in model.parameters())
 
 
 class HostTraining:
-    """One model's shared weights and gradients, and this rank's share of the optimizer."""
+    """One model trained on the host's first rank, in its own memory; the other ranks read
+    a mirror of its weights in a shared file, brought up to date before they read it."""
 
-    def __init__(self, pool: HostPool, buffer: torch.Tensor, trains: bool) -> None:
+    def __init__(self, pool: HostPool, buffer: torch.Tensor) -> None:
         self.pool = pool
         self.buffer = buffer
-        self.trains = trains
-        self.owned: list[nn.Parameter] = []
-        """The parameters this rank's optimizer steps (set by :meth:`bind`)."""
+        self._mirrored: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """The leader's (weight, its view in the shared file) pairs (set by :meth:`bind`)."""
+        self._stale = False
+
+    @property
+    def trains_here(self) -> bool:
+        """Whether this rank computes the updates (and holds the optimizer)."""
+        return self.pool.leader
 
     @classmethod
     def plan(
@@ -121,10 +117,7 @@ class HostTraining:
         pool = HostPool.for_this_process(device)
         if pool is None:
             return None
-        trainable = _trainable(model, cfg.trainable)
-        if trainable and len(set(owners([_nbytes(p) for p in trainable], pool.world))) < pool.world:
-            return None  # a rank would step nothing: an optimizer wants parameters
-        size = _layout_bytes(model, cfg.trainable)
+        size = _layout_bytes(model)
         buffer = map_shared_file(group, size)
         if buffer is None:
             log.info(
@@ -134,59 +127,48 @@ class HostTraining:
             )
             return None
         log.info(
-            "%d ranks train one model (%d MiB of weights and gradients in /dev/shm), computed "
-            "on rank 0 with %d threads",
+            "%d ranks train one model on rank 0 with %d threads (the others read a %d MiB "
+            "mirror of its weights in /dev/shm)",
             pool.world,
-            size >> 20,
             pool.threads,
+            size >> 20,
         )
-        return cls(pool, buffer, cfg.trainable)
+        return cls(pool, buffer)
 
     @torch.no_grad()
     def bind(self, model: nn.Module) -> None:
-        """Move the loaded weights into the shared file (rank 0's copy; every rank loaded
-        the same) and point every rank's parameters and gradients at it.  Collective."""
+        """Copy the loaded weights into the mirror (rank 0's; every rank loaded the same)
+        and point the other ranks' parameters at it.  Collective."""
         params = list(model.parameters())
-        trainable = _trainable(model, self.trains)
-        if _layout_bytes(model, self.trains) > self.buffer.numel():
+        if _layout_bytes(model) > self.buffer.numel():
             raise RuntimeError("the loaded model outgrew the shared file planned for it")
         offset = 0
         views: list[torch.Tensor] = []
         for param in params:
-            views.append(self._view(offset, param))
-            offset += _aligned(_nbytes(param))
+            nbytes = _nbytes(param)
+            views.append(self.buffer[offset : offset + nbytes].view(param.dtype).view(param.shape))
+            offset += _aligned(nbytes)
         if self.pool.leader:
+            self._mirrored = [(param.data, view) for param, view in zip(params, views, strict=True)]
+            self._stale = True
+            self.publish()
+        else:
+            self.pool.broadcast(None)  # the leader's publish
             for param, view in zip(params, views, strict=True):
-                view.copy_(param.data)
-        self.pool.broadcast(None)  # the weights are in place before anyone reads them
-        for param, view in zip(params, views, strict=True):
-            param.data = view
-        for param in trainable:
-            param.grad = self._view(offset, param)  # zeros: the file starts zeroed
-            offset += _aligned(_nbytes(param))
-        ranks = owners([_nbytes(p) for p in trainable], self.pool.world)
-        self.owned = [p for p, r in zip(trainable, ranks, strict=True) if r == self.pool.rank]
+                param.data = view
 
-    def _view(self, offset: int, param: nn.Parameter) -> torch.Tensor:
-        nbytes = _nbytes(param)
-        return self.buffer[offset : offset + nbytes].view(param.dtype).view(param.shape)
+    def updated(self) -> None:
+        """The leader stepped the weights: the mirror is behind until :meth:`publish`
+        (every rank calls this, so all know a publish is due)."""
+        self._stale = True
 
-    def zero_owned_grads(self) -> None:
-        """Each rank clears its share's gradients for the next update (in parallel)."""
-        for param in self.owned:
-            assert param.grad is not None
-            param.grad.zero_()
-
-    @contextmanager
-    def gradients_detached(self) -> Iterator[None]:
-        """The owned parameters without gradients for the block, then the shared ones back:
-        DCP builds an optimizer's state before its first step only for parameters without
-        gradients (and then clears them), as it does for an FSDP engine."""
-        saved = [p.grad for p in self.owned]
-        for param in self.owned:
-            param.grad = None
-        try:
-            yield
-        finally:
-            for param, grad in zip(self.owned, saved, strict=True):
-                param.grad = grad
+    @torch.no_grad()
+    def publish(self) -> None:
+        """Bring the mirror up to date before the other ranks read it (a weight sync, an
+        export, a checkpoint).  Collective; nothing happens when no step came since."""
+        if not self._stale:
+            return
+        for weight, view in self._mirrored:
+            view.copy_(weight)
+        self.pool.broadcast(None)  # the mirror is whole before anyone reads it
+        self._stale = False

@@ -54,7 +54,7 @@ from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
-from hf_fsdp.cpu_host import split_rows
+from hf_fsdp.cpu_host import per_rank_threads, split_rows
 from hf_fsdp.cpu_host_training import HostTraining, joined
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
@@ -147,9 +147,8 @@ class FSDPEngine(TrainingEngine):
         self._adapted = lora.adapted_weights(list(self.param_shapes))
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
-        if cfg.trainable:
-            stepped = self._host.owned if self._host is not None else model.parameters()
-            self.optimizer = build_optimizer(stepped, cfg)
+        if cfg.trainable and (self._host is None or self._host.trains_here):
+            self.optimizer = build_optimizer(model.parameters(), cfg)
             self.scheduler = build_scheduler(self.optimizer, cfg)
         self.step = 0
         self._collective_device = collective_device()
@@ -182,6 +181,12 @@ class FSDPEngine(TrainingEngine):
             if isinstance(module, FSDPModule):
                 module.reshard()
 
+    def _publish(self) -> None:
+        """Under pooled training, the weights the other ranks read brought up to date with
+        the first rank's (:meth:`HostTraining.publish`)."""
+        if self._host is not None:
+            self._host.publish()
+
     def _agreed(self, value: int, op: dist.ReduceOp) -> int:
         """``value`` combined over the ranks that compute: all of them, or under pooled
         training (:mod:`hf_fsdp.cpu_host_training`) the host's first rank alone."""
@@ -201,7 +206,7 @@ class FSDPEngine(TrainingEngine):
     def _choose_fit(self, longest: int) -> None:
         longest = self._agreed(longest, dist.ReduceOp.MAX)
         # replicas hold the whole state each; FSDP shards it, and pooled ranks hold one state
-        # for the host (weights and gradients in the shared file, Adam split)
+        # for the host (on its first rank; the host's memory is what the ranks share)
         holders = (
             1 if self._replica_gradients is not None or self.world_size == 1 else self.world_size
         )
@@ -264,8 +269,9 @@ class FSDPEngine(TrainingEngine):
     @torch.no_grad()
     def _forward_only(self, batch: Batch, keys: tuple[str, ...], **kwargs: Any) -> Batch:
         if self._host is None:
-            micro, count = self._micro_batches(batch)
-            return self._forward_micro_batches(batch, micro, count, keys, **kwargs)
+            with per_rank_threads():
+                micro, count = self._micro_batches(batch)
+                return self._forward_micro_batches(batch, micro, count, keys, **kwargs)
 
         def forward_all(parts: list[Batch]) -> list[Batch]:
             whole = joined(parts)
@@ -379,36 +385,21 @@ class FSDPEngine(TrainingEngine):
         plus ``grad_norm`` (before clipping, global), ``lr`` (used by this step), ``step``
         and ``update_skipped`` (1.0 when the gradient norm was not finite).
         """
-        if self.optimizer is None:
+        if not self.config.trainable:
             raise RuntimeError(
                 "train_step on a frozen engine (trainable=False: reference / reward model)"
             )
         self._require_onloaded("train_step")
-        if self._host is not None:
-            metrics_out = self._pooled_gradients(batch, loss_fn)
-            stepped, replicated = self._host.owned, False
+        if self._host is not None:  # the whole update on the host's first rank
+            metrics_out, self.fit, self._checkpointing = self._host.pool.lead(
+                batch, lambda parts: self._leader_step(parts, loss_fn), scatter=False
+            )
+            self._host.updated()
         else:
-            metrics_out = self._gradients(batch, loss_fn)
-            stepped, replicated = list(self.model.parameters()), True
-        grad_norm = clip_grad_norm(
-            stepped, self.config.grad_clip, self._collective_device, replicated=replicated
-        )
-        lr = self.optimizer.param_groups[0]["lr"]
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            log.warning("step %d: gradient norm %s, update skipped", self.step, grad_norm)
-        else:
-            self.optimizer.step()
-        if self._host is not None:
-            self._host.zero_owned_grads()
-            dist.barrier()  # every share stepped before any rank reads the weights
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+            with per_rank_threads():
+                metrics_out = self._optimizer_step(self._gradients(batch, loss_fn), True)
         self.step += 1
-        metrics_out.update(
-            grad_norm=grad_norm, lr=float(lr), step=float(self.step), update_skipped=float(skipped)
-        )
+        metrics_out["step"] = float(self.step)
         if self.fit is not None:  # the choice only: its memory figures are logged once
             metrics_out.update(
                 {
@@ -417,6 +408,31 @@ class FSDPEngine(TrainingEngine):
                 }
             )
         return metrics_out
+
+    def _optimizer_step(self, metrics: dict[str, float], across_ranks: bool) -> dict[str, float]:
+        """Clip, step and clear the gradients (``across_ranks``: the norm is reduced over
+        the ranks, as each holds gradients); ``metrics`` with the step's own added."""
+        assert self.optimizer is not None and self.scheduler is not None
+        grad_norm = clip_grad_norm(
+            self.model.parameters(),
+            self.config.grad_clip,
+            self._collective_device,
+            across_ranks=across_ranks,
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            log.warning("step %d: gradient norm %s, update skipped", self.step, grad_norm)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return {
+            **metrics,
+            "grad_norm": grad_norm,
+            "lr": float(lr),
+            "update_skipped": float(skipped),
+        }
 
     def _gradients(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """This rank's gradients, averaged over the ranks; the step's metrics."""
@@ -439,20 +455,15 @@ class FSDPEngine(TrainingEngine):
         local = combine_metric_rows(rows, sums=("loss",))
         return combine_metric_rows(all_gather_objects(local))
 
-    def _pooled_gradients(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """The gradients of every rank's batch, computed into the shared ones by the host's
-        first rank with every rank's threads (:mod:`hf_fsdp.cpu_host_training`)."""
-        assert self._host is not None
-        summary = self._host.pool.lead(
-            batch, lambda parts: self._leader_gradients(parts, loss_fn), scatter=False
-        )
-        metrics, self.fit, self._checkpointing = summary
-        metrics_out: dict[str, float] = metrics
-        return metrics_out
-
-    def _leader_gradients(
+    def _leader_step(
         self, parts: list[Batch], loss_fn: LossFn
     ) -> tuple[dict[str, float], MicroBatchFit | None, bool]:
+        """Pooled training's update of every rank's batch on the host's first rank
+        (:mod:`hf_fsdp.cpu_host_training`); the metrics and the fit the ranks share."""
+        metrics = self._optimizer_step(self._leader_gradients(parts, loss_fn), False)
+        return metrics, self.fit, self._checkpointing
+
+    def _leader_gradients(self, parts: list[Batch], loss_fn: LossFn) -> dict[str, float]:
         if self.fit is None and "auto" in (
             self.config.max_tokens_per_micro_batch,
             self.config.gradient_checkpointing,
@@ -479,7 +490,7 @@ class FSDPEngine(TrainingEngine):
         metrics = combine_metric_rows(per_rank)
         if tokens.rows:  # below 1 where shared_prefix packed prompt groups
             metrics["forward_token_fraction"] = tokens.fraction
-        return metrics, self.fit, self._checkpointing
+        return metrics
 
     def _backward(
         self,
@@ -549,6 +560,7 @@ class FSDPEngine(TrainingEngine):
         export dtype.  A gather holds the ranks' pieces and the full tensors built from them:
         half a bucket each keeps a sync's extra memory at about one bucket."""
         self._reshard()
+        self._publish()
         dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
         return stream_canonical(
             self.model,
@@ -611,6 +623,7 @@ class FSDPEngine(TrainingEngine):
         """
         self._require_onloaded("export_hf")
         self._reshard()
+        self._publish()
         hf_config = copy.deepcopy(self.hf_config)
         hf_config.dtype = self.config.param_dtype
         stream = self._merged(stream_canonical(self.model, self.mapping, device=self.device))
@@ -625,43 +638,37 @@ class FSDPEngine(TrainingEngine):
         )
 
     # -------------------------------------------------------------- checkpoints
-    def _optimizer_state_reachable(self) -> AbstractContextManager[None]:
-        """Pooled training keeps gradients bound between steps, which would stop DCP from
-        building a fresh optimizer's state to save or load into: unbound for the call."""
-        return self._host.gradients_detached() if self._host is not None else nullcontext()
-
     def _checkpoint_info(self) -> dict[str, Any]:
         return {"head": self.config.head, "architecture": self.architecture}
 
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_onloaded("save_checkpoint")
         self._reshard()
-        with self._optimizer_state_reachable():
-            checkpoint.save(
-                path,
-                model=self.model,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                step=self.step,
-                param_shapes=self.param_shapes,
-                info=self._checkpoint_info(),
-                record=fit.record(self.fit),
-            )
+        self._publish()
+        checkpoint.save(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            step=self.step,
+            param_shapes=self.param_shapes,
+            info=self._checkpoint_info(),
+            record=fit.record(self.fit),
+        )
         if self.config.lora is not None:  # the adapters also as peft loads them
             self.export_adapter_folder(Path(path) / ADAPTER_FOLDER)
 
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_onloaded("load_checkpoint")
         self._reshard()
-        with self._optimizer_state_reachable():
-            self.step = checkpoint.load(
-                path,
-                model=self.model,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                param_shapes=self.param_shapes,
-                info=self._checkpoint_info(),
-            )
+        self.step = checkpoint.load(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            param_shapes=self.param_shapes,
+            info=self._checkpoint_info(),
+        )
         # the resumed run splits batches as the saved one did (bit-exact resume)
         self.fit = fit.restored(checkpoint.read_manifest(path)[1], self.fit)
 

@@ -50,10 +50,10 @@ def torch_threads(count: int | None) -> Iterator[None]:
     the caller's count: an engine that decodes with a different count than the trainer
     trains with (vLLM's 1 on CPU, the pooled HF engine's whole host) changes it for the
     call only."""
-    if count is None:
+    before = torch.get_num_threads()
+    if count is None or count == before:  # setting it anyway is not free
         yield
         return
-    before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:
         yield

@@ -186,22 +186,11 @@ def test_worker_processes_start_with_the_process_environment(
 ) -> None:
     """Set by Ray before the interpreter starts (torch reads it at its first allocation); a
     value the driver sets itself is left alone."""
-    from hf_core.runtime.process_env import (
-        CPU_WORKER_DEFAULTS,
-        WORKER_DEFAULTS,
-        worker_process_env,
-    )
+    from hf_core.runtime.process_env import WORKER_DEFAULTS, worker_process_env
 
-    # what the CPU defaults are for: a freed 64 MiB block stays for the next step's tensors
-    # (glibc's defaults would map it afresh and unmap it on free)
-    if not any(name in os.environ for name in CPU_WORKER_DEFAULTS):
-        assert group2.keeps_freed_memory(64 << 20) == [True, True]
-    for name, value in {**WORKER_DEFAULTS, **CPU_WORKER_DEFAULTS}.items():  # a CPU pool
+    for name, value in WORKER_DEFAULTS.items():
         assert group2.environment([name] * 2) == [os.environ.get(name, value)] * 2
         monkeypatch.delenv(name, raising=False)
         assert worker_process_env()[name] == value
         monkeypatch.setenv(name, "0")
         assert name not in worker_process_env()
-    for name in CPU_WORKER_DEFAULTS:  # glibc's own defaults where the buffers are on GPUs
-        monkeypatch.delenv(name, raising=False)
-        assert name not in worker_process_env(use_gpu=True)

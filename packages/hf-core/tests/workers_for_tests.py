@@ -39,26 +39,6 @@ class ProbeWorker(Worker):
         """This process's value of an environment variable."""
         return os.environ.get(name)
 
-    @register("ONE_TO_ALL")
-    def keeps_freed_memory(self, nbytes: int) -> bool:
-        """Whether a freed block of ``nbytes`` stays in this process's heap (glibc's free
-        bytes, over every arena) rather than going back to the kernel."""
-        import ctypes
-
-        class MallInfo2(ctypes.Structure):
-            _fields_ = [(name, ctypes.c_size_t) for name in (
-                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                "uordblks", "fordblks", "keepcost")]  # fmt: skip
-
-        libc = ctypes.CDLL(None)
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        libc.mallinfo2.restype = MallInfo2
-        block = libc.malloc(nbytes)
-        ctypes.memset(block, 1, nbytes)  # touched: its pages are resident
-        libc.free(block)
-        return bool(libc.mallinfo2().fordblks >= nbytes)
-
     @register("ALL_TO_ALL")
     def all_to_all(self, value: object) -> tuple[int, object]:
         self.received.append(("all_to_all", value))

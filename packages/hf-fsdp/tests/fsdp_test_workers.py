@@ -83,6 +83,21 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
         target.finish_weight_sync()
         return {"buckets": buckets, "tensors": tensors, "largest_bucket": largest}
 
+    @register("ONE_TO_ALL")
+    def hybrid_sync(self, name: str, rollout: str, bucket_bytes: int) -> str:
+        """Core's in-process sync (as the actor worker runs it); this rank's pooled-decoding
+        mode (``off`` / ``here`` / ``elsewhere``)."""
+        from hf_core.sync.hybrid import HybridSync
+
+        target = self.rollouts[rollout]
+        engine = self.engines[name]
+        HybridSync(engine, target, bucket_bytes=bucket_bytes, rank=self.rank).run()
+        return target.pooled_decoding()
+
+    @register("ONE_TO_ALL")
+    def decode_per_rank(self, rollout: str) -> None:
+        self.rollouts[rollout].generate_per_rank()
+
     @register("DP_PROTO")
     def generate(self, batch: Batch, rollout: str, params: dict[str, Any]) -> Batch:
         return self.rollouts[rollout].generate(batch, SamplingParams(**params))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -264,34 +265,50 @@ def test_critic_update_matches_single_process(group: WorkerGroup, models: dict) 
 # --------------------------------------------------------------- weight sync, rollout
 
 
+GREEDY = {"temperature": 0.0, "max_new_tokens": 12}
+
+
+def _text_prompts(path: Path) -> tuple[Any, Any, Batch]:
+    """Eight left-padded text prompts: the tokenizer, its encoding, and as a batch."""
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    texts = ["reverse 1234:", "12+7=", "hello", "abc def", "9", "reverse 55:", "x+y=", "ok!"]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    batch = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    return tokenizer, enc, batch
+
+
+def _assert_decodes_as_exported(
+    group: WorkerGroup, name: str, decoded: Batch, path: Path, folder: Path
+) -> None:
+    """``decoded`` (greedy, from the synced rollout engine) is what transformers generates
+    from the engine's exported HF folder."""
+    exported = group.export_hf(name, str(folder), tokenizer=str(path))[0]
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    assert len(AutoTokenizer.from_pretrained(exported)) == model.config.vocab_size
+    tokenizer, enc, _ = _text_prompts(path)
+    with torch.no_grad():
+        expected = model.generate(
+            **enc, do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.pad_token_id
+        )[:, enc["input_ids"].shape[1] :]
+    got = decoded["responses"][:, : expected.shape[1]]
+    mask = decoded["response_mask"][:, : expected.shape[1]].bool()
+    assert torch.equal(got[mask], expected[mask])
+
+
 def test_weight_sync_then_rollout_matches_exported_model(
     group: WorkerGroup, models: dict, tmp_path: Path
 ) -> None:
     path = models["qwen2_tied"]
     group.build("actor_sync", {"model_path": str(path), **TRAIN, "lr": 1e-2})
     group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor_sync", loss="policy")
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    texts = ["reverse 1234:", "12+7=", "hello", "abc def", "9", "reverse 55:", "x+y=", "ok!"]
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    greedy = {"temperature": 0.0, "max_new_tokens": 12}
+    _, _, prompts = _text_prompts(path)
 
     group.build_rollout("rollout", {"model_path": str(path), "dtype": "float32"})
-    before = group.generate(prompts, rollout="rollout", params=greedy)
+    before = group.generate(prompts, rollout="rollout", params=GREEDY)
     stats = group.sync("actor_sync", rollout="rollout", bucket_bytes=8 * 1024)
-    after = group.generate(prompts, rollout="rollout", params=greedy)
+    after = group.generate(prompts, rollout="rollout", params=GREEDY)
     assert stats[0]["buckets"] > 3 and stats[0] == stats[1]
-
-    exported = group.export_hf("actor_sync", str(tmp_path / "actor_hf"), tokenizer=str(path))[0]
-    model = AutoModelForCausalLM.from_pretrained(exported)
-    assert len(AutoTokenizer.from_pretrained(exported)) == model.config.vocab_size
-    with torch.no_grad():
-        expected = model.generate(
-            **enc, do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.pad_token_id
-        )[:, enc["input_ids"].shape[1] :]
-    got = after["responses"][:, : expected.shape[1]]
-    mask = after["response_mask"][:, : expected.shape[1]].bool()
-    assert torch.equal(got[mask], expected[mask])
+    _assert_decodes_as_exported(group, "actor_sync", after, path, tmp_path / "actor_hf")
     assert not torch.equal(before["responses"], after["responses"])  # the sync did something
 
     # Sampled tokens' log-probs agree with the trainer's recomputation at that temperature.
@@ -303,6 +320,30 @@ def test_weight_sync_then_rollout_matches_exported_model(
     assert _masked_max_diff(recomputed["log_probs"], sampled["rollout_log_probs"], mask) < 1e-4
     group.drop("actor_sync")
     group.drop("rollout")
+
+
+def test_pooled_ranks_sync_only_the_rank_that_decodes(
+    group: WorkerGroup, models: dict, tmp_path: Path
+) -> None:
+    """Pooled training with pooled decoding (the CPU defaults from 8M parameters): core's
+    sync runs on rank 0 alone, from its own weights, and the pool then decodes as the
+    trained model does; the skipped rank refuses to start decoding on its own."""
+    path = models["qwen2_tied"]
+    group.build("actor_pool", {"model_path": str(path), **POOL, **TRAIN, "lr": 1e-2})
+    group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor_pool", loss="policy")
+    _, _, prompts = _text_prompts(path)
+    rollout = {"model_path": str(path), "dtype": "float32", "cpu_host_generation": True}
+    group.build_rollout("rollout_pool", rollout)
+    before = group.generate(prompts, rollout="rollout_pool", params=GREEDY)
+    modes = group.hybrid_sync("actor_pool", rollout="rollout_pool", bucket_bytes=8 * 1024)
+    assert modes == ["here", "elsewhere"]
+    after = group.generate(prompts, rollout="rollout_pool", params=GREEDY)
+    assert not torch.equal(before["responses"], after["responses"])  # the sync did something
+    _assert_decodes_as_exported(group, "actor_pool", after, path, tmp_path / "pool_hf")
+    with pytest.raises(Exception, match="generate_per_rank after a weight sync"):
+        group.decode_per_rank("rollout_pool")
+    group.drop("actor_pool")
+    group.drop("rollout_pool")
 
 
 # --------------------------------------------------------------------- checkpoints

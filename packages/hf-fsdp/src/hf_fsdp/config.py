@@ -97,10 +97,10 @@ class FSDPEngineConfig(TrainingEngineConfig):
     cpu_data_parallel: Literal["auto", "pool", "replicate", "fsdp"] = Field(
         "auto",
         description="CPU ranks on one host: auto: pool for models of 8M parameters and "
-        "more (hf_fsdp.cpu_host.POOL_MIN_PARAMS), replicate below; pool: one model in "
-        "shared memory, the forwards "
-        "and backwards run on the host's first rank with every rank's threads and each rank "
-        "steps a share of the optimizer (hf_fsdp.cpu_host_training); replicate: plain "
+        "more (hf_fsdp.cpu_host.POOL_MIN_PARAMS), replicate below; pool: the host's first "
+        "rank trains for every rank (forwards, backwards and the optimizer, with every "
+        "rank's threads) and the others read a shared-memory mirror of its weights "
+        "(hf_fsdp.cpu_host_training); replicate: plain "
         "replicas averaging their gradients through shared memory (hf_fsdp.cpu_replicas) "
         "when they fit in a quarter of the host's memory; fsdp: always shard.  Where pool or "
         "replicate cannot run, FSDP shards; one process trains a plain model either way, "

@@ -553,14 +553,32 @@ class FSDPEngine(TrainingEngine):
         self._require_onloaded("export_weights")
         return iter_buckets(self._merged(self._gathered(bucket_bytes)), bucket_bytes)
 
+    def exports_locally(self) -> bool:
+        """Under pooled training the host's first rank holds the whole current weights
+        (:class:`~hf_core.engines.ExportsLocally`)."""
+        return self._host is not None
+
+    def export_local_weights(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
+        """The first rank's own weights in buckets, no collective: the others' mirror is
+        left as it is (refreshed when they read it)."""
+        if self._host is None or not self._host.trains_here:
+            raise RuntimeError("export_local_weights: only the rank that trains holds them")
+        self._require_onloaded("export_local_weights")
+        stream = self._gathered(bucket_bytes, refresh_mirror=False)
+        return iter_buckets(self._merged(stream), bucket_bytes)
+
     def _gathered(
-        self, bucket_bytes: int, only: Callable[[str], bool] | None = None
+        self,
+        bucket_bytes: int,
+        only: Callable[[str], bool] | None = None,
+        refresh_mirror: bool = True,
     ) -> Iterator[NamedTensor]:
         """Full canonical tensors (those ``only`` keeps), gathered from the shards in the
         export dtype.  A gather holds the ranks' pieces and the full tensors built from them:
         half a bucket each keeps a sync's extra memory at about one bucket."""
         self._reshard()
-        self._publish()
+        if refresh_mirror:
+            self._publish()
         dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
         return stream_canonical(
             self.model,

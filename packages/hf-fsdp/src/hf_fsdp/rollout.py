@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +97,7 @@ class HFRolloutEngine(RolloutEngine):
         self._generator = torch.Generator(self.device).manual_seed(cfg.seed)
         self.weight_version = 0
         self._tensors_this_sync = 0
+        self._weights_behind = False
         self._released = False
         self._model_bytes: int | None = None
         size = sum(p.numel() for p in self.model.parameters())
@@ -132,6 +133,8 @@ class HFRolloutEngine(RolloutEngine):
 
     def finish_weight_sync(self) -> None:
         log.debug("weight sync %d: %d tensors", self.weight_version + 1, self._tensors_this_sync)
+        if self._tensors_this_sync == 0 and self.pooled_decoding() == "elsewhere":
+            self._weights_behind = True  # the sync skipped this rank (rank 0 decodes for it)
         self.weight_version += 1
         self._tensors_this_sync = 0
 
@@ -186,7 +189,18 @@ class HFRolloutEngine(RolloutEngine):
     def generate_per_rank(self) -> None:
         """From now on each rank decodes its own prompts, whenever it is called (the agent
         loop's turns differ per rank)."""
+        if self._weights_behind:
+            raise RuntimeError(
+                "generate_per_rank after a weight sync this rank skipped while rank 0 decoded "
+                "for it: call it before the first sync (the agent loop does, when it is built)"
+            )
         self._host = None
+
+    def pooled_decoding(self) -> Literal["off", "here", "elsewhere"]:
+        """Whether rank 0 decodes this group's prompts (:mod:`hf_fsdp.cpu_host_rollout`)."""
+        if self._host is None:
+            return "off"
+        return "here" if self._host.pool.leader else "elsewhere"
 
     def _generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         batch = expand_prompts(prompts, params)

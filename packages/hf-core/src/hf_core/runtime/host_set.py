@@ -53,7 +53,7 @@ class HostSet:
         stack_files = [
             os.path.join(stacks_dir, f"{name}_{uid}_rank{rank}.txt") for rank in range(len(slots))
         ]
-        env_vars = worker_process_env(pool.use_gpu)
+        env_vars = worker_process_env()
         process_env = {"runtime_env": {"env_vars": env_vars}} if env_vars else {}
         self.actors = [
             remote_host.options(

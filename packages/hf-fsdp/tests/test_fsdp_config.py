@@ -190,10 +190,12 @@ def test_training_state_declared_per_rank_follows_the_replica_rule() -> None:
     cfg = FSDPEngineConfig(model_path="m", device="cpu")  # auto
     small, huge = 1_000_000, 10**12
     assert cfg.state_bytes_per_rank(small, 2, True) == 16 * small  # replicas: all of it
-    pooled = 25_000_000  # auto pools from 8M parameters: one state a host
-    assert cfg.state_bytes_per_rank(pooled, 2, True) == 16 * pooled // 2
-    assert cfg.state_bytes_per_rank(pooled, 1, True) == 16 * pooled
-    assert cfg.state_bytes_per_rank(huge, 2, True) == 16 * huge // 2  # FSDP shards
-    assert cfg.state_bytes_per_rank(huge, 4, False) == 4 * huge // 4
+    pooled = 25_000_000  # auto pools from 8M parameters: one state a host and a weight mirror
+    assert cfg.state_bytes_per_rank(pooled, 2, True) == (16 + 4) * pooled // 2
+    assert cfg.state_bytes_per_rank(pooled, 1, True) == 16 * pooled  # one process: no mirror
+    assert cfg.state_bytes_per_rank(huge, 2, True) == (16 + 4) * huge // 2
+    assert cfg.state_bytes_per_rank(huge, 4, False) == (4 + 4) * huge // 4
+    fsdp = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="fsdp")
+    assert fsdp.state_bytes_per_rank(huge, 2, True) == 16 * huge // 2  # FSDP shards
     sharded = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="fsdp")
     assert sharded.state_bytes_per_rank(small, 2, True) == 16 * small // 2

@@ -116,13 +116,18 @@ class FSDPEngineConfig(TrainingEngineConfig):
         """One rank's weights, gradients and Adam moments (``DeclaresTrainingState``): its
         shard under FSDP, the whole state where CPU ranks train replicas
         (:mod:`hf_fsdp.cpu_replicas`, the rule the engine applies); under pooled training the
-        host holds one state, in the shared file and the ranks' optimizer shares, so about a
-        rank's share as under FSDP."""
+        host holds one state (on its first rank) and a mirror of the weights for the others
+        (:mod:`hf_fsdp.cpu_host_training`), counted here as equal shares of the ranks."""
         from hf_core.device import resolve_device
+        from hf_fsdp.cpu_host_training import pooling_wanted
         from hf_fsdp.cpu_replicas import replicas_fit, training_state_bytes
 
-        holders = 1 if replicas_fit(self, resolve_device(self.device), num_params, ranks) else ranks
-        return training_state_bytes(self, num_params, trainable) // holders
+        device = resolve_device(self.device)
+        holders = 1 if replicas_fit(self, device, num_params, ranks) else ranks
+        total = training_state_bytes(self, num_params, trainable)
+        if holders > 1 and pooling_wanted(self, device, num_params):
+            total += num_params * self.torch_param_dtype.itemsize  # the weights' mirror
+        return total // holders
 
     def node_shared_bytes(self, ranks_per_node: int) -> int:
         """The shared-memory collectives' file, when it is used (``DeclaresNodeSharedMemory``;

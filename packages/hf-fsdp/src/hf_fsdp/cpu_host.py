@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -68,37 +67,20 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-_own_threads: int | None = None
-"""The leader's torch thread count before its first pool raised it to the host's (process-wide:
-torch's thread count is)."""
-
-
-def per_rank_threads() -> AbstractContextManager[None]:
-    """The block with this process's own thread count: for work each rank does side by side
-    (a non-pooled engine, the agent loop's per-rank decoding), which on the pool's leader
-    would otherwise run with the whole host's threads beside the other ranks' own."""
-    return torch_threads(_own_threads) if _own_threads is not None else nullcontext()
-
-
 class HostPool:
     """The default process group's ranks, all on this host; rank 0 computes for them all
     with :attr:`threads` threads (every rank's count, capped at the cores it may use).
 
-    The leader keeps that count from its first pool on, rather than switching for each
-    pooled call: switching made the pooled 0.5B update 8.30 s against 7.75 s kept at the
-    host's count (bench/profile_update.py, AMX VM).  Work that ranks do side by side runs
-    under :func:`per_rank_threads`.
+    The leader takes that count for each pooled call only, not for good: work each rank
+    does side by side between the calls (rewards, batch assembly) would otherwise run with
+    the whole host's threads beside the other ranks' own, which made the 25M bench's
+    two-process step 1.86 s against 1.61 s (bench/RESULTS.md).
     """
 
     def __init__(self, threads: int) -> None:
-        global _own_threads
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.threads = threads
-        if self.leader and torch.get_num_threads() != threads:
-            if _own_threads is None:
-                _own_threads = torch.get_num_threads()
-            torch.set_num_threads(threads)
 
     @property
     def leader(self) -> bool:
@@ -113,8 +95,7 @@ class HostPool:
         if dist.get_world_size() < 2:
             return None
         seen: list[tuple[str, int] | None] = [None] * dist.get_world_size()
-        own = _own_threads if _own_threads is not None else torch.get_num_threads()
-        dist.all_gather_object(seen, (host_id(), own))
+        dist.all_gather_object(seen, (host_id(), torch.get_num_threads()))
         if len({host for host, _ in seen}) != 1:  # type: ignore[misc]
             return None
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -122,8 +103,8 @@ class HostPool:
         return cls(min(threads, cores) if cores else threads)
 
     def lead(self, value: Any, compute: Callable[[list[Any]], Any], *, scatter: bool) -> Any:
-        """Every rank's ``value`` to the leader and ``compute(values)`` there (with the pool's
-        threads, which the leader keeps); the result on every rank (``scatter``: a list,
+        """Every rank's ``value`` to the leader and ``compute(values)`` there with the pool's
+        threads; the result on every rank (``scatter``: a list,
         item ``rank`` to each rank).  An exception on the leader raises on every rank, so none
         is left waiting."""
         gathered = self.gather(value)
@@ -131,7 +112,8 @@ class HostPool:
         failure: Exception | None = None
         if gathered is not None:
             try:
-                result = compute(gathered)
+                with torch_threads(self.threads):
+                    result = compute(gathered)
             except Exception as exc:  # re-raised below, after the others are told
                 failure = exc
         said = f"{type(failure).__name__}: {failure}" if failure is not None else ""

@@ -54,7 +54,7 @@ from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
-from hf_fsdp.cpu_host import per_rank_threads, split_rows
+from hf_fsdp.cpu_host import split_rows
 from hf_fsdp.cpu_host_training import HostTraining, joined
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
@@ -269,9 +269,8 @@ class FSDPEngine(TrainingEngine):
     @torch.no_grad()
     def _forward_only(self, batch: Batch, keys: tuple[str, ...], **kwargs: Any) -> Batch:
         if self._host is None:
-            with per_rank_threads():
-                micro, count = self._micro_batches(batch)
-                return self._forward_micro_batches(batch, micro, count, keys, **kwargs)
+            micro, count = self._micro_batches(batch)
+            return self._forward_micro_batches(batch, micro, count, keys, **kwargs)
 
         def forward_all(parts: list[Batch]) -> list[Batch]:
             whole = joined(parts)
@@ -396,8 +395,7 @@ class FSDPEngine(TrainingEngine):
             )
             self._host.updated()
         else:
-            with per_rank_threads():
-                metrics_out = self._optimizer_step(self._gradients(batch, loss_fn), True)
+            metrics_out = self._optimizer_step(self._gradients(batch, loss_fn), True)
         self.step += 1
         metrics_out["step"] = float(self.step)
         if self.fit is not None:  # the choice only: its memory figures are logged once

@@ -40,7 +40,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.dtypes import rollout_dtype
 from hf_fsdp.config import HFRolloutConfig, parse_config
-from hf_fsdp.cpu_host import per_rank_threads, pooling_chosen
+from hf_fsdp.cpu_host import pooling_chosen
 from hf_fsdp.cpu_host_rollout import HostGeneration
 from hf_fsdp.decoder import (
     DecodeSession,
@@ -183,8 +183,7 @@ class HFRolloutEngine(RolloutEngine):
         host pool their prompts on one rank (:mod:`hf_fsdp.cpu_host_rollout`)."""
         if self._host is not None:
             return self._host.generate(prompts, lambda whole: self._generate(whole, params))
-        with per_rank_threads():  # side by side with the other ranks' decoding
-            return self._generate(prompts, params)
+        return self._generate(prompts, params)
 
     def generate_per_rank(self) -> None:
         """From now on each rank decodes its own prompts, whenever it is called (the agent

@@ -104,9 +104,8 @@ class HostPool:
 
     def lead(self, value: Any, compute: Callable[[list[Any]], Any], *, scatter: bool) -> Any:
         """Every rank's ``value`` to the leader and ``compute(values)`` there with the pool's
-        threads; the result on every rank (``scatter``: a list,
-        item ``rank`` to each rank).  An exception on the leader raises on every rank, so none
-        is left waiting."""
+        threads; the result on every rank (``scatter``: a list, item ``rank`` to each rank).
+        An exception on the leader raises on every rank, so none is left waiting."""
         gathered = self.gather(value)
         result: Any = None
         failure: Exception | None = None

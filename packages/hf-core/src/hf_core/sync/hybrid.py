@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Literal
 
 from hf_core.engines import (
     CanonicalSlice,
@@ -75,7 +76,7 @@ class HybridSync:
         metrics.update(self.rollout.sync_metrics())
         return metrics
 
-    def _local_sync(self) -> str:
+    def _local_sync(self) -> Literal["off", "here", "elsewhere"]:
         """``here`` / ``elsewhere`` where the group's rollout engines decode on one rank and
         the actor holds the whole weights there (CPU ranks of one host pooling both), so only
         that rank syncs, from its own weights; ``off`` otherwise.  Asked at every sync: the

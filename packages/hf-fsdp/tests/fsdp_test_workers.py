@@ -60,6 +60,28 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
             batch = widened
         return self.engines[name].train_step(batch, LOSSES[loss])
 
+    @register("DP_PROTO")
+    def train_with_free_memory(
+        self, batch: Batch, name: str, loss: str, free_bytes: int
+    ) -> dict[str, int]:
+        """``train`` while the node appears to have ``free_bytes`` available: the update
+        budget the engine chose then (growth only, this rank's weights left out), and the
+        growth budget of one process and of this rank's share of the node, for comparison."""
+        from unittest import mock
+
+        from hf_core.engines import memory_fit
+        from hf_fsdp import fit
+        from hf_testing.workers import LOSSES
+
+        engine = self.engines[name]
+        with mock.patch.object(memory_fit, "available_bytes", lambda: free_bytes):
+            engine.train_step(batch, LOSSES[loss])
+            alone = memory_fit.growth_budget_bytes(1)
+            share = memory_fit.growth_budget_bytes(memory_fit.local_processes())
+        assert engine.fit is not None
+        chosen = engine.fit.budget_bytes - fit.local_weight_bytes(engine.model)
+        return {"chosen": chosen, "alone": alone, "share": share}
+
     @register("ONE_TO_ALL")
     def build_rollout(self, name: str, config: dict[str, Any]) -> None:
         from hf_fsdp.rollout import HFRolloutEngine

@@ -244,6 +244,26 @@ def test_pooled_ranks_with_batches_of_different_widths_match_single_process(
     group.drop("actor_widths")
 
 
+@pytest.mark.parametrize("data_parallel", ["pool", "replicate", "fsdp"])
+def test_update_budget_is_what_the_ranks_grow_into(
+    group: WorkerGroup, models: dict, data_parallel: str
+) -> None:
+    """The automatic micro-batch budget: ranks that update side by side (replicas, FSDP)
+    split the node's free memory; a pooled host's first rank updates alone while the others
+    wait, so it may grow into all of it (a rank's share turned recomputation on at the 0.5B
+    shape)."""
+    path = models["qwen2_tied"]
+    name = f"actor_budget_{data_parallel}"
+    group.build(name, {"model_path": str(path), **TRAIN, "cpu_data_parallel": data_parallel})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=27)
+    free = 12 * 1024**3
+    rows = group.train_with_free_memory(batch, name=name, loss="policy", free_bytes=free)
+    assert len(rows) == 2 and rows[0]["share"] < rows[0]["alone"]  # two ranks on this node
+    expected = "alone" if data_parallel == "pool" else "share"
+    assert [row["chosen"] for row in rows] == [rows[0][expected]] * 2
+    group.drop(name)
+
+
 def test_critic_update_matches_single_process(group: WorkerGroup, models: dict) -> None:
     path = models["value"]
     group.build("critic", {"model_path": str(path), "head": "value", **TRAIN})

@@ -49,7 +49,7 @@ def test_tight_process_recomputes_and_shrinks_micro_batches(
     monkeypatch.setattr(
         fit,
         "device_growth_budget_bytes",
-        lambda _device: room - fit.local_weight_bytes(engine.model),
+        lambda _device, **_: room - fit.local_weight_bytes(engine.model),
     )
     batch = rollout_batch(16, 5, 6, VOCAB, seed=2)  # one micro-batch of 16 x 11 tokens
     reference = _engine(models["qwen2_tied"], gradient_checkpointing=False)
@@ -80,7 +80,9 @@ def test_explicit_settings_are_kept(models: dict) -> None:
 def test_an_update_that_cannot_fit_says_so(models: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _engine(models["qwen2_tied"])
     monkeypatch.setattr(
-        fit, "device_growth_budget_bytes", lambda _device: -fit.local_weight_bytes(engine.model)
+        fit,
+        "device_growth_budget_bytes",
+        lambda _device, **_: -fit.local_weight_bytes(engine.model),
     )
     with pytest.raises(
         MemoryFitError, match=r"cannot fit even one sample of \d+ tokens.*MiB.*budget of"
@@ -95,7 +97,7 @@ def test_a_resumed_engine_keeps_the_saved_choice(
 ) -> None:
     """Micro-batch boundaries change summation order: resume must not choose anew."""
     engine = _engine(models["qwen2_tied"])
-    monkeypatch.setattr(fit, "device_growth_budget_bytes", lambda _device: 3 * 2**20)
+    monkeypatch.setattr(fit, "device_growth_budget_bytes", lambda _device, **_: 3 * 2**20)
     engine.train_step(rollout_batch(4, 5, 6, VOCAB, seed=5), policy_loss)
     chosen = engine.fit
     assert chosen is not None and chosen.max_tokens < 16384

@@ -205,13 +205,21 @@ class FSDPEngine(TrainingEngine):
 
     def _choose_fit(self, longest: int) -> None:
         longest = self._agreed(longest, dist.ReduceOp.MAX)
-        # replicas hold the whole state each; FSDP shards it, and pooled ranks hold one state
-        # for the host (on its first rank; the host's memory is what the ranks share)
-        holders = (
-            1 if self._replica_gradients is not None or self.world_size == 1 else self.world_size
-        )
+        # Replicas hold the whole state each and FSDP shards it; the ranks of the node grow
+        # side by side.  Under pooled training the host's first rank holds the whole state and
+        # is the only one that grows while it updates (the others wait), so it may use what
+        # the node has free: budgeting it a rank's share turned recomputation on at the 0.5B
+        # shape on two processes (bench/RESULTS.md).
+        pooled = self._host is not None
+        sharded = not pooled and self._replica_gradients is None and self.world_size > 1
         self.fit = fit.resolve_fit(
-            self.config, self.hf_config, self.model, holders, self.rank, longest
+            self.config,
+            self.hf_config,
+            self.model,
+            self.world_size if sharded else 1,
+            self.rank,
+            longest,
+            growing_processes=1 if pooled else None,
         )
         # ranks must agree: each measured its own memory
         tokens = self._agreed(self.fit.max_tokens, dist.ReduceOp.MIN)

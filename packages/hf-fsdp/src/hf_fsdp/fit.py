@@ -71,12 +71,17 @@ def resolve_fit(
     world: int,
     rank: int,
     longest_sample: int,
+    growing_processes: int | None = None,
 ) -> MicroBatchFit:
-    """The micro-batch tokens and checkpointing for this process (see the module docstring)."""
+    """The micro-batch tokens and checkpointing for this process (see the module docstring).
+    ``world``: the processes the training state is split over; ``growing_processes``: those
+    on this node whose memory grows during the update (default: all of the group's)."""
     fixed_tokens = cfg.max_tokens_per_micro_batch
     checkpointing = cfg.gradient_checkpointing
     prints = footprint(cfg, hf_config, model, world)
-    budget = device_growth_budget_bytes(next(model.parameters()).device)
+    budget = device_growth_budget_bytes(
+        next(model.parameters()).device, growing_processes=growing_processes
+    )
     budget += local_weight_bytes(model)
     fit = fit_micro_batch(
         prints,

@@ -255,14 +255,19 @@ def growth_budget_bytes(processes_on_node: int, reserve_bytes: int = GIB) -> int
     return max(0, free) // max(1, processes_on_node)
 
 
-def device_growth_budget_bytes(device: torch.device, reserve_bytes: int = GIB) -> int:
+def device_growth_budget_bytes(
+    device: torch.device, reserve_bytes: int = GIB, growing_processes: int | None = None
+) -> int:
     """:func:`growth_budget_bytes` for an engine on ``device``: on a GPU, what the device has
     free now (one rank per GPU, so no share to split), less ``reserve_bytes`` for the CUDA
-    context's later allocations; on the CPU, this process's share of the node."""
+    context's later allocations; on the CPU, this process's share of the node, among
+    ``growing_processes`` (default: every rank of its group on the node, as
+    :func:`local_processes`)."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return max(0, free - reserve_bytes)
-    return growth_budget_bytes(local_processes(), reserve_bytes)
+    sharing = local_processes() if growing_processes is None else growing_processes
+    return growth_budget_bytes(sharing, reserve_bytes)
 
 
 def local_processes() -> int:

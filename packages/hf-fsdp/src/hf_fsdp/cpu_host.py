@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.engines import torch_threads
+
+T = TypeVar("T")
 
 POOL_MIN_PARAMS = 8_000_000
 """Smaller models keep every rank's work on its rank under ``auto``: their weights stay in the
@@ -134,6 +136,14 @@ class HostPool:
                 f"rank 0 failed on the host's pooled work for rank {self.rank}: {payload}"
             )
         return payload
+
+    def while_others_wait(self, items: Iterator[T]) -> Iterator[T]:
+        """``items``, produced and consumed with the pool's threads: for the leader's work
+        that no other rank does beside it (the weight sync of the rank that decodes for
+        all, whose consumer loads each bucket between two items).  At 0.5B that sync took
+        0.25 s on one thread against 0.13 s on one process's two."""
+        with torch_threads(self.threads):
+            yield from items
 
     def gather(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` in rank order on the leader; None elsewhere."""

@@ -571,7 +571,8 @@ class FSDPEngine(TrainingEngine):
             raise RuntimeError("export_local_weights: only the rank that trains holds them")
         self._require_onloaded("export_local_weights")
         stream = self._gathered(bucket_bytes, refresh_mirror=False)
-        return iter_buckets(self._merged(stream), bucket_bytes)
+        # the other ranks skip this sync (their engines are not read): it runs on all threads
+        return self._host.pool.while_others_wait(iter_buckets(self._merged(stream), bucket_bytes))
 
     def _gathered(
         self,

@@ -140,8 +140,8 @@ class HostPool:
     def while_others_wait(self, items: Iterator[T]) -> Iterator[T]:
         """``items``, produced and consumed with the pool's threads: for the leader's work
         that no other rank does beside it (the weight sync of the rank that decodes for
-        all, whose consumer loads each bucket between two items).  At 0.5B that sync took
-        0.25 s on one thread against 0.13 s on one process's two."""
+        all, whose consumer loads each bucket between two items).  On its own one thread that
+        sync was 2% of the 0.5B two-process step against 1% on one process (bench/RESULTS.md)."""
         with torch_threads(self.threads):
             yield from items
 

@@ -186,6 +186,25 @@ class RolloutConfig(_Strict):
         description="asynchronous RL (placement.mode: standalone): generation runs ahead of "
         "training on samples at most this many policy versions old; 0: the synchronous loop",
     )
+    mode: Literal["batch", "streaming"] = Field(
+        "batch",
+        description="standalone pools: batch generates whole batches (one is trained when its "
+        "slowest sample ends); streaming generates continuously, hands each prompt's group over "
+        "when its last sample ends, and lets new weights reach responses mid-generation "
+        "(partial rollouts, per-token policy versions; docs/async.md)",
+    )
+    stream_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="streaming: samples each rollout rank decodes at once (default: a batch's "
+        "samples over the pool's ranks)",
+    )
+    stream_chunk_tokens: int = Field(
+        16,
+        ge=1,
+        description="streaming on an engine without a token-level stream: tokens per generate "
+        "call between which weight updates can land (the prefix is recomputed per call)",
+    )
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 
 
@@ -295,6 +314,13 @@ class TrainerConfig(_Strict):
                 f"rollout.max_staleness={self.rollout.max_staleness} needs placement.mode: "
                 "standalone (generation can only overlap training on a rollout pool of its own)"
             )
+        if self.rollout.mode == "streaming" and self.placement.mode != "standalone":
+            raise ValueError(
+                "rollout.mode: streaming needs placement.mode: standalone (the pool generates "
+                "while the actor trains)"
+            )
+        if self.rollout.mode == "streaming" and self.agent is not None:
+            raise ValueError("rollout.mode: streaming does not run the agent loop yet")
         pools = [self.placement.processes]
         if self.placement.mode == "standalone":
             pools.append(self.placement.rollout_processes)

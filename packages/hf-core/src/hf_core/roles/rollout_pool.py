@@ -16,9 +16,11 @@ import torch
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import Closeable, SamplingParams
+from hf_core.engines.streaming import StreamRequest
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
 from hf_core.roles.common import build_agent_loop, rollout_engine_args, torch_threads
+from hf_core.roles.rollout_stream import StreamingGenerator
 from hf_core.sync import BroadcastReceiver, ChannelAddress
 from hf_core.worker import Worker
 
@@ -37,6 +39,7 @@ class RolloutWorker(Worker):
         self.rollout = factory(**rollout_engine_args(config), **config.rollout.engine)
         self.agent = build_agent_loop(config, self.rollout)  # None: single-turn rollouts
         self.receiver = BroadcastReceiver(self.rank, self.device)
+        self.stream: StreamingGenerator | None = None
 
     @register("DP_PROTO")
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -59,12 +62,54 @@ class RolloutWorker(Worker):
 
     @register("ONE_TO_ALL")
     def receive_weights(self) -> dict[str, float]:
-        """Load the actor's new weights; this rank's sync metrics."""
-        return self.receiver.receive(self.rollout)
+        """Load the actor's new weights; this rank's sync metrics.  A running stream pauses
+        at a token boundary meanwhile and continues on the new weights."""
+        if self.stream is None:
+            return self.receiver.receive(self.rollout)
+        with self.stream.paused():
+            return self.receiver.receive(self.rollout)
+
+    # ------------------------------------------------------------ streaming
+    @register("ONE_TO_ALL")
+    def stream_open(self, capacity: int, chunk_tokens: int, interruptible: bool) -> int:
+        """Start this rank's generation thread (``rollout.mode: streaming``); the engine's
+        padding token id (the trainer pads responses with it)."""
+        if self.agent is not None:
+            raise ValueError("rollout.mode: streaming does not run the agent loop yet")
+        if self.stream is None:
+            self.stream = StreamingGenerator(
+                self.rollout,
+                lambda: self.receiver.version,
+                capacity=capacity,
+                chunk_tokens=chunk_tokens,
+                interruptible=interruptible,
+            )
+        return int(getattr(self.rollout, "pad_token_id", 0) or 0)
+
+    @register("ALL_TO_ALL")
+    def stream_submit(self, work: tuple[Batch, SamplingParams, int] | None) -> None:
+        """Queue prompts (with the sampling parameters and epoch they were drawn for)."""
+        if work is not None:
+            self._stream().submit(*work)
+
+    @register("ONE_TO_ALL")
+    def stream_collect(self, wait_s: float) -> tuple[list[StreamRequest], dict[str, float]]:
+        """Samples finished since the last call (waiting up to ``wait_s`` for one) and the
+        thread's idle / busy time since then."""
+        stream = self._stream()
+        done = stream.collect(wait_s)
+        return done, stream.metrics()
+
+    def _stream(self) -> StreamingGenerator:
+        if self.stream is None:
+            raise RuntimeError("stream_open was not called on this rollout rank")
+        return self.stream
 
     @register("ONE_TO_ALL")
     def close(self) -> None:
         """Leave the channel and shut the engine down (a clean end of the run)."""
+        if self.stream is not None:
+            self.stream.close()
         self.receiver.close()
         if isinstance(self.rollout, Closeable):
             self.rollout.close()

@@ -319,9 +319,11 @@ class RLTrainer:
                 self._checkpoint()
             if cfg.run.export_final:
                 self._groups.actor.export_hf(str(self.output_dir / "actor_hf"))
-        except BaseException:
+        except BaseException as failure:
             logger.close()  # rows so far stay complete; no summary for a failed run
+            self.rollouts.write_account(self.output_dir, len(self.start_steps), failure)
             raise
+        self.rollouts.write_account(self.output_dir, len(self.start_steps), None)
         return logger.finish()
 
     # --------------------------------------------------------------- stages
@@ -340,7 +342,8 @@ class RLTrainer:
         per_sample = prompts.select(*prompts.non_tensors.keys()).repeat_interleave(n)
         batch = samples.generated | per_sample
         batch["group_index"] = torch.arange(len(prompts)).repeat_interleave(n)
-        batch["policy_version"] = torch.full((len(batch),), samples.version)
+        if "policy_version" not in batch:  # streaming tags each sample with its oldest token's
+            batch["policy_version"] = torch.full((len(batch),), samples.version)
         batch.meta.update(step=self.step, temperature=cfg.rollout.temperature or 1.0)
         model_input = batch.select(*ACTOR_KEYS)
         model_input.meta.update(batch.meta)
@@ -528,6 +531,7 @@ class RLTrainer:
         return {
             "step": self.step,
             "loader": self.rollouts.loader_state(),  # before any prompts still in flight
+            "rollouts": self.rollouts.state_dict(),  # streaming: the prompt ledger
             "kl_ctl": self.kl_ctl.state_dict(),
             "lagrange": self.lagrange.state_dict() if self.lagrange else None,
             "rng": rng_state(),  # JSON values and tensors: nothing pickled
@@ -554,6 +558,7 @@ class RLTrainer:
         self.step = int(state["step"])
         self.rollouts.sync(version=self.step)
         self.loader.load_state_dict(state["loader"])
+        self.rollouts.load_state_dict(state.get("rollouts") or {})
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         if self.lagrange is not None and state["lagrange"] is not None:
             self.lagrange.load_state_dict(state["lagrange"])

@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hf_core.batch import Batch
@@ -95,6 +96,17 @@ class RolloutSource(ABC):
     def loader_state(self) -> dict[str, Any]:
         """The loader state a checkpoint keeps: before any prompts still in flight."""
         return self.loader.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What else a checkpoint keeps of this source (the loader's position aside)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (after the restored weights were sent)."""
+
+    def write_account(self, folder: Path, attempt: int, failure: BaseException | None) -> None:
+        """Write what became of the prompts this attempt drew (streaming: the ledger).
+        Default: nothing (the loader's position says it all)."""
 
     def take_metrics(self) -> dict[str, float]:
         """Metrics gathered since the last call (syncs run while fetching samples)."""
@@ -286,7 +298,11 @@ class StandaloneRollouts(RolloutSource):
 def rollout_source(
     config: TrainerConfig, groups: RoleGroups, loader: PromptLoader
 ) -> RolloutSource:
-    """The rollout source the placement implies."""
+    """The rollout source the placement and ``rollout.mode`` imply."""
+    if groups.rollout is not None and config.rollout.mode == "streaming":
+        from hf_core.trainer.streaming_rollouts import StreamingRollouts
+
+        return StreamingRollouts(config, groups, loader)
     if groups.rollout is not None:
         return StandaloneRollouts(config, groups, loader)
     return HybridRollouts(config, groups, loader)

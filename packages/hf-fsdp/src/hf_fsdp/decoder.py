@@ -46,6 +46,16 @@ class DecodeSession(Protocol):
         ...
 
 
+class KVState(Protocol):
+    """What :meth:`LlamaFamilyDecoder.forward` reads and writes: per-layer KV caches, the
+    column the next tokens are written at, and rotary tables."""
+
+    cache: list[torch.Tensor]
+    length: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 def identical_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, group: int) -> bool:
     """Whether the rows come in runs of ``group`` identical prompts (ids and mask), as
     ``expand_prompts`` lays out ``n`` samples of each prompt."""
@@ -234,7 +244,7 @@ class LlamaFamilyDecoder:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        session: LlamaFamilySession | _GroupLeaders,
+        session: KVState,
         attention_mask: torch.Tensor,
     ) -> torch.Tensor:
         """Logits ``[B, V]`` after the last of ``input_ids [B, T]`` (written at cache slots

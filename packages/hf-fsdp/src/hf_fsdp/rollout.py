@@ -39,6 +39,7 @@ from hf_core.engines import (
     special_tokens,
 )
 from hf_core.engines.dtypes import rollout_dtype
+from hf_core.engines.streaming import ChunkedStream, TokenStream
 from hf_fsdp.config import HFRolloutConfig, parse_config
 from hf_fsdp.cpu_host import pooling_chosen
 from hf_fsdp.cpu_host_rollout import HostGeneration
@@ -52,6 +53,7 @@ from hf_fsdp.export import persistent_buffers
 from hf_fsdp.offload import model_bytes
 from hf_fsdp.onednn_linear import linear as onednn_linear
 from hf_fsdp.onednn_linear import use_onednn_linear
+from hf_fsdp.stream_decoder import LeanTokenStream
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +186,20 @@ class HFRolloutEngine(RolloutEngine):
         if self._host is not None:
             return self._host.generate(prompts, lambda whole: self._generate(whole, params))
         return self._generate(prompts, params)
+
+    def open_stream(self, capacity: int, chunk_tokens: int) -> TokenStream:
+        """Streaming rollouts: continuous batching on the lean decoder
+        (:mod:`hf_fsdp.stream_decoder`, the KV cache kept between weight updates and
+        recomputed after one); transformers' forward or pooled CPU decoding run in chunks
+        of ``chunk_tokens`` through :meth:`generate` instead."""
+        if self._released:
+            self.resume_memory()
+        if self._lean is None or self._host is not None:
+            return ChunkedStream(self, chunk_tokens)
+        stops = list(self.eos_token_ids)
+        return LeanTokenStream(
+            self._lean, capacity, stops, self.pad_token_id, self._generator, self.device
+        )
 
     def generate_per_rank(self) -> None:
         """From now on each rank decodes its own prompts, whenever it is called (the agent

@@ -83,8 +83,9 @@ class TokenStream(Protocol):
 class OpensTokenStream(Protocol):
     """A rollout engine with its own token-level stream."""
 
-    def open_stream(self, capacity: int) -> TokenStream:
-        """A stream decoding up to ``capacity`` requests at once."""
+    def open_stream(self, capacity: int, chunk_tokens: int) -> TokenStream:
+        """A stream decoding up to ``capacity`` requests at once (``chunk_tokens``: for a
+        :class:`ChunkedStream`, where the engine falls back to one)."""
         ...
 
 

@@ -75,7 +75,7 @@ class StreamingGenerator:
         self.engine, self.version, self.capacity = engine, version, capacity
         self.interruptible = interruptible
         self.stream: TokenStream = (
-            engine.open_stream(capacity)
+            engine.open_stream(capacity, chunk_tokens)
             if isinstance(engine, OpensTokenStream)
             else ChunkedStream(engine, chunk_tokens)
         )

@@ -193,6 +193,12 @@ class RolloutConfig(_Strict):
         "when its last sample ends, and lets new weights reach responses mid-generation "
         "(partial rollouts, per-token policy versions; docs/async.md)",
     )
+    partial_rollouts: bool = Field(
+        True,
+        description="streaming: new weights reach responses under way at the next token "
+        "(their tokens then span versions); false: an update waits until the responses under "
+        "way end (no new ones start meanwhile)",
+    )
     stream_capacity: int | None = Field(
         None,
         ge=1,

@@ -71,7 +71,9 @@ class RolloutWorker(Worker):
 
     # ------------------------------------------------------------ streaming
     @register("ONE_TO_ALL")
-    def stream_open(self, capacity: int, chunk_tokens: int, interruptible: bool) -> int:
+    def stream_open(
+        self, capacity: int, chunk_tokens: int, interruptible: bool, partial: bool
+    ) -> int:
         """Start this rank's generation thread (``rollout.mode: streaming``); the engine's
         padding token id (the trainer pads responses with it)."""
         if self.agent is not None:
@@ -83,6 +85,7 @@ class RolloutWorker(Worker):
                 capacity=capacity,
                 chunk_tokens=chunk_tokens,
                 interruptible=interruptible,
+                partial=partial,
             )
         return int(getattr(self.rollout, "pad_token_id", 0) or 0)
 

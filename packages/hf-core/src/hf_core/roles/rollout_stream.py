@@ -69,11 +69,12 @@ class StreamingGenerator:
         capacity: int,
         chunk_tokens: int,
         interruptible: bool,
+        partial: bool = True,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"stream capacity must be >= 1, got {capacity}")
         self.engine, self.version, self.capacity = engine, version, capacity
-        self.interruptible = interruptible
+        self.interruptible, self.partial = interruptible, partial
         self.stream: TokenStream = (
             engine.open_stream(capacity, chunk_tokens)
             if isinstance(engine, OpensTokenStream)
@@ -136,7 +137,8 @@ class StreamingGenerator:
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Hold the thread at a token boundary (for a weight load); the responses under way
-        continue after it with the new weights."""
+        continue after it with the new weights.  Without partial rollouts the thread first
+        finishes the responses under way, starting no new ones."""
         with self._cond:
             self._pause_requested = True
             self._paused.clear()
@@ -175,7 +177,7 @@ class StreamingGenerator:
         start = time.perf_counter()
         with self._cond:
             while not self._stop and (
-                self._pause_requested
+                (self._pause_requested and (self.partial or not self.stream.active))
                 or (not self.stream.active and not self._waiting and not self._whole)
             ):
                 if self._pause_requested:
@@ -183,8 +185,9 @@ class StreamingGenerator:
                 self._cond.wait()
             if self._stop:
                 return False
-            whole = self._whole.popleft() if self._whole else None
-            room = self.capacity - self.stream.active
+            draining = self._pause_requested  # without partial rollouts: finish, start none
+            whole = None if draining or not self._whole else self._whole.popleft()
+            room = 0 if draining else self.capacity - self.stream.active
             admitted = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
         waited = time.perf_counter() - start
         version = self.version()

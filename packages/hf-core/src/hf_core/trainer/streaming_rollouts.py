@@ -74,7 +74,7 @@ class StreamingRollouts(StandaloneRollouts):
             self.batch_size * self.n / self.pool.world_size
         )
         opened = self.pool.stream_open(
-            capacity, rollout.stream_chunk_tokens, self.max_staleness > 0
+            capacity, rollout.stream_chunk_tokens, self.max_staleness > 0, rollout.partial_rollouts
         )
         self.pad_token_id: int = opened[0]
 

@@ -123,8 +123,7 @@ def table(results: dict, rounds: dict, configs: list[str]) -> str:
                 if against == mode or (config, against) not in results:
                     continue
                 ratio = (
-                    results[config, mode]["tokens_per_s"]
-                    / results[config, against]["tokens_per_s"]
+                    results[config, mode]["tokens_per_s"] / results[config, against]["tokens_per_s"]
                 )
                 per_round = ", ".join(
                     f"{r[mode] / r[against]:.2f}x" for r in rounds[config] if against in r

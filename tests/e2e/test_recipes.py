@@ -55,6 +55,14 @@ EXTRA = {
     "safe_rlhf": ["critic/vf_loss", "cost/mean", "cost/lagrange"],
     "grpo_async": ["actor/kl", "async/staleness", "actor/is_weight_mean", "actor/is_weight_max"],
     "grpo_async_twin": ["actor/kl", "async/staleness", "perf/weight_sync_s"],
+    "grpo_stream": [
+        "actor/kl",
+        "async/staleness_max",
+        "actor/is_weight_mean",
+        "stream/version_spread_max",
+        "stream/pool_idle_frac",
+        "prompts/trained",
+    ],
 }
 HYBRID_ONLY = {
     "memory/generate_peak_gib",

@@ -8,6 +8,9 @@
   versions in one sample), and the prompt ledger lists every prompt drawn exactly once, each
   trained at one step, none lost.
 - A checkpoint taken with prompts in flight resumes by submitting exactly those again.
+- A vLLM pool streams too (in chunks: ChunkedStream).
+- A rollout process killed mid-generation heals with ``run.max_restarts``; the final ledger
+  has every prompt once, none lost, and the failed attempt's ledger names the prompts it lost.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import stable_metrics
-from test_async import LEARNS, STANDALONE, VOLATILE, _config, _rows
+from conftest import LONG, stable_metrics
+from test_async import LEARNS, STANDALONE, VOLATILE, KillRolloutAfterStep, _config, _rows
 
 from hf_core.trainer import RLTrainer
 
@@ -103,3 +106,69 @@ def test_a_streaming_checkpoint_resubmits_the_prompts_in_flight(in_workdir: Path
     assert trained_steps == {1: 8, 2: 8, 3: 8, 4: 8}
     before = {(r["epoch"], r["sample_index"]) for r in saved if r["state"] == "trained"}
     assert all(states[pid]["detail"] in (1, 2) for pid in before)  # not trained again
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_vllm_pool_streams_in_chunks(in_workdir: Path) -> None:
+    """vLLM has no token-level stream here: ChunkedStream resubmits prompt + response so far
+    every few tokens, and updates land between chunks."""
+    out = in_workdir / "runs" / "stream_vllm"
+    overrides = (
+        "rollout.backend=vllm",
+        "rollout.engine.kv_cache_bytes=268435456",
+        "rollout.max_staleness=1",
+        "rollout.max_new_tokens=16",
+        "rollout.stream_chunk_tokens=4",
+        "rollout.stream_capacity=4",
+    )
+    RLTrainer(_config(out, LEARNS, *STANDALONE, STREAMING, *overrides)).fit()
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    for row in rows:
+        assert row["rollout/logprob_abs_diff_mean"] < 0.5  # the pool got the actor's weights
+    assert sum(r["stream/interrupted_samples"] for r in rows) > 0
+    ledger = _ledger(out)
+    assert Counter(r["detail"] for r in ledger if r["state"] == "trained") == {1: 8, 2: 8, 3: 8}
+
+
+@LONG  # like the batch loop's healing test: a restart costs a minute
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_killed_streaming_pool_heals_and_the_ledger_loses_no_prompt(in_workdir: Path) -> None:
+    out = in_workdir / "runs" / "stream_healed"
+    steps = 5
+    trainer = RLTrainer(
+        _config(
+            out,
+            *STANDALONE,
+            STREAMING,
+            "rollout.max_staleness=1",
+            f"run.total_steps={steps}",
+            "run.save_every=2",
+            "cluster.failure_timeout_s=10",
+            "run.max_restarts=1",
+        )
+    )
+    killer = KillRolloutAfterStep(trainer, step=3)
+    killer.start()
+    trainer.fit()
+    killer.stop.set()
+    assert killer.killed_at is not None, "the rollout process was never killed"
+    assert len(trainer.restarts) == 1 and "rollout" in trainer.restarts[0]
+    assert trainer.start_steps == [0, 2]
+    assert [r["step"] for r in _rows(out)] == list(range(1, steps + 1))
+    ledger = _ledger(out)
+    ids = [(r["epoch"], r["sample_index"]) for r in ledger]
+    assert len(ids) == len(set(ids))  # one row per prompt: none trained twice
+    trained = Counter(r["detail"] for r in ledger if r["state"] == "trained")
+    assert trained == {s: 8 for s in range(1, steps + 1)}
+    assert not [r for r in ledger if r["state"] == "lost"]
+    # the failed attempt's account names the prompts it lost in flight
+    failed = _ledger(out, "prompt_ledger.attempt1.jsonl")
+    lost = {(r["epoch"], r["sample_index"]) for r in failed if r["state"] == "lost"}
+    assert lost and all(
+        r["detail"].startswith("WorkerLostError") for r in failed if r["state"] == "lost"
+    )
+    # every prompt lost there was trained (or is in flight at the end) in the healed run
+    final = {(r["epoch"], r["sample_index"]): r["state"] for r in ledger}
+    assert all(final.get(pid) in ("trained", "in_flight") for pid in lost)

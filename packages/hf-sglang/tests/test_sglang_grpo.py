@@ -135,3 +135,32 @@ def test_sglang_rollout_pool_runs_ahead_of_the_actor() -> None:
     for row in syncs:
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] > 0
     assert abs(rows[2]["actor/kl"]) > 1e-6  # the actor moved off the reference
+
+
+@pytest.mark.usefixtures("in_assets")
+def test_sglang_rollout_pool_streams() -> None:
+    """Streaming GRPO on an SGLang pool: chunks of a few tokens (ChunkedStream), groups handed
+    over as they finish, updates landing between chunks; the ledger trains every prompt once."""
+    overrides = [
+        *OVERRIDES,
+        "run.val_every=0",
+        "run.output_dir=runs/grpo_stream_sglang",
+        "placement.mode=standalone",
+        "placement.processes=1",
+        "placement.rollout_processes=1",
+        "rollout.max_staleness=1",
+        "rollout.mode=streaming",
+        "rollout.stream_chunk_tokens=4",
+    ]
+    config = load_config(TrainerConfig, RECIPES / "grpo.yaml", overrides)
+    RLTrainer(config).fit()
+    rows = _rows(config)
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert all(row["async/staleness_max"] <= 1 for row in rows)
+    ledger = [
+        json.loads(line)
+        for line in (Path(config.run.output_dir) / "prompt_ledger.jsonl").read_text().splitlines()
+    ]
+    trained = [r for r in ledger if r["state"] == "trained"]
+    assert len(trained) == 3 * config.data.batch_size
+    assert len({(r["epoch"], r["sample_index"]) for r in ledger}) == len(ledger)

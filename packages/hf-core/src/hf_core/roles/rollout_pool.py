@@ -45,8 +45,13 @@ class RolloutWorker(Worker):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """This rank's share of the prompts, sampled with the weights it holds now (multi-turn
         with tools when the recipe has an ``agent:`` section), each tagged with the version of
-        those weights (:data:`ROLLOUT_VERSION`)."""
-        out = (self.agent or self.rollout).generate(prompts, params)
+        those weights (:data:`ROLLOUT_VERSION`).  A running stream waits meanwhile: the
+        engine serves one caller at a time."""
+        if self.stream is not None:
+            with self.stream.paused(weights_change=False):
+                out = self.rollout.generate(prompts, params)
+        else:
+            out = (self.agent or self.rollout).generate(prompts, params)
         out[ROLLOUT_VERSION] = torch.full((len(out),), self.receiver.version, dtype=torch.int64)
         return out
 

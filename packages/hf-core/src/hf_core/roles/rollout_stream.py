@@ -135,10 +135,11 @@ class StreamingGenerator:
         }
 
     @contextmanager
-    def paused(self) -> Iterator[None]:
-        """Hold the thread at a token boundary (for a weight load); the responses under way
-        continue after it with the new weights.  Without partial rollouts the thread first
-        finishes the responses under way, starting no new ones."""
+    def paused(self, weights_change: bool = True) -> Iterator[None]:
+        """Hold the thread at a token boundary: for a weight load (the responses under way
+        continue after it with the new weights; without partial rollouts the thread first
+        finishes them, starting no new ones), or for another use of the engine meanwhile
+        (``weights_change=False``: validation's generate call)."""
         with self._cond:
             self._pause_requested = True
             self._paused.clear()
@@ -150,8 +151,9 @@ class StreamingGenerator:
             yield
         finally:
             with self._cond:
-                self._interrupted += self.stream.active
-                self.stream.weights_changed()
+                if weights_change:
+                    self._interrupted += self.stream.active
+                    self.stream.weights_changed()
                 self._pause_requested = False
                 self._cond.notify_all()
 

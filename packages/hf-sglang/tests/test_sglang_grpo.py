@@ -35,6 +35,15 @@ OVERRIDES = [
     "reward.function=sglang_test_rewards:distinct_chars",  # spreads rewards of a random model
 ]
 
+POOL = [
+    "run.val_every=0",
+    "placement.mode=standalone",
+    "placement.processes=1",
+    "placement.rollout_processes=1",
+    "rollout.max_staleness=1",
+]
+"""SGLang on a rollout process of its own, one batch ahead of the actor."""
+
 
 def make_assets(folder: Path) -> None:
     spec = importlib.util.spec_from_file_location("make_assets", RECIPES / "make_assets.py")
@@ -117,15 +126,7 @@ def test_megatron_tp2_actor_reshards_into_sglang() -> None:
 def test_sglang_rollout_pool_runs_ahead_of_the_actor() -> None:
     """Asynchronous GRPO: SGLang on a rollout process of its own (placement standalone),
     one batch ahead of the FSDP actor; every sync delivers the whole model to the pool."""
-    overrides = [
-        *OVERRIDES,
-        "run.val_every=0",
-        "run.output_dir=runs/grpo_async_sglang",
-        "placement.mode=standalone",
-        "placement.processes=1",
-        "placement.rollout_processes=1",
-        "rollout.max_staleness=1",
-    ]
+    overrides = [*OVERRIDES, *POOL, "run.output_dir=runs/grpo_async_sglang"]
     config = load_config(TrainerConfig, RECIPES / "grpo.yaml", overrides)
     RLTrainer(config).fit()
     rows = _rows(config)
@@ -143,12 +144,8 @@ def test_sglang_rollout_pool_streams() -> None:
     over as they finish, updates landing between chunks; the ledger trains every prompt once."""
     overrides = [
         *OVERRIDES,
-        "run.val_every=0",
+        *POOL,
         "run.output_dir=runs/grpo_stream_sglang",
-        "placement.mode=standalone",
-        "placement.processes=1",
-        "placement.rollout_processes=1",
-        "rollout.max_staleness=1",
         "rollout.mode=streaming",
         "rollout.stream_chunk_tokens=4",
     ]

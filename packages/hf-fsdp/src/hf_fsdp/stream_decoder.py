@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_core.engines import select_tokens
-from hf_core.engines.streaming import StreamRequest, left_padded
+from hf_core.engines import left_padded, select_tokens
+from hf_core.engines.streaming import StreamRequest
 from hf_fsdp.decoder import LlamaFamilyDecoder
 
 

@@ -21,6 +21,7 @@ from hf_core.engines.capabilities import (
 from hf_core.engines.decoding import (
     ResponseSteps,
     expand_prompts,
+    left_padded,
     pack_responses,
     strip_left_padding,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "filter_logits",
     "is_adapter_name",
     "iter_buckets",
+    "left_padded",
     "lr_factor",
     "pack_responses",
     "plan_micro_batches",

@@ -11,14 +11,11 @@ library takes and returns ragged token lists use :func:`strip_left_padding` and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from hf_core.batch import Batch
 from hf_core.engines.rollout import PROMPT_KEYS, SamplingParams
-
-if TYPE_CHECKING:
-    from hf_core.batch import Batch
 
 
 def expand_prompts(prompts: Batch, params: SamplingParams) -> Batch:
@@ -44,6 +41,18 @@ def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
             raise ValueError("a prompt has no tokens (its attention_mask is all zero)")
         prompts.append(kept)
     return prompts
+
+
+def left_padded(sequences: list[list[int]], pad_token_id: int) -> Batch:
+    """``input_ids`` / ``attention_mask`` of token sequences, left-padded to the longest."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    return Batch({"input_ids": ids, "attention_mask": mask})
 
 
 def pack_responses(

@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from hf_core.batch import Batch
+from hf_core.engines.decoding import left_padded
 from hf_core.engines.rollout import RolloutEngine, SamplingParams
 
 
@@ -92,18 +93,6 @@ class OpensTokenStream(Protocol):
 def stop_ids(engine: RolloutEngine, params: SamplingParams) -> set[int]:
     """The tokens that end a response: the request's stop ids and the engine's EOS ids."""
     return {*params.stop_token_ids, *getattr(engine, "eos_token_ids", ())}
-
-
-def left_padded(sequences: list[list[int]], pad_token_id: int) -> Batch:
-    """``input_ids`` / ``attention_mask`` of token sequences, left-padded to the longest."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        if seq:
-            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask})
 
 
 class ChunkedStream:

@@ -21,10 +21,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from hf_core.batch import Batch
-from hf_core.engines import RolloutEngine, SamplingParams
+from hf_core.engines import RolloutEngine, SamplingParams, left_padded
 from hf_core.errors import ConfigError
 
 DEFAULT_TEMPLATE = (
@@ -116,14 +114,7 @@ class GenerativeJudge:
         else:
             rows = tok(list(texts))["input_ids"]
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            if row:
-                ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-                mask[i, width - len(row) :] = 1
-        return Batch({"input_ids": ids, "attention_mask": mask})
+        return left_padded(rows, int(pad))
 
     # -------------------------------------------------------------- scores
     def parse_score(self, text: str) -> float | None:

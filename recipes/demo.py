@@ -22,11 +22,23 @@ from hf_testing.tiny import build_tiny_model
 
 RECIPE = Path(__file__).with_name("demo.yaml")
 REQUIRED_GAIN = 0.2
+HEADS = {"vllm": (2, 1)}
+"""(attention heads, KV heads) of the demo model per rollout backend, where the default (4, 2:
+head_dim 16) does not run: vLLM's CPU attention kernels reject head_dim 16 ("Unsupported CPU
+attention configuration"), so a vLLM rollout gets heads of 32 (same hidden size)."""
 
 
-def build_assets(folder: Path) -> dict[str, str]:
+def build_assets(folder: Path, rollout_backend: str = "transformers") -> dict[str, str]:
     """Model, tokenizer and task files (rebuilt identically every time)."""
-    model = build_tiny_model(folder / "model", family="qwen2", hidden_size=64, num_layers=2)
+    heads, kv_heads = HEADS.get(rollout_backend, (4, 2))
+    model = build_tiny_model(
+        folder / "model",
+        family="qwen2",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+    )
     train = write_digit_task(
         folder / "train.jsonl", "reverse", n=2000, min_len=3, max_len=5, seed=0
     )
@@ -42,7 +54,7 @@ def main(argv: list[str]) -> int:
     # A single-machine demo: no need for Ray's cluster token in the home folder.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     probe = load_config(TrainerConfig, RECIPE, ["model.path=unset", *argv])
-    assets = build_assets(Path(probe.run.output_dir) / "assets")
+    assets = build_assets(Path(probe.run.output_dir) / "assets", probe.rollout.backend)
     overrides = [f"{key}={value}" for key, value in assets.items()] + argv
     config = load_config(TrainerConfig, RECIPE, overrides)
     summary = RLTrainer(config).fit()

@@ -329,11 +329,9 @@ def test_staleness_needs_a_rollout_pool(tmp_path: Path) -> None:
         _config(tmp_path, placement={"mode": "colocate"}, rollout={"max_staleness": 1})
 
 
-def test_streaming_needs_a_rollout_pool_and_no_agent_loop(tmp_path: Path) -> None:
+def test_streaming_needs_a_rollout_pool(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=r"streaming needs placement\.mode: standalone"):
         _config(tmp_path, placement={"mode": "colocate"}, rollout={"mode": "streaming"})
-    with pytest.raises(ValidationError, match=r"streaming does not run the agent loop"):
-        _config(tmp_path, rollout={"mode": "streaming"}, agent={"tools": ["calculator"]})
     assert _config(tmp_path, rollout={"mode": "streaming"}).rollout.partial_rollouts
 
 

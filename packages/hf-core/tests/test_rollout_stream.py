@@ -3,8 +3,8 @@
 - A weight load pauses the thread between two tokens: tokens before it carry the old
   version, tokens after it the new one, and the stream is told its cache is stale.
 - Without partial rollouts the load waits until the responses under way ended.
-- With ``interruptible=False`` (max_staleness 0) each submission is one generate call with
-  the submission's own parameters (seed included).
+- With ``whole_calls`` (max_staleness 0, the agent loop) each submission is one generate
+  call with the submission's own parameters (seed included), its rows returned as they are.
 - An exception on the thread reaches the next collect with its traceback.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ import torch
 from hf_core.batch import Batch
 from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams
 from hf_core.engines.streaming import StreamRequest, responses_batch
-from hf_core.roles.rollout_stream import StreamFailed, StreamingGenerator
+from hf_core.roles.rollout_stream import FinishedRows, StreamFailed, StreamingGenerator
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=5)
 
@@ -90,8 +91,8 @@ def _prompts(count: int) -> Batch:
     return batch
 
 
-def _collect_all(gen: StreamingGenerator, count: int, timeout: float = 10) -> list[StreamRequest]:
-    done: list[StreamRequest] = []
+def _collect_all(gen: StreamingGenerator, count: int, timeout: float = 10) -> list[Any]:
+    done: list[Any] = []
     deadline = time.monotonic() + timeout
     while len(done) < count and time.monotonic() < deadline:
         done += gen.collect(0.05)
@@ -106,7 +107,7 @@ def _generator(stream: ScriptedStream, partial: bool = True, **kw: object) -> St
         lambda: version["v"],
         capacity=8,
         chunk_tokens=4,
-        interruptible=bool(kw.get("interruptible", True)),
+        whole_calls=bool(kw.get("whole_calls", False)),
         partial=partial,
     )
     gen.version_box = version  # type: ignore[attr-defined]
@@ -134,6 +135,7 @@ def test_a_weight_load_lands_between_two_tokens() -> None:
     gen.close()
     assert stream.changes == 1
     for request in done:
+        assert isinstance(request, StreamRequest)
         assert request.versions == [0] * 4 + [1] * 2
     assert gen.metrics()["stream/interrupted_requests"] == 4
     assert gen.metrics()["stream/interrupted_requests"] == 0  # counted once, then reset
@@ -148,21 +150,27 @@ def test_without_partial_rollouts_the_load_waits_for_responses_under_way() -> No
     done = _collect_all(gen, 4)
     gen.close()
     for request in done:  # every response ended on the weights it started with
-        assert len(set(request.versions)) == 1
+        assert isinstance(request, StreamRequest) and len(set(request.versions)) == 1
 
 
-def test_staleness_zero_runs_each_submission_as_one_generate_call() -> None:
+def test_whole_calls_run_each_submission_as_one_generate_call() -> None:
     stream = ScriptedStream()
-    gen = _generator(stream, interruptible=False)
+    gen = _generator(stream, whole_calls=True)
+    gen.version_box["v"] = 3  # type: ignore[attr-defined]
     gen.submit(_prompts(3), PARAMS, epoch=2)
     other = PARAMS.model_copy(update={"seed": 9})
     gen.submit(_prompts(1), other, epoch=2)
-    done = _collect_all(gen, 8)
+    done = _collect_all(gen, 2)
     gen.close()
     engine = gen.engine
     assert isinstance(engine, ScriptedEngine) and engine.calls == [PARAMS, other]
     assert stream.advances == 0
-    assert sorted(r.key for r in done[:6]) == [(2, i, k) for i in range(3) for k in range(2)]
+    first, second = done
+    assert isinstance(first, FinishedRows) and isinstance(second, FinishedRows)
+    assert first.keys == [(2, i, k) for i in range(3) for k in range(2)]
+    assert len(first.rows) == 6 and len(second.rows) == 2
+    versions = first.rows["token_versions"]
+    assert set(versions[first.rows["attention_mask"][:, -6:].bool()].tolist()) == {3}
 
 
 def test_a_failure_on_the_thread_reaches_collect_with_its_traceback() -> None:

@@ -325,8 +325,6 @@ class TrainerConfig(_Strict):
                 "rollout.mode: streaming needs placement.mode: standalone (the pool generates "
                 "while the actor trains)"
             )
-        if self.rollout.mode == "streaming" and self.agent is not None:
-            raise ValueError("rollout.mode: streaming does not run the agent loop yet")
         pools = [self.placement.processes]
         if self.placement.mode == "standalone":
             pools.append(self.placement.rollout_processes)

@@ -26,7 +26,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.engines.decoding import left_padded
-from hf_core.engines.rollout import RolloutEngine, SamplingParams
+from hf_core.engines.rollout import SamplingParams
 
 
 @dataclass
@@ -90,7 +90,13 @@ class OpensTokenStream(Protocol):
         ...
 
 
-def stop_ids(engine: RolloutEngine, params: SamplingParams) -> set[int]:
+class GeneratesBatches(Protocol):
+    """Anything with a rollout engine's ``generate`` (an engine, the agent loop)."""
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch: ...
+
+
+def stop_ids(engine: object, params: SamplingParams) -> set[int]:
     """The tokens that end a response: the request's stop ids and the engine's EOS ids."""
     return {*params.stop_token_ids, *getattr(engine, "eos_token_ids", ())}
 
@@ -99,7 +105,7 @@ class ChunkedStream:
     """A token stream over any engine's ``generate``: up to ``chunk_tokens`` tokens per
     advance, the prefix recomputed each time (see the module docstring)."""
 
-    def __init__(self, engine: RolloutEngine, chunk_tokens: int, pad_token_id: int = 0) -> None:
+    def __init__(self, engine: GeneratesBatches, chunk_tokens: int, pad_token_id: int = 0) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         self.engine, self.chunk_tokens = engine, chunk_tokens

@@ -20,7 +20,7 @@ from hf_core.engines.streaming import StreamRequest
 from hf_core.plugins import get_rollout_engine
 from hf_core.protocols import register
 from hf_core.roles.common import build_agent_loop, rollout_engine_args, torch_threads
-from hf_core.roles.rollout_stream import StreamingGenerator
+from hf_core.roles.rollout_stream import FinishedRows, StreamingGenerator
 from hf_core.sync import BroadcastReceiver, ChannelAddress
 from hf_core.worker import Worker
 
@@ -47,11 +47,12 @@ class RolloutWorker(Worker):
         with tools when the recipe has an ``agent:`` section), each tagged with the version of
         those weights (:data:`ROLLOUT_VERSION`).  A running stream waits meanwhile: the
         engine serves one caller at a time."""
+        engine = self.agent or self.rollout
         if self.stream is not None:
             with self.stream.paused(weights_change=False):
-                out = self.rollout.generate(prompts, params)
+                out = engine.generate(prompts, params)
         else:
-            out = (self.agent or self.rollout).generate(prompts, params)
+            out = engine.generate(prompts, params)
         out[ROLLOUT_VERSION] = torch.full((len(out),), self.receiver.version, dtype=torch.int64)
         return out
 
@@ -80,16 +81,16 @@ class RolloutWorker(Worker):
         self, capacity: int, chunk_tokens: int, interruptible: bool, partial: bool
     ) -> int:
         """Start this rank's generation thread (``rollout.mode: streaming``); the engine's
-        padding token id (the trainer pads responses with it)."""
-        if self.agent is not None:
-            raise ValueError("rollout.mode: streaming does not run the agent loop yet")
+        padding token id (the trainer pads responses with it).  The agent loop, and any pool
+        whose updates cannot come mid-generation (``interruptible=False``), run each
+        submission as one call (:mod:`hf_core.roles.rollout_stream`)."""
         if self.stream is None:
             self.stream = StreamingGenerator(
-                self.rollout,
+                self.agent or self.rollout,
                 lambda: self.receiver.version,
                 capacity=capacity,
                 chunk_tokens=chunk_tokens,
-                interruptible=interruptible,
+                whole_calls=self.agent is not None or not interruptible,
                 partial=partial,
             )
         return int(getattr(self.rollout, "pad_token_id", 0) or 0)
@@ -101,7 +102,9 @@ class RolloutWorker(Worker):
             self._stream().submit(*work)
 
     @register("ONE_TO_ALL")
-    def stream_collect(self, wait_s: float) -> tuple[list[StreamRequest], dict[str, float]]:
+    def stream_collect(
+        self, wait_s: float
+    ) -> tuple[list[StreamRequest | FinishedRows], dict[str, float]]:
         """Samples finished since the last call (waiting up to ``wait_s`` for one) and the
         thread's idle / busy time since then."""
         stream = self._stream()

@@ -7,10 +7,12 @@ A weight broadcast pauses the thread at a token boundary (:meth:`StreamingGenera
 loads, and lets it go on: the responses under way continue with the new weights (partial
 rollouts), each token tagged with the version that sampled it.
 
-With ``interruptible=False`` (``rollout.max_staleness: 0``, where the trainer waits for every
-sample before it updates, so no update can arrive mid-generation) each submission is one
-``generate`` call of the engine with the submission's own sampling parameters: exactly the
-samples the synchronous loop draws.
+With ``whole_calls=True`` each submission is one ``generate`` call of the engine with the
+submission's own sampling parameters, and its output rows go back as they are
+(:class:`FinishedRows`).  That is ``rollout.max_staleness: 0`` (the trainer waits for every
+sample before it updates, so no update can arrive mid-generation: exactly the samples the
+synchronous loop draws), and the agent loop (multi-turn with tools: an update lands between
+two agent calls, never inside one).
 """
 
 from __future__ import annotations
@@ -21,12 +23,19 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from hf_core.batch import Batch
-from hf_core.engines import RolloutEngine, SamplingParams, strip_left_padding
-from hf_core.engines.streaming import ChunkedStream, OpensTokenStream, StreamRequest, TokenStream
+from hf_core.engines import SamplingParams, strip_left_padding
+from hf_core.engines.streaming import (
+    ChunkedStream,
+    GeneratesBatches,
+    OpensTokenStream,
+    StreamRequest,
+    TokenStream,
+)
 
 
 class StreamFailed(RuntimeError):
@@ -44,18 +53,22 @@ def requests_for(prompts: Batch, params: SamplingParams, epoch: int) -> list[Str
     ]
 
 
-def from_generated(requests: list[StreamRequest], out: Batch, version: int) -> list[StreamRequest]:
-    """Fill ``requests`` (in the engine's row order) from one whole ``generate`` output."""
-    lengths = out["response_mask"].sum(-1).tolist()
-    for row, request in enumerate(requests):
-        length = int(lengths[row])
-        request.extend(
-            out["responses"][row, :length].tolist(),
-            out["rollout_log_probs"][row, :length].tolist(),
-            version,
-        )
-        request.finished = True
-    return requests
+@dataclass
+class FinishedRows:
+    """One whole ``generate`` call's output: its rows as the engine returned them (plus
+    ``token_versions``, ``interrupted`` and ``rollout_version``) and each row's key."""
+
+    keys: list[tuple[int, int, int]]
+    rows: Batch
+
+
+def whole_rows(requests: list[StreamRequest], out: Batch, version: int) -> FinishedRows:
+    """Tag a whole call's output with the version of the weights that generated it."""
+    mask = out["response_mask"]
+    real = out["attention_mask"][:, -mask.shape[1] :]  # agent turns: tool tokens included
+    out["token_versions"] = torch.where(real.bool(), version, -1).long()
+    out["interrupted"] = torch.zeros(len(out), dtype=torch.bool)
+    return FinishedRows([r.key for r in requests], out)
 
 
 class StreamingGenerator:
@@ -63,18 +76,18 @@ class StreamingGenerator:
 
     def __init__(
         self,
-        engine: RolloutEngine,
+        engine: GeneratesBatches,
         version: Callable[[], int],
         *,
         capacity: int,
         chunk_tokens: int,
-        interruptible: bool,
+        whole_calls: bool,
         partial: bool = True,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"stream capacity must be >= 1, got {capacity}")
         self.engine, self.version, self.capacity = engine, version, capacity
-        self.interruptible, self.partial = interruptible, partial
+        self.whole_calls, self.partial = whole_calls, partial
         self.stream: TokenStream = (
             engine.open_stream(capacity, chunk_tokens)
             if isinstance(engine, OpensTokenStream)
@@ -82,7 +95,7 @@ class StreamingGenerator:
         )
         self._waiting: deque[StreamRequest] = deque()
         self._whole: deque[tuple[Batch, SamplingParams, list[StreamRequest]]] = deque()
-        self._done: list[StreamRequest] = []
+        self._done: list[StreamRequest | FinishedRows] = []
         self._cond = threading.Condition()
         self._pause_requested = False
         self._paused = threading.Event()
@@ -99,13 +112,13 @@ class StreamingGenerator:
         """Queue ``params.n`` samples of every prompt row (keys: epoch, sample_index)."""
         requests = requests_for(prompts, params, epoch)
         with self._cond:
-            if self.interruptible:
-                self._waiting.extend(requests)
-            else:
+            if self.whole_calls:
                 self._whole.append((prompts, params, requests))
+            else:
+                self._waiting.extend(requests)
             self._cond.notify_all()
 
-    def collect(self, wait_s: float = 0.0) -> list[StreamRequest]:
+    def collect(self, wait_s: float = 0.0) -> list[StreamRequest | FinishedRows]:
         """The samples finished since the last call, waiting up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
         with self._cond:
@@ -197,11 +210,11 @@ class StreamingGenerator:
             prompts, params, requests = whole
             with torch.no_grad():
                 out = self.engine.generate(prompts, params)
-            done = from_generated(requests, out, version)
+            done: list[StreamRequest | FinishedRows] = [whole_rows(requests, out, version)]
         else:
             if admitted:
                 self.stream.admit(admitted)
-            done = self.stream.advance(version)
+            done = list(self.stream.advance(version))
         with self._cond:
             self._idle_s += waited
             self._busy_s += time.perf_counter() - start - waited

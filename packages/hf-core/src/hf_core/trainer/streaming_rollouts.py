@@ -30,6 +30,7 @@ from hf_core.data import PromptLoader
 from hf_core.engines import SamplingParams
 from hf_core.engines.streaming import StreamRequest, responses_batch
 from hf_core.roles.rollout_pool import ROLLOUT_VERSION
+from hf_core.roles.rollout_stream import FinishedRows
 from hf_core.trainer.batches import PROMPT_TENSORS
 from hf_core.trainer.rollout_source import StandaloneRollouts, StepSamples
 from hf_core.trainer.sample_stream import (
@@ -139,12 +140,23 @@ class StreamingRollouts(StandaloneRollouts):
             self.pool_idle_s += metrics["stream/pool_idle_s"]
             self.pool_busy_s += metrics["stream/pool_busy_s"]
             self._metrics["stream/queued_samples"] = metrics["stream/queued_samples"]
-            for request in done:
-                pid: PromptId = (request.key[0], request.key[1])
-                self.samples.setdefault(pid, []).append(request)
+            for item in done:
+                if isinstance(item, FinishedRows):
+                    self._add_rows(item)
+                    continue
+                pid: PromptId = (item.key[0], item.key[1])
+                self.samples.setdefault(pid, []).append(item)
                 if len(self.samples[pid]) == self.n:
                     requests = sorted(self.samples.pop(pid), key=lambda r: r.key[2])
                     self.buffer.add(pid, self._group_batch(requests))
+
+    def _add_rows(self, finished: FinishedRows) -> None:
+        """A whole call's rows, one group per prompt, in the call's order."""
+        by_prompt: dict[PromptId, list[int]] = {}
+        for row, key in enumerate(finished.keys):
+            by_prompt.setdefault((key[0], key[1]), []).append(row)
+        for pid, rows in by_prompt.items():
+            self.buffer.add(pid, finished.rows.index(rows))
 
     def _group_batch(self, requests: list[StreamRequest]) -> Batch:
         """A finished group as rollout-engine output (without the step's common padding)."""

@@ -69,3 +69,33 @@ def test_agent_demo_runs_multi_turn_steps(
     # Float32 model: both engines match the FSDP forward within 1e-4 on every model token.
     worst = max(row["rollout/logprob_abs_diff_max"] for row in rows)
     assert worst < 1e-4, f"{backend}: rollout vs training log-prob max diff {worst}"
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_agent_loop_streams_on_a_rollout_pool(assets: dict[str, str], in_workdir: Path) -> None:
+    """``rollout.mode: streaming`` with the agent loop: each submission one agent call on the
+    standalone pool, groups handed to the trainer, updates landing between calls."""
+    overrides = [f"{k}={v}" for k, v in assets.items()] + [
+        "run.output_dir=runs/agent_stream",
+        "run.total_steps=3",
+        "run.progress=false",
+        "sft.steps=60",
+        "actor.engine.lr=1.0e-3",
+        "placement.mode=standalone",
+        "placement.processes=1",
+        "placement.rollout_processes=1",
+        "rollout.mode=streaming",
+        "rollout.max_staleness=1",
+        FLOAT32_ROLLOUT,
+    ]
+    config = load_config(TrainerConfig, RECIPES / "demo_tools.yaml", overrides)
+    RLTrainer(config).fit()
+    rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert all(row["async/staleness_max"] <= 1 for row in rows)
+    assert all(row["stream/interrupted_samples"] == 0 for row in rows)  # never inside a call
+    assert max(row["agent/tool_calls_mean"] for row in rows) > 0
+    assert max(row["agent/turns_mean"] for row in rows) > 1
+    ledger = (config.run.output_dir / "prompt_ledger.jsonl").read_text().splitlines()
+    trained = [json.loads(line) for line in ledger if '"trained"' in line]
+    assert len(trained) == 3 * config.data.batch_size

@@ -21,6 +21,8 @@ recomputed, not kept, across an update).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hf_core.engines import left_padded, select_tokens
@@ -69,6 +71,8 @@ class LeanTokenStream:
         self.merges = 0
         self.rebuilds = 0
         self.prefilled_tokens = 0
+        self._recomputed_tokens = 0
+        self._recompute_s = 0.0
 
     # ------------------------------------------------------------- the protocol
     @property
@@ -148,9 +152,25 @@ class LeanTokenStream:
         joining, self.waiting = self.waiting[:room], self.waiting[room:]
         return joining
 
+    def take_stats(self) -> dict[str, float]:
+        """What the updates cost since the last call: prefix tokens prefilled again (responses
+        under way recomputed on the new weights) and the seconds that took."""
+        stats = {
+            "stream/recomputed_tokens": float(self._recomputed_tokens),
+            "stream/recompute_s": self._recompute_s,
+        }
+        self._recomputed_tokens, self._recompute_s = 0, 0.0
+        return stats
+
     def _rebuild(self) -> None:
         """After a weight update: every row's prefix prefilled again with the new weights."""
+        start = time.perf_counter()
+        self._rebuild_rows()
+        self._recompute_s += time.perf_counter() - start
+
+    def _rebuild_rows(self) -> None:
         live = [r for r in self.rows if r is not None]
+        self._recomputed_tokens += sum(len(r.prompt) + len(r.tokens) for r in live)
         requests = live + self._take_waiting(len(live))
         self.rebuilds += 1
         if not requests:

@@ -139,7 +139,10 @@ class StreamingGenerator:
             idle, busy, self._idle_s, self._busy_s = self._idle_s, self._busy_s, 0.0, 0.0
             interrupted, self._interrupted = self._interrupted, 0
             queued = len(self._waiting) + sum(len(r) for _, _, r in self._whole)
+        take_stats = getattr(self.stream, "take_stats", None)
+        stats: dict[str, float] = take_stats() if callable(take_stats) else {}
         return {
+            **stats,
             "stream/pool_idle_s": idle,
             "stream/pool_busy_s": busy,
             "stream/interrupted_requests": float(interrupted),

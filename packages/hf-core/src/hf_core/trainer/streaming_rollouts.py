@@ -70,6 +70,9 @@ class StreamingRollouts(StandaloneRollouts):
         self.interrupted_samples = 0
         self.pool_idle_s = 0.0
         self.pool_busy_s = 0.0
+        self.recompute: dict[str, float] = {}
+        """Since the last step: prefix tokens the pool prefilled again after updates, and
+        the seconds that took (engines that keep a KV cache across tokens)."""
         self._next_rank = 0
         capacity = rollout.stream_capacity or math.ceil(
             self.batch_size * self.n / self.pool.world_size
@@ -139,6 +142,9 @@ class StreamingRollouts(StandaloneRollouts):
         for done, metrics in self.pool.stream_collect(wait_s):
             self.pool_idle_s += metrics["stream/pool_idle_s"]
             self.pool_busy_s += metrics["stream/pool_busy_s"]
+            for key in ("stream/recomputed_tokens", "stream/recompute_s"):
+                if key in metrics:
+                    self.recompute[key] = self.recompute.get(key, 0.0) + metrics[key]
             self._metrics["stream/queued_samples"] = metrics["stream/queued_samples"]
             for item in done:
                 if isinstance(item, FinishedRows):
@@ -245,8 +251,10 @@ class StreamingRollouts(StandaloneRollouts):
                 "stream/dropped_groups": float(self.dropped_groups),
                 "stream/pool_idle_frac": self.pool_idle_s / busy_idle if busy_idle else 0.0,
                 **self.ledger.counts(),
+                **self.recompute,
             }
         )
+        self.recompute = {}
         self.pool_idle_s = self.pool_busy_s = 0.0
 
     # ------------------------------------------------------------------- sync

@@ -165,8 +165,10 @@ class LeanTokenStream:
     def _rebuild(self) -> None:
         """After a weight update: every row's prefix prefilled again with the new weights."""
         start = time.perf_counter()
+        recomputing = any(r is not None for r in self.rows)
         self._rebuild_rows()
-        self._recompute_s += time.perf_counter() - start
+        if recomputing:  # else it only admitted new requests, as a merge would
+            self._recompute_s += time.perf_counter() - start
 
     def _rebuild_rows(self) -> None:
         live = [r for r in self.rows if r is not None]

@@ -77,9 +77,9 @@ def test_an_unknown_nested_key_lists_its_own_block(
 
 def test_an_unknown_key_far_from_every_known_one_gets_no_guess(recipe: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config(TrainerConfig, recipe, ["rollout.mode=streaming"])
+        load_config(TrainerConfig, recipe, ["rollout.wormhole=streaming"])
     text = str(info.value)
-    assert "rollout.mode: unknown key (got 'streaming') (keys of rollout: " in text
+    assert "rollout.wormhole: unknown key (got 'streaming') (keys of rollout: " in text
     assert "did you mean" not in text
 
 

@@ -69,8 +69,6 @@ class LeanTokenStream:
         self.stale = False
         self.merge_at = max(1, capacity // 8)
         self.merges = 0
-        self.rebuilds = 0
-        self.prefilled_tokens = 0
         self._recomputed_tokens = 0
         self._recompute_s = 0.0
 
@@ -141,7 +139,6 @@ class LeanTokenStream:
         mask = batch["attention_mask"].to(self.device)
         session = self.decoder.open(ids, mask, headroom, _group_size(requests))
         logits = session.prefill()
-        self.prefilled_tokens += sum(len(s) for s in sequences)
         valid = session.keys_valid.clone()
         valid[:, ids.shape[1] :] = False
         cache = _Cache(session.cache, session.length, session.cos, session.sin)
@@ -174,7 +171,6 @@ class LeanTokenStream:
         live = [r for r in self.rows if r is not None]
         self._recomputed_tokens += sum(len(r.prompt) + len(r.tokens) for r in live)
         requests = live + self._take_waiting(len(live))
-        self.rebuilds += 1
         if not requests:
             self.rows, self.logits, self.state = [], None, None
         else:

@@ -17,9 +17,8 @@ regenerates exactly the prompts that were in flight.
 
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,7 +57,6 @@ class FinishedGroup:
 
     prompt_id: PromptId
     samples: Batch
-    finished_at: float = field(default_factory=time.monotonic)
 
     def oldest_version(self) -> int:
         return int(

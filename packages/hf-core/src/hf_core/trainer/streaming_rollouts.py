@@ -35,6 +35,7 @@ from hf_core.trainer.batches import PROMPT_TENSORS
 from hf_core.trainer.rollout_source import StandaloneRollouts, StepSamples
 from hf_core.trainer.sample_stream import (
     TOKEN_VERSIONS,
+    FinishedGroup,
     GroupBuffer,
     PromptId,
     PromptLedger,
@@ -171,7 +172,7 @@ class StreamingRollouts(StandaloneRollouts):
     # ---------------------------------------------------------------- schedule
     def take(self, step: int) -> StepSamples:
         self.actor_version = step - 1
-        groups: list[Any] = []
+        groups: list[FinishedGroup] = []
         while len(groups) < self.batch_size:
             self._top_up(step)
             kept, dropped = self.buffer.take(
@@ -190,10 +191,10 @@ class StreamingRollouts(StandaloneRollouts):
                         f"{self.batch_size} groups (the rest were dropped as stale)"
                     )
                 self._collect(POLL_S)
+        if self.max_staleness == 0:  # the synchronous loop's order: the order drawn
+            drawn = {pid: i for i, pid in enumerate(self.drawn)}
+            groups.sort(key=lambda g: drawn[g.prompt_id])
         ids = [group.prompt_id for group in groups]
-        if self.max_staleness == 0:  # the synchronous loop's order
-            groups.sort(key=lambda g: self._order(g.prompt_id))
-            ids = [group.prompt_id for group in groups]
         for pid in ids:
             self.submitted.discard(pid)
         self.ledger.trained(ids, step)
@@ -204,9 +205,6 @@ class StreamingRollouts(StandaloneRollouts):
         version = int(generated[ROLLOUT_VERSION].min())
         self._step_metrics(step, generated)
         return StepSamples(step, prompts, generated, version)
-
-    def _order(self, pid: PromptId) -> int:
-        return list(self.drawn).index(pid)
 
     def _step_batch(self, groups: list[Batch]) -> Batch:
         """The step's groups padded to common widths (prompts left, responses right)."""

@@ -2,8 +2,9 @@
 
     python recipes/make_assets.py [runs/assets]
 
-Creates ``policy/`` (causal LM), ``critic/`` (value head), ``reward/`` and ``cost/`` (score
-heads), all sharing one locally trained tokenizer, plus ``train.jsonl`` / ``val.jsonl`` of the
+Creates ``policy/`` (causal LM), ``teacher/`` (another causal LM, for distillation),
+``critic/`` (value head), ``reward/`` and ``cost/`` (score heads), all sharing one locally
+trained tokenizer, plus ``train.jsonl`` / ``val.jsonl`` of the
 digit-reversal task.  Deterministic: the same files every time.
 """
 
@@ -21,6 +22,7 @@ DEFAULT = Path("runs/assets")
 def make_assets(folder: Path = DEFAULT) -> Path:
     # head_dim 32: vLLM's CPU attention kernels need at least that
     build_tiny_model(folder / "policy", family="qwen2", hidden_size=128, num_layers=2, seed=0)
+    build_tiny_model(folder / "teacher", family="llama", hidden_size=64, num_layers=2, seed=4)
     build_tiny_model(
         folder / "critic", family="qwen2", head="value", hidden_size=64, num_layers=2, seed=1
     )

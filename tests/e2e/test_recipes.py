@@ -55,6 +55,15 @@ EXTRA = {
     "safe_rlhf": ["critic/vf_loss", "cost/mean", "cost/lagrange"],
     "grpo_async": ["actor/kl", "async/staleness", "actor/is_weight_mean", "actor/is_weight_max"],
     "grpo_async_twin": ["actor/kl", "async/staleness", "perf/weight_sync_s"],
+    "dapo": [
+        "dynamic_sampling/groups_drawn",
+        "dynamic_sampling/uniform_groups_trained",
+        "overlong/penalty_mean",
+        "response_length/truncated_frac",
+    ],
+    "gspo": ["actor/seq_ratio_mean"],
+    "cispo": [],
+    "distill": ["distill/reverse_kl", "distill/teacher_log_prob"],
     "grpo_stream": [
         "actor/kl",
         "async/staleness_max",
@@ -118,6 +127,7 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     standalone = config.placement.mode == "standalone"
     lora = "lora" in config.actor.engine  # its reference is itself, adapters disabled
     offloaded = ["actor"] + (["reference"] if config.reference is not None and not lora else [])
+    offloaded += ["teacher"] if config.teacher is not None else []
     if standalone:  # the rollout engine is in another process: nothing to hand over
         assert not [e for entry in trainer.handover_log for e in entry["events"]]
     else:

@@ -46,6 +46,13 @@ def test_yaml_and_overrides(recipe: Path) -> None:
         (["algorithm.policy_loss=ppo"], "algorithm.policy_loss: unknown policy loss 'ppo'"),
         (["just-a-word"], "overrides must look like key=value"),
         (["placement.processes=3", "placement.nodes=2"], "placement.nodes=2 must divide"),
+        (["reward.weight=0"], "nothing to train on without a 'teacher'"),
+        (["teacher.backend=fsdp"], "teacher.model_path: give the teacher's weights"),
+        (
+            ["teacher.model_path=models/teacher", "algorithm.distill.estimator=k9"],
+            "algorithm.distill.estimator: unknown KL estimator 'k9'",
+        ),
+        (["algorithm.dynamic_sampling.max_rounds=-1"], "max_rounds"),
     ],
 )
 def test_errors_name_the_key(recipe: Path, overrides: list[str], message: str) -> None:
@@ -139,3 +146,51 @@ def test_the_sandbox_section_is_checked(recipe: Path, overrides: list[str], mess
         load_config(TrainerConfig, recipe, overrides)
     assert message in str(info.value)
     assert "Value error" not in str(info.value)
+
+
+def test_overlong_shaping_is_off_by_default_and_set_by_keys(recipe: Path) -> None:
+    default = load_config(TrainerConfig, recipe).algorithm.overlong
+    assert (default.buffer, default.penalty_factor, default.filter_truncated) == (0, 1.0, False)
+    config = load_config(
+        TrainerConfig,
+        recipe,
+        [
+            "rollout.max_new_tokens=64",
+            "algorithm.overlong.buffer=16",
+            "algorithm.overlong.penalty_factor=0.5",
+            "algorithm.overlong.filter_truncated=true",
+        ],
+    )
+    overlong = config.algorithm.overlong
+    assert (overlong.buffer, overlong.penalty_factor, overlong.filter_truncated) == (16, 0.5, True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["rollout.max_new_tokens=32", "algorithm.overlong.buffer=32"],
+            "algorithm.overlong.buffer=32 must be < rollout.max_new_tokens=32",
+        ),
+        (["algorithm.overlong.buffer=-1"], "algorithm.overlong.buffer: got -1"),
+        (["algorithm.overlong.penalty_factor=-1"], "algorithm.overlong.penalty_factor: got -1"),
+        (["algorithm.overlong.bufer=4"], "did you mean algorithm.overlong.buffer?"),
+        (["algorithm.rollout_is=sequence"], "algorithm.rollout_is: got 'sequence'"),
+        (["algorithm.clip_ratio_low=1.5"], "algorithm.clip_ratio_low: got 1.5"),
+        (["algorithm.policy_loss=gsp"], "unknown policy loss 'gsp'"),
+    ],
+)
+def test_the_new_algorithm_keys_are_checked(
+    recipe: Path, overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run_config(recipe, overrides)
+    assert message in str(info.value)
+
+
+def test_sequence_rollout_corrections_and_cispo_bounds_are_accepted(recipe: Path) -> None:
+    for mode in ("seq_truncated", "seq_masked"):
+        config = load_config(TrainerConfig, recipe, [f"algorithm.rollout_is={mode}"])
+        assert config.algorithm.rollout_is == mode
+    overrides = ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_low=1.0"]
+    assert load_config(TrainerConfig, recipe, overrides).algorithm.clip_ratio_low == 1.0

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
+import pytest
 import torch
 
 from hf_core.batch import Batch
-from hf_core.config import AlgorithmConfig
-from hf_core.roles.losses import MISMATCH_MAX, MISMATCH_SUM, MISMATCH_TOKENS, PolicyLoss
+from hf_core.config import AlgorithmConfig, TrainerConfig
+from hf_core.roles.losses import (
+    MISMATCH_MAX,
+    MISMATCH_SUM,
+    MISMATCH_TOKENS,
+    PolicyLoss,
+    rollout_is_cap,
+    rollout_is_mode,
+    rollout_is_weights,
+)
 
 
 def _micro_batch(with_old: bool) -> tuple[dict[str, torch.Tensor], Batch]:
@@ -42,3 +54,119 @@ def test_on_policy_loss_equals_the_recomputed_one_and_measures_the_mismatch() ->
     assert abs(metrics_b[MISMATCH_SUM] - 8e-3) < 1e-6
     assert abs(metrics_b[MISMATCH_MAX] - 5e-3) < 1e-6
     assert MISMATCH_SUM not in metrics_a  # a recompute measures it on the driver instead
+
+
+# ------------------------------------------------------- per-sequence rollout correction
+def _is_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training (old) and rollout log-probs with a per-row gap, a ragged mask with an empty
+    row and a full-length (truncated) row, and NaN in the padding."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [4, 0, 8, 1, 6, 8]
+    mask = torch.tensor([[1.0] * n + [0.0] * (8 - n) for n in lengths], dtype=torch.float64)
+    rollout = -1.0 + 0.5 * torch.randn(6, 8, generator=gen, dtype=torch.float64)
+    gap = 0.4 * torch.randn(6, 1, generator=gen, dtype=torch.float64)
+    old = rollout + gap + 0.1 * torch.randn(6, 8, generator=gen, dtype=torch.float64)
+    return torch.where(mask != 0, old, math.nan), rollout, mask
+
+
+def _valid_rows(mask: torch.Tensor) -> list[tuple[int, list[int]]]:
+    rows = [(i, [t for t in range(mask.shape[1]) if mask[i, t]]) for i in range(mask.shape[0])]
+    return [(i, cols) for i, cols in rows if cols]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_truncated_weights_are_the_capped_product_of_token_ratios(seed: int) -> None:
+    old, rollout, mask = _is_inputs(seed)
+    cap = 2.0
+    weights, metrics = rollout_is_weights(old, rollout, mask, cap, mode="seq_truncated")
+    expected = torch.zeros_like(mask)
+    ratios = []
+    for i, cols in _valid_rows(mask):
+        ratio = math.prod(math.exp(float(old[i, t] - rollout[i, t])) for t in cols)
+        ratios.append((ratio, len(cols)))
+        for t in cols:
+            expected[i, t] = min(ratio, cap)
+    torch.testing.assert_close(weights, expected)
+    tokens = sum(n for _, n in ratios)
+    assert 0 < sum(r > cap for r, _ in ratios) < len(ratios)  # some, not all, are truncated
+    assert metrics["is_seq_clip_frac"] == pytest.approx(
+        sum(r > cap for r, _ in ratios) / len(ratios)
+    )
+    assert metrics["is_clip_frac"] == pytest.approx(sum(n for r, n in ratios if r > cap) / tokens)
+    assert metrics["is_weight_max"] == pytest.approx(max(r for r, _ in ratios))
+    assert metrics["is_weight_mean"] == pytest.approx(
+        sum(min(r, cap) * n for r, n in ratios) / tokens
+    )
+    assert metrics["is_masked_frac"] == metrics["is_seq_masked_frac"] == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_masked_drops_sequences_whose_geometric_mean_ratio_leaves_the_band(seed: int) -> None:
+    old, rollout, mask = _is_inputs(seed)
+    cap = 1.3
+    weights, metrics = rollout_is_weights(old, rollout, mask, cap, mode="seq_masked")
+    expected = torch.zeros_like(mask)
+    dropped = []
+    for i, cols in _valid_rows(mask):
+        geo = math.exp(sum(float(old[i, t] - rollout[i, t]) for t in cols) / len(cols))
+        keep = 1 / cap <= geo <= cap
+        dropped.append((not keep, len(cols)))
+        for t in cols:
+            expected[i, t] = float(keep)
+    torch.testing.assert_close(weights, expected)
+    assert 0 < sum(d for d, _ in dropped) < len(dropped)
+    assert metrics["is_seq_masked_frac"] == pytest.approx(sum(d for d, _ in dropped) / len(dropped))
+    tokens = sum(n for _, n in dropped)
+    assert metrics["is_masked_frac"] == pytest.approx(sum(n for d, n in dropped if d) / tokens)
+
+
+def test_seq_masked_keeps_a_long_response_whose_product_ratio_is_large() -> None:
+    """Ten tokens at ratio 1.2: product 6.2 (outside [1/2, 2]), geometric mean 1.2 (inside).
+    The length-normalised ratio does not drop a response for being long."""
+    old = torch.full((1, 10), math.log(0.6))
+    rollout = torch.full((1, 10), math.log(0.5))
+    mask = torch.ones(1, 10)
+    masked, metrics = rollout_is_weights(old, rollout, mask, 2.0, mode="seq_masked")
+    assert torch.equal(masked, torch.ones(1, 10)) and metrics["is_seq_masked_frac"] == 0.0
+    truncated, metrics = rollout_is_weights(old, rollout, mask, 2.0, mode="seq_truncated")
+    assert torch.allclose(truncated, torch.full((1, 10), 2.0))
+    assert metrics["is_weight_max"] == pytest.approx(1.2**10, rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["seq_truncated", "seq_masked"])
+def test_sequence_weights_of_an_all_padding_batch(mode: str) -> None:
+    weights, metrics = rollout_is_weights(
+        torch.full((2, 3), math.nan), torch.zeros(2, 3), torch.zeros(2, 3), 2.0, mode=mode
+    )
+    assert torch.equal(weights, torch.zeros(2, 3))
+    assert metrics["is_weight_mean"] == 1.0 and metrics["is_seq_masked_frac"] == 0.0
+
+
+def test_policy_loss_with_seq_masked_zeroes_the_dropped_sequence_only() -> None:
+    """Row 0 drifts (geometric-mean ratio 3 > cap 2): its gradient vanishes; row 1 keeps the
+    uncorrected gradient."""
+    log_probs = torch.log(torch.tensor([[0.6, 0.6, 0.5], [0.3, 0.4, 0.5]])).requires_grad_()
+    rollout = torch.log(torch.tensor([[0.2, 0.2, 1.0], [0.3, 0.4, 1.0]]))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    tensors = {"response_mask": mask, "advantages": torch.ones(2, 3), "rollout_log_probs": rollout}
+    meta = {"dp_size": 1, "global_response_tokens": 4, "global_batch_size": 2}
+    loss, metrics = PolicyLoss(AlgorithmConfig(), is_cap=2.0, is_mode="seq_masked")(
+        {"log_probs": log_probs}, Batch(tensors, meta=meta)
+    )
+    (grad,) = torch.autograd.grad(loss, log_probs)
+    # On-policy ratio 1: d(-A w r)/d logp = -w / 4 tokens.
+    assert torch.allclose(grad, torch.tensor([[0.0, 0.0, 0.0], [-0.25, -0.25, 0.0]]))
+    assert metrics["is_seq_masked_frac"] == 0.5
+
+
+@pytest.mark.parametrize("mode", ["seq_truncated", "seq_masked"])
+def test_the_config_selects_the_sequence_modes(tmp_path: Path, mode: str) -> None:
+    config = TrainerConfig.model_validate(
+        {
+            "model": {"path": tmp_path},
+            "reward": {"function": "digits_reverse"},
+            "algorithm": {"rollout_is": mode, "rollout_is_cap": 3.0},
+        }
+    )
+    assert rollout_is_mode(config) == mode
+    assert rollout_is_cap(config) == 3.0

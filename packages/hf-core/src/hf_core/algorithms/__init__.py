@@ -10,10 +10,14 @@ Importing this package registers the built-ins (its only side effect):
 * advantage estimators — ``gae``, ``grpo``, ``dr_grpo``, ``rloo``, ``remax``,
   ``reinforce_plus_plus`` (``reinforce++``), ``reinforce_plus_plus_baseline``
   (``reinforce++_baseline``);
-* policy losses — ``ppo_clip`` (``vanilla``), ``dual_clip``;
+* policy losses — ``ppo_clip`` (``vanilla``), ``dual_clip``, ``cispo``, ``gspo``,
+  ``gspo_token``;
 * KL estimators — ``k1`` (``kl``), ``k2`` (``mse``), ``k3`` (``low_var_kl``), ``abs``;
 * aggregation modes — ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
   ``seq-mean-token-sum-norm``, ``group-mean-token-mean``.
+
+Reward shaping that is not a registry entry: ``overlong_penalty`` (DAPO's soft overlong
+punishment).
 """
 
 from hf_core.algorithms.advantages import (
@@ -49,6 +53,7 @@ from hf_core.algorithms.kl import (
 )
 from hf_core.algorithms.losses import (
     PolicyLossConfig,
+    cispo_loss,
     dual_clip_ppo_loss,
     entropy_bonus,
     entropy_from_logits,
@@ -57,6 +62,7 @@ from hf_core.algorithms.losses import (
     value_loss,
 )
 from hf_core.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from hf_core.algorithms.overlong import overlong_penalty, truncated_responses
 from hf_core.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATION_MODES,
@@ -77,6 +83,7 @@ from hf_core.algorithms.registry import (
     policy_loss,
 )
 from hf_core.algorithms.safe_rlhf import LagrangeMultiplier, safe_rlhf_advantage
+from hf_core.algorithms.sequence_losses import gspo_loss, gspo_token_loss, sequence_log_ratio
 from hf_core.algorithms.token_log_probs import token_log_probs_and_entropy
 
 __all__ = [
@@ -99,6 +106,7 @@ __all__ = [
     "apply_kl_penalty",
     "broadcast_to_tokens",
     "chunked_head_log_probs_and_entropy",
+    "cispo_loss",
     "compute_advantage",
     "dr_grpo_advantage",
     "dual_clip_ppo_loss",
@@ -113,6 +121,8 @@ __all__ = [
     "group_ids",
     "group_normalized_scores",
     "grpo_advantage",
+    "gspo_loss",
+    "gspo_token_loss",
     "kl_abs",
     "kl_estimator",
     "kl_k1",
@@ -127,6 +137,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "policy_loss",
     "ppo_clip_loss",
     "reinforce_plus_plus_advantage",
@@ -134,8 +145,10 @@ __all__ = [
     "remax_advantage",
     "rloo_advantage",
     "safe_rlhf_advantage",
+    "sequence_log_ratio",
     "sequence_scores",
     "token_level_rewards",
     "token_log_probs_and_entropy",
+    "truncated_responses",
     "value_loss",
 ]

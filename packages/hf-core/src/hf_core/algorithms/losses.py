@@ -7,6 +7,8 @@ Sources:
 * Dual-clip PPO — Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"
   (arXiv 1912.09729) eq. 5: for A < 0 the loss is also capped at −c·A (c > 1), so a token whose
   ratio exploded under a negative advantage cannot dominate the batch.
+* CISPO — MiniMax 2025, "MiniMax-M1" (arXiv 2506.13585) §3.1: clip the importance weight, not
+  the update: L = −sg(clip(ρ, 1−ε_low, 1+ε_high))·A·log π, so every token keeps a gradient.
 * Clipped value loss — the PPO reference implementation (OpenAI baselines ppo2):
   ½·max((V − R)², (V_old + clip(V − V_old, −ε, ε) − R)²).
 * Entropy bonus — Mnih et al. 2016 (A3C) / PPO eq. 9: loss − c·H.
@@ -37,7 +39,9 @@ class PolicyLossConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="ε_low: ratio >= 1 - ε_low")
+    clip_ratio_low: float = Field(
+        0.2, ge=0.0, le=1.0, description="ε_low: ratio >= 1 - ε_low (1: no lower bound)"
+    )
     clip_ratio_high: float = Field(0.2, ge=0.0, description="ε_high: ratio <= 1 + ε_high")
     clip_ratio_c: float = Field(3.0, gt=1.0, description="dual-clip bound c (dual_clip only)")
     loss_agg_mode: str = "token-mean"
@@ -159,6 +163,49 @@ def dual_clip_ppo_loss(
     negative = advantages < 0
     loss_mat = torch.where(negative, torch.minimum(clip_loss, cap), clip_loss)
     metrics["pg_clipfrac_lower"] = _fraction(negative & (clip_loss > cap), response_mask)
+    return _aggregate_policy_loss(loss_mat, response_mask, config, index, group_size, metrics)
+
+
+@policy_loss("cispo")
+def cispo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig | None = None,
+    *,
+    index: GroupIndex | None = None,
+    group_size: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585 §3.1): −sg(clip(ρ, 1−ε_low, 1+ε_high))·A·log π.
+
+    PPO's clip zeroes the gradient of a token whose ratio left the range, and those are often
+    the rare tokens (e.g. "wait", "recheck") that start a correction; CISPO bounds the
+    importance weight instead, so every token keeps a REINFORCE gradient of bounded size.  The
+    paper sets no lower bound (``clip_ratio_low: 1.0`` here: weights are clipped at 0, which a
+    ratio never reaches) and tunes only ε_high (``clip_ratio_high``); it aggregates with
+    ``token-mean``.  The loss *value* is a surrogate (its gradient is what matters).  Metrics:
+    ``pg_loss``, ``pg_clipfrac`` (share of valid tokens whose weight was clipped, either side),
+    ``ppo_kl`` and ``ppo_kl_k3``.
+    """
+    config = config or PolicyLossConfig()
+    check_token_shapes(
+        response_mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages
+    )
+    valid = response_mask != 0
+    log_prob = torch.where(valid, log_prob, 0.0)  # padding garbage must not reach the gradient
+    log_ratio = torch.where(valid, log_prob.detach() - old_log_prob, 0.0)
+    log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    low, high = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high
+    weight = ratio.clamp(low, high)
+    loss_mat = -weight * torch.where(valid, advantages, 0.0) * log_prob
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": _fraction((ratio < low) | (ratio > high), response_mask),
+            "ppo_kl": float(masked_mean(-log_ratio, response_mask)),
+            "ppo_kl_k3": float(masked_mean(ratio - 1.0 - log_ratio, response_mask)),
+        }
     return _aggregate_policy_loss(loss_mat, response_mask, config, index, group_size, metrics)
 
 

@@ -52,6 +52,7 @@ def model_roles(config: TrainerConfig) -> dict[str, ModelRoleConfig]:
     found = {
         "actor": config.actor,
         "reference": config.reference,
+        "teacher": config.teacher,
         "critic": config.critic,
         "reward.model": config.reward.model,
         "cost.model": config.cost.model if config.cost is not None else None,

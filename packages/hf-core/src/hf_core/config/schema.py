@@ -121,6 +121,59 @@ class KLConfig(_Strict):
     horizon: int = Field(10000, ge=1)
 
 
+class OverlongConfig(_Strict):
+    """DAPO's overlong reward shaping (arXiv 2503.14476 §3.4): a length penalty ramping from 0
+    at rollout.max_new_tokens - buffer to -penalty_factor at max_new_tokens
+    (:func:`hf_core.algorithms.overlong_penalty`)."""
+
+    buffer: int = Field(
+        0,
+        ge=0,
+        description="L_cache: the last tokens before rollout.max_new_tokens, over which the "
+        "penalty ramps up (0: off); must be < rollout.max_new_tokens",
+    )
+    penalty_factor: float = Field(1.0, ge=0.0, description="scale of the penalty (DAPO: 1)")
+    filter_truncated: bool = Field(
+        False,
+        description="DAPO's overlong filtering: truncated responses (cut at "
+        "rollout.max_new_tokens) are left out of the loss",
+    )
+
+
+class DynamicSamplingConfig(_Strict):
+    """DAPO's dynamic sampling (arXiv 2503.14476 §3.2): prompt groups whose rewards all agree
+    carry no group-relative advantage, so they are filtered out and more prompts are drawn
+    until ``data.batch_size`` groups with differing rewards are in hand."""
+
+    enabled: bool = False
+    max_rounds: int = Field(
+        4,
+        ge=0,
+        description="extra generation rounds per step at most; if the batch is still short "
+        "then, it is filled with filtered groups (counted in dynamic_sampling/short_groups)",
+    )
+
+
+class DistillConfig(_Strict):
+    """On-policy distillation from the ``teacher`` role (Agarwal et al. 2024, "On-Policy
+    Distillation of Language Models", arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv
+    2306.08543): the student samples, the teacher scores every sampled token, and the
+    per-token reverse KL log pi_student - log pi_teacher is minimised."""
+
+    coef: float = Field(1.0, gt=0.0, description="weight of the distillation signal")
+    mode: Literal["advantage", "loss"] = Field(
+        "advantage",
+        description="advantage: coef * (log pi_teacher - log pi_student) is added to each "
+        "token's advantage (the REINFORCE form of the reverse-KL gradient); loss: coef * "
+        "KL(student || teacher), estimated per token with 'estimator', is added to the loss",
+    )
+    estimator: str = Field(
+        "k2",
+        description="loss mode: a registered KL estimator (k2's gradient on the student's own "
+        "samples is the reverse KL's)",
+    )
+
+
 class AlgorithmConfig(_Strict):
     advantage: str = Field("grpo", description="a registered advantage estimator")
     cost_advantage: str = Field(
@@ -131,7 +184,9 @@ class AlgorithmConfig(_Strict):
     lam: float = Field(0.95, ge=0.0, le=1.0)
     norm_by_std: bool = True
     policy_loss: str = Field("ppo_clip", description="a registered policy loss")
-    clip_ratio_low: float = Field(0.2, gt=0.0)
+    clip_ratio_low: float = Field(
+        0.2, gt=0.0, le=1.0, description="ε_low: ratio >= 1 - ε_low (1: no lower bound, CISPO)"
+    )
     clip_ratio_high: float = Field(0.2, gt=0.0)
     clip_ratio_c: float = Field(3.0, gt=1.0, description="dual-clip bound")
     loss_agg_mode: str = "token-mean"
@@ -140,15 +195,32 @@ class AlgorithmConfig(_Strict):
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
     kl: KLConfig = Field(default_factory=KLConfig)
-    rollout_is: Literal["auto", "truncated", "masked", "none"] = Field(
-        "auto",
-        description="rollout correction on the policy loss, per token: truncated: importance "
-        "weights pi_old / pi_rollout capped at rollout_is_cap; masked: tokens whose ratio "
-        "leaves [1/cap, cap] are dropped from the loss; auto: truncated when "
-        "rollout.max_staleness > 0 or the actor or rollout engine runs in 16-bit floats",
+    rollout_is: Literal["auto", "truncated", "masked", "seq_truncated", "seq_masked", "none"] = (
+        Field(
+            "auto",
+            description="rollout correction on the policy loss.  Per token: truncated: "
+            "importance weights pi_old / pi_rollout capped at rollout_is_cap; masked: tokens "
+            "whose ratio leaves [1/cap, cap] are dropped from the loss.  Per sequence: "
+            "seq_truncated: the response's ratio (product over its tokens) capped at "
+            "rollout_is_cap, on each of its tokens; seq_masked: responses whose geometric-mean "
+            "ratio leaves [1/cap, cap] are dropped.  auto: truncated when "
+            "rollout.max_staleness > 0 or the actor or rollout engine runs in 16-bit floats",
+        )
     )
     rollout_is_cap: float = Field(
         2.0, gt=1.0, description="truncation cap (and masking band) of the rollout IS ratio"
+    )
+    overlong: OverlongConfig = Field(
+        default_factory=OverlongConfig,
+        description="DAPO's overlong reward shaping (buffer 0: off)",
+    )
+    distill: DistillConfig = Field(
+        default_factory=DistillConfig,
+        description="on-policy distillation settings (active when a 'teacher' is given)",
+    )
+    dynamic_sampling: DynamicSamplingConfig = Field(
+        default_factory=DynamicSamplingConfig,
+        description="DAPO's dynamic sampling: train only on groups whose rewards differ",
     )
     # Safe-RLHF
     cost_limit: float = 0.0
@@ -264,6 +336,12 @@ class RewardConfig(_Strict):
     judge: JudgeConfig | None = Field(
         None, description="a generative judge instead of a reward model (added to function)"
     )
+    weight: float = Field(
+        1.0,
+        ge=0.0,
+        description="the reward's weight in the training signal; 0 with a 'teacher': the "
+        "reward is logged and validated only (pure distillation, measured on the task)",
+    )
 
 
 class SFTConfig(_Strict):
@@ -288,6 +366,12 @@ class TrainerConfig(_Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     actor: ModelRoleConfig = Field(default_factory=ModelRoleConfig)
     reference: ModelRoleConfig | None = Field(None, description="needed for KL; None: no KL")
+    teacher: ModelRoleConfig | None = Field(
+        None,
+        description="on-policy distillation: a frozen model (its model_path) scoring the "
+        "student's samples token by token (algorithm.distill); lives in the actor's worker "
+        "like the reference",
+    )
     critic: ModelRoleConfig | None = Field(None, description="needed by GAE (PPO)")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     cost: RewardConfig | None = Field(None, description="Safe-RLHF cost: function or model")
@@ -303,8 +387,19 @@ class TrainerConfig(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
         reward = self.reward
-        if reward.function is None and reward.model is None and reward.judge is None:
-            raise ValueError("reward: give a rule-based 'function', a reward 'model' or a 'judge'")
+        has_reward = reward.function or reward.model or reward.judge
+        if not has_reward and self.teacher is None:
+            raise ValueError(
+                "reward: give a rule-based 'function', a reward 'model' or a 'judge' (or a "
+                "'teacher' to distill from)"
+            )
+        if self.reward.weight == 0 and self.teacher is None:
+            raise ValueError("reward.weight: 0 leaves nothing to train on without a 'teacher'")
+        if self.teacher is not None:
+            if self.teacher.model_path is None:
+                raise ValueError("teacher.model_path: give the teacher's weights (a HF folder)")
+            if self.placement.mode == "auto":
+                raise ValueError("teacher: placement.mode=auto does not plan a teacher role")
         if reward.model is not None and reward.judge is not None:
             raise ValueError("reward: a reward 'model' or a 'judge', not both")
         if reward.judge is not None and self.placement.mode == "auto":
@@ -315,11 +410,30 @@ class TrainerConfig(_Strict):
             raise ValueError("cost.judge: a judge scores rewards only; give cost a function/model")
         if self.algorithm.kl.mode != "none" and self.reference is None:
             raise ValueError(f"algorithm.kl.mode={self.algorithm.kl.mode} needs a 'reference'")
+        overlong = self.algorithm.overlong
+        if overlong.buffer and overlong.buffer >= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"algorithm.overlong.buffer={overlong.buffer} must be < "
+                f"rollout.max_new_tokens={self.rollout.max_new_tokens}: the penalty ramps over "
+                "the last 'buffer' tokens before the limit"
+            )
         if self.rollout.max_staleness and self.placement.mode != "standalone":
             raise ValueError(
                 f"rollout.max_staleness={self.rollout.max_staleness} needs placement.mode: "
                 "standalone (generation can only overlap training on a rollout pool of its own)"
             )
+        if self.algorithm.dynamic_sampling.enabled:
+            if self.rollout.n < 2:
+                raise ValueError(
+                    "algorithm.dynamic_sampling needs rollout.n >= 2: it keeps prompt groups "
+                    f"whose n rewards differ (rollout.n={self.rollout.n})"
+                )
+            if self.rollout.mode == "batch" and self.rollout.max_staleness:
+                raise ValueError(
+                    "algorithm.dynamic_sampling with rollout.max_staleness > 0 needs "
+                    "rollout.mode: streaming (extra prompts are drawn from the stream; batch "
+                    "mode has whole batches queued ahead)"
+                )
         if self.rollout.mode == "streaming" and self.placement.mode != "standalone":
             raise ValueError(
                 "rollout.mode: streaming needs placement.mode: standalone (the pool generates "

@@ -65,6 +65,12 @@ class ActorRolloutRefWorker(Worker):
             if config.reference is not None and not self.reference_is_base
             else None
         )
+        self.teacher = (
+            build_training_engine(config.teacher, config, head="lm", trainable=False)
+            if config.teacher is not None
+            else None
+        )
+        """On-policy distillation's teacher: scores the student's samples per token."""
         self.standalone = config.placement.mode == "standalone"
         self.rollout = None if self.standalone else self._build_rollout(config)
         self.agent = None if self.rollout is None else build_agent_loop(config, self.rollout)
@@ -85,7 +91,7 @@ class ActorRolloutRefWorker(Worker):
             generation=resolve_layout(config).generation,
         )
         """How the weights reach the rollout engine: in this process, or broadcast to a pool."""
-        self.handover = MemoryHandover(self.actor, self.reference, self.rollout)
+        self.handover = MemoryHandover(self.actor, self.reference, self.rollout, self.teacher)
 
     @staticmethod
     def _build_rollout(config: TrainerConfig) -> RolloutEngine:
@@ -225,6 +231,15 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError("no reference model configured (add a 'reference' section)")
         out = self.reference.compute_log_probs(batch, temperature=self._temperature(batch))
         return Batch({"ref_log_probs": out["log_probs"]})
+
+    @register("3D_PROTO")
+    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+        """The teacher's log-probs of the student's sampled tokens (distillation)."""
+        self.handover.to_training()
+        if self.teacher is None:
+            raise RuntimeError("no teacher model configured (add a 'teacher' section)")
+        out = self.teacher.compute_log_probs(batch, temperature=self._temperature(batch))
+        return Batch({"teacher_log_probs": out["log_probs"]})
 
     def _temperature(self, batch: Batch) -> float:
         return float(batch.meta.get("temperature", self.config.rollout.temperature)) or 1.0

@@ -38,11 +38,12 @@ class MemoryHandover:
         actor: TrainingEngine,
         reference: TrainingEngine | None,
         rollout: RolloutEngine | None,
+        teacher: TrainingEngine | None = None,
     ) -> None:
         """``rollout`` is ``None`` when the rollout engines run in a pool of their own
         (``placement.mode: standalone``): then only the training engines move."""
         self.trainers: dict[str, Offloadable] = {}
-        for name, engine in (("actor", actor), ("reference", reference)):
+        for name, engine in (("actor", actor), ("reference", reference), ("teacher", teacher)):
             if isinstance(engine, Offloadable):
                 self.trainers[name] = engine
         self.rollout = rollout

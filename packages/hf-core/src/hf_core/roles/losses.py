@@ -20,6 +20,7 @@ from hf_core.algorithms import (
     entropy_bonus,
     get_policy_loss,
     kl_loss,
+    masked_mean,
     value_loss,
 )
 from hf_core.batch import Batch
@@ -30,6 +31,10 @@ MISMATCH_MAX = "rollout/logprob_abs_diff_max"
 MISMATCH_SUM = "rollout/logprob_abs_diff_sum"
 MISMATCH_TOKENS = "rollout/logprob_tokens_sum"
 """The rollout engine's log-probs against the training engine's, per response token."""
+
+RolloutISMode = Literal["truncated", "masked", "seq_truncated", "seq_masked"]
+"""Rollout corrections: per token (``truncated``, ``masked``) or per sequence (``seq_*``)."""
+SEQUENCE_IS_MODES = ("seq_truncated", "seq_masked")
 
 
 def global_share(micro_batch: Batch, loss_agg_mode: str) -> float:
@@ -58,7 +63,7 @@ def rollout_is_mode(
     config: TrainerConfig,
     actor_dtype: torch.dtype = torch.float32,
     rollout_dtype: torch.dtype | None = None,
-) -> Literal["truncated", "masked"] | None:
+) -> RolloutISMode | None:
     """The rollout correction in force, or ``None`` when it is off.
 
     ``algorithm.rollout_is: auto`` turns truncated weights on when the samples may come from
@@ -90,18 +95,24 @@ def rollout_is_weights(
     rollout_log_probs: torch.Tensor,
     mask: torch.Tensor,
     cap: float,
-    mode: Literal["truncated", "masked"] = "truncated",
+    mode: RolloutISMode = "truncated",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token weights from the ratio ``pi_behaviour / pi_rollout``.
+    """Per-token loss weights from the ratio ``pi_behaviour / pi_rollout``.
 
     The samples came from the rollout engine's policy (possibly older, or the same weights
     in another precision); the PPO ratio is taken against the training engine's policy
     before this update.  ``truncated``: weight each token's loss by the ratio, capped so one
     unlikely token cannot dominate.  ``masked``: keep tokens whose ratio is inside
     ``[1/cap, cap]`` at weight 1 and drop the others (the engines disagree too much there).
+    ``seq_truncated`` / ``seq_masked``: the same per response, every token of a sequence
+    getting its weight (see :func:`sequence_is_weights`).
     """
-    ratio = torch.exp((behaviour_log_probs - rollout_log_probs).detach().clamp(max=20.0))
     tokens = mask.bool()
+    # Padding is selected away first: whatever it holds cannot reach a sum or a metric.
+    log_ratio = torch.where(tokens, (behaviour_log_probs - rollout_log_probs).detach(), 0.0)
+    if mode in SEQUENCE_IS_MODES:
+        return sequence_is_weights(log_ratio, mask, cap, mode)
+    ratio = torch.exp(log_ratio.clamp(max=20.0))
     outside = (ratio > cap) | (ratio < 1.0 / cap)
     if mode == "masked":
         weights = (~outside).to(mask.dtype) * mask
@@ -118,16 +129,70 @@ def rollout_is_weights(
     }
 
 
+_SEQUENCE_IS_METRICS = ("is_clip_frac", "is_masked_frac", "is_seq_clip_frac", "is_seq_masked_frac")
+_NO_WEIGHTS = {"is_weight_mean": 1.0, "is_weight_max": 1.0}
+
+
+def sequence_is_weights(
+    log_ratio: torch.Tensor, mask: torch.Tensor, cap: float, mode: RolloutISMode
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-sequence rollout correction from per-token ``log(pi_behaviour / pi_rollout)``.
+
+    ``seq_truncated``: the sequence's importance weight, the product of its token ratios
+    exp(sum_t log_ratio), truncated at ``cap`` and put on every token of the sequence: the
+    likelihood ratio of the whole sampled response, unbiased before truncation.
+    ``seq_masked``: a sequence is dropped when its *geometric-mean* ratio
+    exp(mean_t log_ratio) leaves ``[1/cap, cap]``; the length normalisation (as in GSPO's
+    sequence ratio) keeps one band meaningful for short and long responses alike, where the
+    product's spread grows with length and would drop long responses for length alone.
+    An empty row keeps ratio 1 and weight 0.  Metrics: the token-level keys of
+    :func:`rollout_is_weights` (``is_weight_max`` is the largest sequence ratio) plus
+    ``is_seq_clip_frac`` (share of non-empty sequences whose ratio exceeds ``cap``) and
+    ``is_seq_masked_frac`` (share dropped).
+    """
+    tokens = mask.bool()
+    rows = tokens.any(dim=-1)
+    if mode == "seq_truncated":
+        seq_log_ratio = log_ratio.sum(dim=-1)
+    else:
+        seq_log_ratio = masked_mean(log_ratio, mask, dim=-1)
+    seq_ratio = torch.exp(seq_log_ratio.clamp(max=20.0))
+    above = seq_ratio > cap
+    outside = above | (seq_ratio < 1.0 / cap)
+    dtype = seq_ratio.dtype
+    if mode == "seq_masked":
+        per_sequence = (~outside).to(dtype)
+        dropped = outside
+    else:
+        per_sequence = seq_ratio.clamp(max=cap)
+        dropped = torch.zeros_like(outside)
+    weights = per_sequence[:, None] * tokens.to(dtype)
+    if not rows.any():
+        return weights, dict.fromkeys(_SEQUENCE_IS_METRICS, 0.0) | _NO_WEIGHTS
+    per_token = tokens.sum(dim=-1).to(dtype)
+    n_tokens = float(per_token.sum())
+    return weights, {
+        "is_weight_mean": float(weights[tokens].mean()),
+        "is_weight_max": float(seq_ratio[rows].max()),
+        "is_clip_frac": float((above.to(dtype) * per_token).sum()) / n_tokens,
+        "is_masked_frac": float((dropped.to(dtype) * per_token).sum()) / n_tokens,
+        "is_seq_clip_frac": float(above[rows].to(dtype).mean()),
+        "is_seq_masked_frac": float(dropped[rows].to(dtype).mean()),
+    }
+
+
 class PolicyLoss:
-    """Clipped policy loss − entropy bonus (+ KL-to-reference when ``kl.mode == in_loss``),
-    with truncated importance weights against the rollout policy when ``is_cap`` is set."""
+    """Clipped policy loss − entropy bonus (+ KL-to-reference when ``kl.mode == in_loss``, +
+    KL-to-teacher when the batch carries ``teacher_log_probs``: ``algorithm.distill.mode:
+    loss``), with importance weights against the rollout policy (``is_mode``) when ``is_cap``
+    is set."""
 
     def __init__(
         self,
         algo: AlgorithmConfig,
         *,
         is_cap: float | None = None,
-        is_mode: Literal["truncated", "masked"] = "truncated",
+        is_mode: RolloutISMode = "truncated",
     ) -> None:
         self.algo = algo
         self.is_cap = is_cap
@@ -181,6 +246,17 @@ class PolicyLoss:
             )
             loss = loss + self.algo.kl.coef * kl
             metrics.update(extra)
+        if "teacher_log_probs" in mb:  # on-policy distillation as a loss term
+            distill = self.algo.distill
+            kl, _ = kl_loss(
+                outputs["log_probs"],
+                mb["teacher_log_probs"],
+                mask,
+                estimator=distill.estimator,
+                loss_agg_mode=mode,
+            )
+            loss = loss + distill.coef * kl
+            metrics["distill_loss"] = float(kl.detach())
         return loss * global_share(mb, mode), metrics
 
 

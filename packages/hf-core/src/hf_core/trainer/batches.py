@@ -1,4 +1,5 @@
-"""Batch helpers of the trainer: SFT examples, sampling parameters, token counting."""
+"""Batch helpers of the trainer: SFT examples, sampling parameters, token counting, and joining
+sample batches of different widths."""
 
 from __future__ import annotations
 
@@ -11,6 +12,44 @@ from hf_core.config import RolloutConfig
 from hf_core.engines import SamplingParams
 
 PROMPT_TENSORS = ("input_ids", "attention_mask")
+RESPONSE_PAD_VALUES = {"token_versions": -1}
+"""Right-padding value of response-aligned columns other than 0 (-1: no policy version)."""
+
+
+def pad_samples(samples: Batch, prompt_width: int, response_width: int) -> Batch:
+    """Rollout samples widened to ``prompt_width`` prompt and ``response_width`` response
+    columns: prompts left-padded, responses (and every other response-aligned 2-D tensor)
+    right-padded, ``input_ids`` / ``attention_mask`` both, positions recomputed."""
+    left = prompt_width - samples["prompts"].shape[1]
+    width = samples["responses"].shape[1]
+    right = response_width - width
+    if left < 0 or right < 0:
+        raise ValueError(
+            f"cannot narrow samples of widths ({samples['prompts'].shape[1]}, {width}) "
+            f"to ({prompt_width}, {response_width})"
+        )
+    if not left and not right:
+        return samples
+    pad = torch.nn.functional.pad
+    out = samples.select(*samples.keys())
+    out["prompts"] = pad(samples["prompts"], (left, 0), value=0)
+    for key in PROMPT_TENSORS:
+        out[key] = pad(samples[key], (left, right), value=0)
+    out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    whole_row = {"prompts", "position_ids", *PROMPT_TENSORS}
+    for key in samples.keys():
+        value = samples[key]
+        aligned = isinstance(value, torch.Tensor) and value.dim() == 2
+        if key not in whole_row and aligned and value.shape[1] == width:
+            out[key] = pad(value, (0, right), value=RESPONSE_PAD_VALUES.get(key, 0))
+    return out
+
+
+def concat_samples(parts: list[Batch]) -> Batch:
+    """Rollout sample batches of possibly different widths as one batch (in order)."""
+    prompt_width = max(part["prompts"].shape[1] for part in parts)
+    response_width = max(part["responses"].shape[1] for part in parts)
+    return Batch.concat([pad_samples(part, prompt_width, response_width) for part in parts])
 
 
 def sampling_params(

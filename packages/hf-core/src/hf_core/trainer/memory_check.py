@@ -157,6 +157,9 @@ def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[Micro
     rollout_growth = 0
     if config.reference is not None and not lora:
         resident += _frozen_bytes(config, config.reference, spec, ranks)
+    if config.teacher is not None:  # another model: its own size
+        teacher = _spec(config, config.teacher, "teacher.model_path")
+        resident += _frozen_bytes(config, config.teacher, teacher, ranks)
     if placement.mode != "standalone":  # the rollout engine lives in this process
         generation = resolve_layout(config).generation
         shards = generation.tp * generation.pp

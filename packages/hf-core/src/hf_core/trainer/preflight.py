@@ -23,6 +23,7 @@ from typing import Any, Literal
 from hf_core.algorithms import (
     get_aggregation_mode,
     get_estimator_traits,
+    get_kl_estimator,
     get_policy_loss,
 )
 from hf_core.config import ConfigError, ModelRoleConfig, TrainerConfig, load_config, validate
@@ -233,6 +234,13 @@ def _check_algorithm(config: TrainerConfig) -> None:
             f"algorithm.advantage={algo.advantage} compares samples of one prompt: "
             f"rollout.n must be >= 2 (got {config.rollout.n})"
         )
+    if config.teacher is not None:
+        try:
+            get_kl_estimator(algo.distill.estimator)
+        except UnknownNameError as exc:
+            raise ConfigError(
+                f"invalid configuration:\n  algorithm.distill.estimator: {exc}"
+            ) from None
     if config.cost is not None and get_estimator_traits(algo.cost_advantage).needs_critic:
         raise ConfigError(
             f"algorithm.cost_advantage={algo.cost_advantage} needs a critic; there is no cost "
@@ -247,6 +255,7 @@ def _engine_blocks(
     training: list[tuple[str, ModelRoleConfig | None, str, bool]] = [
         ("actor", config.actor, "lm", True),
         ("reference", config.reference, "lm", False),
+        ("teacher", config.teacher, "lm", False),
         ("critic", config.critic, "value", True),
         ("reward.model", config.reward.model, "score", False),
         ("cost.model", config.cost.model if config.cost is not None else None, "score", False),

@@ -38,9 +38,12 @@ from hf_core.algorithms import (
     get_estimator_traits,
     make_kl_controller,
     masked_mean,
+    overlong_penalty,
     safe_rlhf_advantage,
     token_level_rewards,
+    truncated_responses,
 )
+from hf_core.algorithms.distill import reverse_kl_advantage
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
@@ -61,9 +64,10 @@ from hf_core.trainer.checkpoint import (
     remove_partial_checkpoints,
     save_run_checkpoint,
 )
+from hf_core.trainer.dynamic_sampling import DynamicSampler
 from hf_core.trainer.out_of_memory import out_of_memory_error
 from hf_core.trainer.preflight import preflight
-from hf_core.trainer.rollout_source import RolloutSource, rollout_source
+from hf_core.trainer.rollout_source import RolloutSource, StepSamples, rollout_source
 from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
 
 log = logging.getLogger(__name__)
@@ -139,6 +143,8 @@ class RLTrainer:
             else None
         )
         self.roles: RoleGroups | None = None
+        self.sampler: DynamicSampler | None = None
+        """Dynamic sampling (``algorithm.dynamic_sampling``), while fit() runs."""
         self._rollouts: RolloutSource | None = None
         self.restarts: list[str] = []
         """The cause of each self-healing restart of this run, in order."""
@@ -282,6 +288,19 @@ class RLTrainer:
         """One attempt: restore (``--resume`` or a restart), train, save, export."""
         cfg = self.config
         self._rollouts = rollout_source(cfg, self._groups, self.loader)
+        dynamic = cfg.algorithm.dynamic_sampling
+        self.sampler = (
+            DynamicSampler(
+                self._rollouts,
+                batch_size=cfg.data.batch_size,
+                group_size=cfg.rollout.n,
+                max_rounds=dynamic.max_rounds,
+                join=self._samples_batch,
+                score=self._score,
+            )
+            if dynamic.enabled
+            else None
+        )
         resumed_step = self._restore() if self._resume_now else None
         self._last_save = time.monotonic()
         if resumed_step is not None:
@@ -332,18 +351,19 @@ class RLTrainer:
         algo = cfg.algorithm
         metrics: dict[str, float] = {}
         start = time.perf_counter()
-        n = cfg.rollout.n
 
         with Timer("generate", metrics):  # with a pool running ahead: the wait for samples
             samples = self.rollouts.take(self.step)
         metrics.update(self.rollouts.take_metrics())
         metrics.update(agent_metrics(samples.generated))
-        prompts = samples.prompts
-        per_sample = prompts.select(*prompts.non_tensors.keys()).repeat_interleave(n)
-        batch = samples.generated | per_sample
-        batch["group_index"] = torch.arange(len(prompts)).repeat_interleave(n)
-        if "policy_version" not in batch:  # streaming tags each sample with its oldest token's
-            batch["policy_version"] = torch.full((len(batch),), samples.version)
+        prompts, batch = samples.prompts, self._samples_batch(samples)
+        filtered_scores: torch.Tensor | None = None
+        if self.sampler is not None:
+            with Timer("dynamic_sampling", metrics):  # scores and refills the batch
+                filled = self.sampler.fill(self.step, samples)
+            prompts, batch, filtered_scores = filled.prompts, filled.batch, filled.scores
+            metrics.update(filled.metrics)
+            metrics.update(self.rollouts.take_metrics())
         batch.meta.update(step=self.step, temperature=cfg.rollout.temperature or 1.0)
         model_input = batch.select(*ACTOR_KEYS)
         model_input.meta.update(batch.meta)
@@ -354,13 +374,19 @@ class RLTrainer:
                 futures["old"] = roles.actor.compute_log_probs.remote(model_input)
             if cfg.reference is not None:
                 futures["ref"] = roles.actor.compute_ref_log_probs.remote(model_input)
+            if cfg.teacher is not None:
+                futures["teacher"] = roles.actor.compute_teacher_log_probs.remote(model_input)
             if roles.critic is not None:
                 futures["values"] = roles.critic.compute_values.remote(model_input)
-            if roles.reward is not None:
+            if roles.reward is not None and filtered_scores is None:
                 futures["reward"] = roles.reward.compute_scores.remote(self._reward_input(batch))
             if roles.cost is not None:
                 futures["cost"] = roles.cost.compute_scores.remote(model_input)
-            scores = self._rule_scores(batch, self.reward_fn)  # overlaps with the futures
+            scores = (  # the rule reward overlaps with the futures
+                filtered_scores
+                if filtered_scores is not None
+                else self._rule_scores(batch, self.reward_fn)
+            )
             costs = self._rule_scores(batch, self.cost_fn)
             for future in futures.values():
                 batch = batch | future.result()
@@ -368,6 +394,8 @@ class RLTrainer:
                 scores = batch["reward_scores"] + (0 if scores is None else scores)
             if "cost_scores" in batch:
                 costs = batch["cost_scores"] + (0 if costs is None else costs)
+            if scores is None and cfg.teacher is not None:  # distillation alone
+                scores = torch.zeros(len(batch))
             if scores is None:  # the config requires reward.function or reward.model
                 raise RuntimeError("no reward was computed: set reward.function or reward.model")
             baseline = (
@@ -377,6 +405,8 @@ class RLTrainer:
             )
 
         with Timer("advantage", metrics):
+            task_scores = scores  # logged as reward/mean: the task's own measure
+            scores = self._shape_lengths(batch, scores * cfg.reward.weight, metrics)
             mask = batch["response_mask"]
             if algo.kl.mode == "in_reward":
                 rewards, kl_metrics = apply_kl_penalty(
@@ -399,6 +429,8 @@ class RLTrainer:
                 advantages = safe_rlhf_advantage(advantages, cost_adv, self.lagrange.value, mask)
                 metrics["cost/mean"] = float(costs.mean())
                 metrics["cost/lagrange"] = self.lagrange.update(float(costs.mean()))
+            if cfg.teacher is not None:
+                advantages = self._distill(batch, advantages, metrics)
             batch["advantages"], batch["returns"] = advantages, returns
 
         if roles.critic is not None:
@@ -416,6 +448,8 @@ class RLTrainer:
                 keys.append("old_log_probs")
             if algo.kl.mode == "in_loss":
                 keys.append("ref_log_probs")
+            if cfg.teacher is not None and algo.distill.mode == "loss":
+                keys.append("teacher_log_probs")
             update = batch.select(*keys)
             update.meta.update(batch.meta)
             updated = roles.actor.update_actor.remote(update)
@@ -431,8 +465,8 @@ class RLTrainer:
         lengths = mask.sum(-1).float()
         metrics.update(
             {
-                "reward/mean": float(scores.mean()),
-                "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+                "reward/mean": float(task_scores.mean()),
+                "reward/std": float(task_scores.std()) if len(task_scores) > 1 else 0.0,
                 "advantage/mean": float(masked_mean(advantages, mask)),
                 "response_length/mean": float(lengths.mean()),
                 "response_length/max": float(lengths.max()),
@@ -449,6 +483,56 @@ class RLTrainer:
             behaviour = batch["old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"]
             metrics["actor/kl"] = float(masked_mean(behaviour - batch["ref_log_probs"], mask))
         return metrics
+
+    def _shape_lengths(
+        self, batch: Batch, scores: torch.Tensor, metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """DAPO's overlong shaping (``algorithm.overlong``): the soft length penalty added to
+        the scores, and truncated responses masked out of the loss if asked.  Reports the
+        share of responses cut at ``rollout.max_new_tokens`` either way."""
+        overlong, limit = self.config.algorithm.overlong, self.config.rollout.max_new_tokens
+        mask = batch["response_mask"]
+        lengths = mask.sum(-1)
+        stops = [*self.config.rollout.stop_token_ids, *self._eos_ids()]
+        truncated = truncated_responses(batch["responses"], mask, limit, stops)
+        metrics["response_length/truncated_frac"] = float(truncated.float().mean())
+        if overlong.filter_truncated:
+            batch["response_mask"] = mask * (~truncated).to(mask.dtype).unsqueeze(-1)
+            metrics["overlong/filtered"] = float(truncated.sum())
+        if not overlong.buffer:
+            return scores
+        penalty = overlong_penalty(lengths, limit, overlong.buffer, overlong.penalty_factor)
+        metrics["overlong/penalty_mean"] = float(penalty.mean())
+        return scores + penalty.to(scores.dtype)
+
+    def _eos_ids(self) -> list[int]:
+        """The tokenizer's end-of-sequence id(s): a response ending in one finished."""
+        eos = self.tokenizer.eos_token_id
+        return [] if eos is None else list(eos) if isinstance(eos, list) else [int(eos)]
+
+    def _distill(
+        self, batch: Batch, advantages: torch.Tensor, metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """On-policy distillation: the teacher's per-token signal, in the advantage (``mode:
+        advantage``) or measured only (``mode: loss``: the actor's loss carries it)."""
+        distill = self.config.algorithm.distill
+        student = batch["old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"]
+        shaped, found = reverse_kl_advantage(
+            advantages, student, batch["teacher_log_probs"], batch["response_mask"], distill.coef
+        )
+        metrics.update(found)
+        return shaped if distill.mode == "advantage" else advantages
+
+    def _samples_batch(self, samples: StepSamples) -> Batch:
+        """One draw's samples joined with their prompts' fields, group-major."""
+        n = self.config.rollout.n
+        prompts = samples.prompts
+        per_sample = prompts.select(*prompts.non_tensors.keys()).repeat_interleave(n)
+        batch = samples.generated | per_sample
+        batch["group_index"] = torch.arange(len(prompts)).repeat_interleave(n)
+        if "policy_version" not in batch:  # streaming tags each sample with its oldest token's
+            batch["policy_version"] = torch.full((len(batch),), samples.version)
+        return batch
 
     def _reward_input(self, batch: Batch) -> Batch:
         """What the reward role reads: the actor's tensors, plus prompt and ground truth for a
@@ -488,17 +572,22 @@ class RLTrainer:
         return self._score(greedy).repeat_interleave(self.config.rollout.n)
 
     def _score(self, batch: Batch) -> torch.Tensor:
-        """Rule-based plus reward-model scores of a batch (blocking; outside the main step)."""
+        """Rule-based plus reward-model scores of a batch (blocking; outside the main step);
+        zeros when the run has no reward (distillation alone)."""
         scores = self._rule_scores(batch, self.reward_fn)
         if self._groups.reward is not None:
             model = self._groups.reward.compute_scores(self._reward_input(batch))["reward_scores"]
             scores = model if scores is None else scores + model
-        return scores
+        return torch.zeros(len(batch)) if scores is None else scores
+
+    def _has_reward(self) -> bool:
+        reward = self.config.reward
+        return bool(reward.function or reward.model or reward.judge)
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """Greedy (by default) generations on the validation set; their mean reward."""
-        if self.val_loader is None:
+        if self.val_loader is None or not self._has_reward():
             return {}
         params = sampling_params(self.config.rollout, 0, self.config.run.seed, n=1)
         params = params.model_copy(update={"temperature": self.config.rollout.val_temperature})

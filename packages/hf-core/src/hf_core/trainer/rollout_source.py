@@ -37,6 +37,9 @@ from hf_core.sync import merge_rank_metrics
 from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params
 from hf_core.trainer.spawning import RoleGroups
 
+EXTRA_ROUND_SEED_STRIDE = 1 << 40
+"""Seed offset of each extra draw of a step: far from every step's own seed."""
+
 
 @dataclass
 class StepSamples:
@@ -47,6 +50,8 @@ class StepSamples:
     generated: Batch
     version: int
     """Actor updates the generating weights had seen (the policy version)."""
+    prompt_ids: list[tuple[int, int]] | None = None
+    """Per prompt (epoch, sample_index), where the source keeps a ledger (streaming)."""
 
 
 @dataclass
@@ -73,6 +78,22 @@ class RolloutSource(ABC):
     @abstractmethod
     def take(self, step: int) -> StepSamples:
         """The samples step ``step`` trains on (the actor has completed ``step - 1`` updates)."""
+
+    def take_more(self, step: int, round_: int, groups: int) -> StepSamples:
+        """Extra samples for step ``step`` (dynamic sampling's round ``round_`` >= 1), at
+        least ``groups`` prompt groups where the source can size them: the loader's next
+        batch, generated now with the weights the engine holds, seeded apart per round."""
+        prompts = next(self.loader)
+        params = self._params(step)
+        params = params.model_copy(
+            update={"seed": (params.seed or 0) + round_ * EXTRA_ROUND_SEED_STRIDE}
+        )
+        generated = self.generate_now(prompts.select(*PROMPT_TENSORS), params)
+        return StepSamples(step, prompts, generated, version=step - 1)
+
+    def discard(self, samples: StepSamples, groups: list[int], reason: str) -> None:
+        """The trainer leaves out groups ``groups`` of ``samples`` (dynamic sampling).
+        Default: nothing to record (the loader's position says which prompts were used)."""
 
     @abstractmethod
     def after_update(self, step: int) -> dict[str, float]:

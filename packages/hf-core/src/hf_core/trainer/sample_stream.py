@@ -148,6 +148,14 @@ class PromptLedger:
     def dropped(self, ids: list[PromptId], reason: str) -> None:
         self._settle(ids, "dropped", reason)
 
+    def withdrawn(self, ids: list[PromptId], reason: str) -> None:
+        """Prompts taken for training and then left out of the step (dynamic sampling)."""
+        for pid in ids:
+            if self._state.get(pid) != "trained":
+                raise ValueError(f"prompt {pid} is {self._state.get(pid)}, not just trained")
+            self._state[pid] = "dropped"
+            self._detail[pid] = reason
+
     def lost(self, ids: list[PromptId], reason: str) -> None:
         self._settle(ids, "lost", reason)
 

@@ -31,7 +31,7 @@ from hf_core.engines import SamplingParams
 from hf_core.engines.streaming import StreamRequest, responses_batch
 from hf_core.roles.rollout_pool import ROLLOUT_VERSION
 from hf_core.roles.rollout_stream import FinishedRows
-from hf_core.trainer.batches import PROMPT_TENSORS
+from hf_core.trainer.batches import PROMPT_TENSORS, concat_samples
 from hf_core.trainer.rollout_source import StandaloneRollouts, StepSamples
 from hf_core.trainer.sample_stream import (
     TOKEN_VERSIONS,
@@ -172,23 +172,35 @@ class StreamingRollouts(StandaloneRollouts):
     # ---------------------------------------------------------------- schedule
     def take(self, step: int) -> StepSamples:
         self.actor_version = step - 1
+        return self._take_groups(step, self.batch_size)
+
+    def take_more(self, step: int, round_: int, groups: int) -> StepSamples:
+        """``groups`` more finished groups from the stream (dynamic sampling)."""
+        return self._take_groups(step, groups)
+
+    def discard(self, samples: StepSamples, groups: list[int], reason: str) -> None:
+        """Groups taken for a step and then left out: dropped in the ledger, not trained."""
+        if samples.prompt_ids is None:
+            raise RuntimeError("streaming samples carry their prompt ids")
+        self.ledger.withdrawn([samples.prompt_ids[g] for g in groups], reason)
+
+    def _take_groups(self, step: int, count: int) -> StepSamples:
+        """The next ``count`` finished groups within the staleness bound (waiting for them)."""
         groups: list[FinishedGroup] = []
-        while len(groups) < self.batch_size:
+        while len(groups) < count:
             self._top_up(step)
-            kept, dropped = self.buffer.take(
-                self.batch_size - len(groups), step - 1, self.max_staleness
-            )
+            kept, dropped = self.buffer.take(count - len(groups), step - 1, self.max_staleness)
             groups += kept
             for group in dropped:
                 self.ledger.dropped([group.prompt_id], f"stale at step {step}")
                 self.submitted.discard(group.prompt_id)
                 self.dropped_groups += 1
                 self.dropped_samples += len(group.samples)
-            if len(groups) < self.batch_size:
+            if len(groups) < count:
                 if not self.submitted and not self.pending and self.loader.exhausted():
                     raise RuntimeError(
                         f"step {step}: the prompt loader ran out with {len(groups)} of "
-                        f"{self.batch_size} groups (the rest were dropped as stale)"
+                        f"{count} groups (the rest were dropped as stale)"
                     )
                 self._collect(POLL_S)
         if self.max_staleness == 0:  # the synchronous loop's order: the order drawn
@@ -204,14 +216,11 @@ class StreamingRollouts(StandaloneRollouts):
         generated = self._step_batch([group.samples for group in groups])
         version = int(generated[ROLLOUT_VERSION].min())
         self._step_metrics(step, generated)
-        return StepSamples(step, prompts, generated, version)
+        return StepSamples(step, prompts, generated, version, prompt_ids=ids)
 
     def _step_batch(self, groups: list[Batch]) -> Batch:
         """The step's groups padded to common widths (prompts left, responses right)."""
-        prompt_width = max(g["prompts"].shape[1] for g in groups)
-        response_width = max(g["responses"].shape[1] for g in groups)
-        parts = [_pad(g, prompt_width, response_width) for g in groups]
-        out = Batch.concat(parts)
+        out = concat_samples(groups)
         out.meta["temperature"] = groups[0].meta.get("temperature", 1.0)
         mask = out["response_mask"]
         out[ROLLOUT_VERSION] = oldest_versions(out[TOKEN_VERSIONS], mask)
@@ -307,29 +316,3 @@ def _tensor(value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"expected a tensor, got {type(value).__name__}")
     return value
-
-
-def _pad(group: Batch, prompt_width: int, response_width: int) -> Batch:
-    """Left-pad a group's prompt columns and right-pad its response columns."""
-    left = prompt_width - group["prompts"].shape[1]
-    right = response_width - group["responses"].shape[1]
-    if not left and not right:
-        return group
-    out = group.select(*group.keys())
-    pad = torch.nn.functional.pad
-
-    def both(t: torch.Tensor, value: float) -> torch.Tensor:
-        return pad(t, (left, right), value=value)
-
-    out["prompts"] = pad(group["prompts"], (left, 0), value=0)
-    out["input_ids"] = both(group["input_ids"], 0)
-    out["attention_mask"] = both(group["attention_mask"], 0)
-    out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    for key, value in (
-        ("responses", 0),
-        ("response_mask", 0),
-        ("rollout_log_probs", 0.0),
-        (TOKEN_VERSIONS, -1),
-    ):
-        out[key] = pad(group[key], (0, right), value=value)
-    return out

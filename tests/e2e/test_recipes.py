@@ -155,6 +155,11 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         sent = rows[-1]["lora/sync_bytes"]
         assert sent < 1e6 if adapters_only else sent > 1e6
     assert "val/reward_mean" in rows[-1]
+    for row in rows:  # dynamic sampling trains uniform groups only to fill a short batch
+        if "dynamic_sampling/groups_kept" in row:
+            uniform = row["dynamic_sampling/uniform_groups_trained"]
+            assert uniform == row["dynamic_sampling/short_groups"], row
+            assert row["dynamic_sampling/groups_drawn"] >= config.data.batch_size
     assert (config.run.output_dir / "metrics.png").stat().st_size > 0
     assert (config.run.output_dir / "checkpoints" / "latest").read_text() == "step_3"
     if config.placement.mode == "auto":  # the planner's choice is logged with the run

@@ -172,3 +172,34 @@ def test_a_killed_streaming_pool_heals_and_the_ledger_loses_no_prompt(in_workdir
     # every prompt lost there was trained (or is in flight at the end) in the healed run
     final = {(r["epoch"], r["sample_index"]): r["state"] for r in ledger}
     assert all(final.get(pid) in ("trained", "in_flight") for pid in lost)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_dynamic_sampling_draws_from_the_stream_and_the_ledger_keeps_count(
+    in_workdir: Path,
+) -> None:
+    """DAPO's dynamic sampling on a stream: an untrained policy mostly scores 0 on the digit
+    task, so most groups are uniform; more groups are taken from the stream, the filtered
+    ones are dropped in the ledger (not trained), and each step still trains 8 groups."""
+    out = in_workdir / "runs" / "stream_dynamic"
+    overrides = (
+        "rollout.max_staleness=1",
+        "algorithm.dynamic_sampling.enabled=true",
+        "algorithm.dynamic_sampling.max_rounds=2",
+    )
+    RLTrainer(_config(out, *STANDALONE, STREAMING, *overrides)).fit()
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert (
+            row["dynamic_sampling/uniform_groups_trained"] == row["dynamic_sampling/short_groups"]
+        )
+    ledger = _ledger(out)
+    ids = [(r["epoch"], r["sample_index"]) for r in ledger]
+    assert len(ids) == len(set(ids))
+    trained = Counter(r["detail"] for r in ledger if r["state"] == "trained")
+    assert trained == {1: 8, 2: 8, 3: 8}
+    left_out = [r for r in ledger if r["state"] == "dropped" and "dynamic" in r["detail"]]
+    drawn = sum(r["dynamic_sampling/groups_drawn"] for r in rows)
+    assert drawn > 3 * 8, "no group was filtered: the test task no longer has uniform groups"
+    assert len(left_out) == drawn - 3 * 8

@@ -1,12 +1,13 @@
 """The README demo: build a tiny model and a digit-reversal task locally, then run GRPO.
 
-    python recipes/demo.py [key=value ...]        # e.g. run.total_steps=10
+    python recipes/demo.py [--algorithm NAME] [key=value ...]   # e.g. run.total_steps=10
 
 Everything is made here, deterministically (no model hub): a random-weight tiny Qwen2 with a
 locally trained tokenizer, and JSONL files of "reverse 12345:" -> "54321" prompts.  A short
 supervised warm start (sft.steps) gives the policy a foothold; GRPO then improves the reward
 (partial credit per correct digit).  The summary compares the mean reward of the first and the
-last 10% of RL steps.
+last 10% of RL steps.  ``--algorithm dapo`` (or gspo, cispo, any recipe) runs the demo with
+that recipe's ``algorithm`` section.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -22,23 +24,25 @@ from hf_testing.tiny import build_tiny_model
 
 RECIPE = Path(__file__).with_name("demo.yaml")
 REQUIRED_GAIN = 0.2
-HEADS = {"vllm": (2, 1)}
-"""(attention heads, KV heads) of the demo model per rollout backend, where the default (4, 2:
-head_dim 16) does not run: vLLM's CPU attention kernels reject head_dim 16 ("Unsupported CPU
-attention configuration"), so a vLLM rollout gets heads of 32 (same hidden size)."""
+DEFAULT_MODEL: dict[str, Any] = {"family": "qwen2", "num_heads": 4, "num_kv_heads": 2}
+MODEL_BY_BACKEND: dict[str, dict[str, Any]] = {
+    "vllm": {"family": "llama", "num_heads": 4, "num_kv_heads": 2, "head_dim": 32},
+}
+"""The demo model's shape per rollout backend, where the default (4 heads of 16 on hidden 64)
+does not run: vLLM's CPU attention kernels reject head_dim 16 ("Unsupported CPU attention
+configuration") and its Qwen2 derives head_dim from hidden / heads, so a vLLM rollout gets a
+Llama with 4 heads of 32 (an explicit ``head_dim``, same hidden size and head count)."""
+SETTINGS_BY_BACKEND: dict[str, list[str]] = {"vllm": ["sft.steps=50"]}
+"""Recipe overrides that go with a backend's model (the command line still wins).  The wider
+heads learn the supervised warm start in half the steps: after 100 the policy already scores
+0.37 where the default model scores 0.26, and RL then has less left to show.  50 steps start
+it where the default model starts."""
 
 
 def build_assets(folder: Path, rollout_backend: str = "transformers") -> dict[str, str]:
     """Model, tokenizer and task files (rebuilt identically every time)."""
-    heads, kv_heads = HEADS.get(rollout_backend, (4, 2))
-    model = build_tiny_model(
-        folder / "model",
-        family="qwen2",
-        hidden_size=64,
-        num_layers=2,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-    )
+    shape = MODEL_BY_BACKEND.get(rollout_backend, DEFAULT_MODEL)
+    model = build_tiny_model(folder / "model", hidden_size=64, num_layers=2, **shape)
     train = write_digit_task(
         folder / "train.jsonl", "reverse", n=2000, min_len=3, max_len=5, seed=0
     )
@@ -50,12 +54,32 @@ def build_assets(folder: Path, rollout_backend: str = "transformers") -> dict[st
     }
 
 
+def algorithm_overrides(name: str) -> list[str]:
+    """The ``algorithm`` section of ``recipes/<name>.yaml`` as ``key=value`` overrides."""
+    from omegaconf import OmegaConf
+
+    path = RECIPE.with_name(f"{name}.yaml")
+    if not path.is_file():
+        raise SystemExit(f"--algorithm {name}: no recipe {path}")
+    section = OmegaConf.to_container(OmegaConf.load(path).get("algorithm", {}))
+
+    def flat(prefix: str, value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [item for k, v in value.items() for item in flat(f"{prefix}.{k}", v)]
+        return [f"{prefix}={value}"]
+
+    return flat("algorithm", section)
+
+
 def main(argv: list[str]) -> int:
     # A single-machine demo: no need for Ray's cluster token in the home folder.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if argv[:1] == ["--algorithm"]:
+        argv = [*algorithm_overrides(argv[1]), *argv[2:]]
     probe = load_config(TrainerConfig, RECIPE, ["model.path=unset", *argv])
     assets = build_assets(Path(probe.run.output_dir) / "assets", probe.rollout.backend)
-    overrides = [f"{key}={value}" for key, value in assets.items()] + argv
+    backend_settings = SETTINGS_BY_BACKEND.get(probe.rollout.backend, [])
+    overrides = [*backend_settings, *(f"{key}={value}" for key, value in assets.items()), *argv]
     config = load_config(TrainerConfig, RECIPE, overrides)
     summary = RLTrainer(config).fit()
     learning = summary.learning

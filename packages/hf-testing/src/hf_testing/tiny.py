@@ -104,6 +104,7 @@ def tiny_config(
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
+    head_dim: int | None = None,
     intermediate_size: int | None = None,
     tie_word_embeddings: bool = False,
     initializer_range: float = 0.2,
@@ -124,6 +125,9 @@ def tiny_config(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
+        # None: hidden_size // num_heads.  Llama reads an explicit width in every engine
+        # here (transformers, vLLM, the lean decoder); vLLM's Qwen2 ignores it.
+        head_dim=head_dim or hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
         initializer_range=initializer_range,
         tie_word_embeddings=tie_word_embeddings,
@@ -144,6 +148,7 @@ def build_tiny_model(
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
+    head_dim: int | None = None,
     intermediate_size: int | None = None,
     vocab_size: int = 128,
     initializer_range: float = 0.2,
@@ -178,6 +183,7 @@ def build_tiny_model(
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
         intermediate_size=intermediate_size,
         tie_word_embeddings=tie_word_embeddings,
         initializer_range=initializer_range,

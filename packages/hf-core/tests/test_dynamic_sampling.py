@@ -53,7 +53,14 @@ class PatternRollouts(RolloutSource):
                 "rollout_log_probs": torch.zeros(rows, width),
             }
         )
-        prompts = Batch({"prompt_id": ids})
+        prompt_width = 2 + len(self.draws)  # loader batches are padded to their longest
+        prompts = Batch(
+            {
+                "prompt_id": ids,
+                "input_ids": torch.ones(BATCH, prompt_width, dtype=torch.long),
+                "attention_mask": torch.ones(BATCH, prompt_width, dtype=torch.long),
+            }
+        )
         return StepSamples(step, prompts, generated, version=step - 1)
 
     def take(self, step: int) -> StepSamples:
@@ -122,6 +129,8 @@ def test_half_uniform_groups_are_filtered_and_more_prompts_drawn() -> None:
     assert sorted(filtered) == [1, 3, 5, 7, 9, 11]
     # responses of different widths were padded to one width, masks kept
     assert filled.batch["responses"].shape[1] == 4
+    assert filled.prompts["input_ids"].shape[1] == 3
+    assert filled.prompts["attention_mask"][0].tolist() == [0, 1, 1]
     assert int(filled.batch["response_mask"][:N].sum()) == N * 3
 
 

@@ -8,10 +8,19 @@ from typing import Any
 import torch
 
 from hf_core.batch import Batch
-from hf_core.config import RolloutConfig
+from hf_core.config import RolloutConfig, TrainerConfig
 from hf_core.engines import SamplingParams
 
 PROMPT_TENSORS = ("input_ids", "attention_mask")
+
+
+def generation_input(prompts: Batch, config: TrainerConfig) -> Batch:
+    """What a rollout engine gets of a prompt batch: its tokens, plus the dataset fields when
+    an agent function runs (``agent.function`` receives them as its ``sample``)."""
+    fields = list(prompts.non_tensors) if config.agent and config.agent.function else []
+    return prompts.select(*PROMPT_TENSORS, *fields)
+
+
 RESPONSE_PAD_VALUES = {"token_versions": -1}
 """Right-padding value of response-aligned columns other than 0 (-1: no policy version)."""
 
@@ -43,6 +52,24 @@ def pad_samples(samples: Batch, prompt_width: int, response_width: int) -> Batch
         if key not in whole_row and aligned and value.shape[1] == width:
             out[key] = pad(value, (0, right), value=RESPONSE_PAD_VALUES.get(key, 0))
     return out
+
+
+def concat_prompts(parts: list[Batch]) -> Batch:
+    """Prompt batches (left-padded, as the loader collates them) of possibly different
+    widths as one batch, in order."""
+    width = max(part["input_ids"].shape[1] for part in parts)
+    pad = torch.nn.functional.pad
+    widened = []
+    for part in parts:
+        left = width - part["input_ids"].shape[1]
+        if left:
+            part = part.select(*part.keys())
+            for key in PROMPT_TENSORS:
+                part[key] = pad(part[key], (left, 0), value=0)
+            if "position_ids" in part:
+                part["position_ids"] = (part["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        widened.append(part)
+    return Batch.concat(widened)
 
 
 def concat_samples(parts: list[Batch]) -> Batch:

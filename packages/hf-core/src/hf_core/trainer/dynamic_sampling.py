@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from hf_core.batch import Batch
-from hf_core.trainer.batches import concat_samples
+from hf_core.trainer.batches import concat_prompts, concat_samples
 from hf_core.trainer.rollout_source import RolloutSource, StepSamples
 
 FILTERED_REASON = "rewards all equal (dynamic sampling)"
@@ -105,7 +105,7 @@ class DynamicSampler:
         self.drawn_total += drawn
         self.kept_total += kept
         batch = concat_samples([part[0] for part in parts])
-        prompts = Batch.concat([part[1] for part in parts])
+        prompts = concat_prompts([part[1] for part in parts])
         scores = torch.cat([part[2] for part in parts])
         batch["group_index"] = torch.arange(len(prompts)).repeat_interleave(n)
         metrics = {

@@ -56,7 +56,7 @@ from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import mismatch_parts, mismatch_summary
 from hf_core.runtime import Cluster, WorkerLostError
 from hf_core.trainer.auto_placement import place_roles
-from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params, sft_batch, token_count
+from hf_core.trainer.batches import generation_input, sampling_params, sft_batch, token_count
 from hf_core.trainer.checkpoint import (
     folder_bytes,
     latest_checkpoint,
@@ -541,7 +541,13 @@ class RLTrainer:
         return batch.select(*ACTOR_KEYS, *(k for k in judge_keys if k in batch))
 
     def _rule_scores(self, batch: Batch, fn: RuleReward | None) -> torch.Tensor | None:
-        return None if fn is None else fn(batch).float()
+        """``fn``'s scores; for the reward (``fn`` is the run's reward function or None), plus
+        the rewards an agent function returned (``agent.function``)."""
+        scores = None if fn is None else fn(batch).float()
+        if fn is self.reward_fn and "agent_reward" in batch:
+            agent = torch.as_tensor(batch["agent_reward"]).float()
+            scores = agent if scores is None else scores + agent
+        return scores
 
     def _advantages(
         self,
@@ -567,7 +573,7 @@ class RLTrainer:
     def _greedy_baseline(self, prompts: Batch) -> torch.Tensor:
         """ReMax: the reward of the greedy response to each prompt, repeated over its group."""
         params = sampling_params(self.config.rollout, self.step, self.config.run.seed, greedy=True)
-        greedy = self.rollouts.generate_now(prompts.select(*PROMPT_TENSORS), params)
+        greedy = self.rollouts.generate_now(generation_input(prompts, self.config), params)
         greedy = greedy | prompts.select(*prompts.non_tensors.keys())
         return self._score(greedy).repeat_interleave(self.config.rollout.n)
 
@@ -581,8 +587,9 @@ class RLTrainer:
         return torch.zeros(len(batch)) if scores is None else scores
 
     def _has_reward(self) -> bool:
-        reward = self.config.reward
-        return bool(reward.function or reward.model or reward.judge)
+        reward, agent = self.config.reward, self.config.agent
+        agent_rewards = agent is not None and agent.function is not None
+        return bool(reward.function or reward.model or reward.judge or agent_rewards)
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
@@ -593,7 +600,7 @@ class RLTrainer:
         params = params.model_copy(update={"temperature": self.config.rollout.val_temperature})
         scores = []
         for prompts in self.val_loader:
-            generated = self.rollouts.generate_now(prompts.select(*PROMPT_TENSORS), params)
+            generated = self.rollouts.generate_now(generation_input(prompts, self.config), params)
             scores.append(self._score(generated | prompts.select(*prompts.non_tensors)))
         return {"val/reward_mean": float(torch.cat(scores).float().mean())}
 

@@ -34,7 +34,7 @@ from hf_core.engines import SamplingParams
 from hf_core.roles.rollout_pool import ROLLOUT_VERSION
 from hf_core.runtime import GroupFuture, WorkerError, WorkerLostError
 from hf_core.sync import merge_rank_metrics
-from hf_core.trainer.batches import PROMPT_TENSORS, sampling_params
+from hf_core.trainer.batches import generation_input, sampling_params
 from hf_core.trainer.spawning import RoleGroups
 
 EXTRA_ROUND_SEED_STRIDE = 1 << 40
@@ -88,7 +88,7 @@ class RolloutSource(ABC):
         params = params.model_copy(
             update={"seed": (params.seed or 0) + round_ * EXTRA_ROUND_SEED_STRIDE}
         )
-        generated = self.generate_now(prompts.select(*PROMPT_TENSORS), params)
+        generated = self.generate_now(generation_input(prompts, self.config), params)
         return StepSamples(step, prompts, generated, version=step - 1)
 
     def discard(self, samples: StepSamples, groups: list[int], reason: str) -> None:
@@ -140,7 +140,9 @@ class HybridRollouts(RolloutSource):
 
     def take(self, step: int) -> StepSamples:
         prompts = next(self.loader)
-        generated = self.groups.actor.generate(prompts.select(*PROMPT_TENSORS), self._params(step))
+        generated = self.groups.actor.generate(
+            generation_input(prompts, self.config), self._params(step)
+        )
         return StepSamples(step, prompts, generated, version=step - 1)
 
     def after_update(self, step: int) -> dict[str, float]:
@@ -249,7 +251,9 @@ class StandaloneRollouts(RolloutSource):
             self._start_sync(self.actor_version)  # the pool receives before it generates
         state = self.loader.state_dict()
         prompts = next(self.loader)
-        future = self.pool.generate.remote(prompts.select(*PROMPT_TENSORS), self._params(step))
+        future = self.pool.generate.remote(
+            generation_input(prompts, self.config), self._params(step)
+        )
         self.in_flight.append(_InFlight(step, prompts, future, self.rollout_version, state))
 
     # ----------------------------------------------------------------- sync

@@ -31,7 +31,7 @@ from hf_core.engines import SamplingParams
 from hf_core.engines.streaming import StreamRequest, responses_batch
 from hf_core.roles.rollout_pool import ROLLOUT_VERSION
 from hf_core.roles.rollout_stream import FinishedRows
-from hf_core.trainer.batches import PROMPT_TENSORS, concat_samples
+from hf_core.trainer.batches import concat_samples, generation_input
 from hf_core.trainer.rollout_source import StandaloneRollouts, StepSamples
 from hf_core.trainer.sample_stream import (
     TOKEN_VERSIONS,
@@ -131,7 +131,10 @@ class StreamingRollouts(StandaloneRollouts):
 
     def _work(self, ids: list[PromptId]) -> tuple[Batch, SamplingParams, int]:
         """One rank's submission: the prompts, their sampling parameters and epoch."""
-        prompts = self._prompts(ids).select(*PROMPT_TENSORS, "sample_index")
+        collated = self._prompts(ids)
+        prompts = generation_input(collated, self.config)
+        if "sample_index" not in prompts:
+            prompts = prompts | collated.select("sample_index")
         return prompts, self.drawn[ids[0]], ids[0][0]
 
     def _prompts(self, ids: list[PromptId]) -> Batch:

@@ -35,6 +35,23 @@ _SPLIT_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools: "
+    "{% for t in tools %}{{ t.function.name }}{% if not loop.last %}, {% endif %}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
+    '{% for c in m.tool_calls or [] %}<tool_call>{"name": "{{ c.function.name }}", '
+    '"arguments": {{ c.function.arguments }}}</tool_call>{% endfor %}<|endoftext|>\n'
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A ChatML-style chat template with Hermes tool calls for the tiny tokenizers: an assistant
+turn ends with the EOS token (what the model samples to stop), tool results come back as a
+``<tool_response>`` user turn, as the agent loop's default tool message."""
 _ROUND_TRIP_TEXT = "reverse 90210: 01209. 12+34=46? Hello, World! (x-y)*z/2; ok"
 
 
@@ -154,6 +171,7 @@ def build_tiny_model(
     initializer_range: float = 0.2,
     seed: int = 0,
     tool_calls: bool = False,
+    chat_template: bool = False,
 ) -> Path:
     """Write a tiny random model (float32) and its tokenizer into ``path``; returns it.
 
@@ -162,6 +180,7 @@ def build_tiny_model(
     the same weights; ``seed`` changes the weights only, so all tiny models of one
     ``vocab_size`` share a tokenizer (an actor and its reward model must agree on ids).
     ``tool_calls``: a tokenizer that can write Hermes tool calls (:func:`build_tokenizer`).
+    ``chat_template``: the tokenizer gets :data:`CHAT_TEMPLATE` (chat APIs need one).
     """
     from transformers import (
         AutoConfig,
@@ -175,6 +194,8 @@ def build_tiny_model(
     path.mkdir(parents=True, exist_ok=True)
     # One tokenizer for every model seed: actor, critic and reward models must share ids.
     tokenizer = build_tokenizer(vocab_size=vocab_size, tool_calls=tool_calls)
+    if chat_template:
+        tokenizer.chat_template = CHAT_TEMPLATE
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = tiny_config(
         family,

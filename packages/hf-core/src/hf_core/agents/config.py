@@ -47,6 +47,21 @@ class AgentConfig(BaseModel):
         "the engine with the next batch, whatever its turn, without waiting for slower "
         "samples' tools (batches then depend on timing: runs are not bit-reproducible)",
     )
+    function: str | None = Field(
+        None,
+        description="'package.module:run', an 'async def run(client, sample) -> float | "
+        "AgentResult' written against the openai client: each sample runs it against the "
+        "policy's OpenAI-compatible endpoint instead of the built-in tool loop (docs/agents.md)",
+    )
+    timeout_s: float = Field(
+        120.0, gt=0, description="agent.function: wall-clock limit of one sample's run"
+    )
+    model_name: str = Field("policy", description="agent.function: the endpoint's model name")
+    host: str = Field(
+        "127.0.0.1",
+        description="agent.function: the endpoint's address (loopback only by default; any "
+        "other address accepts requests from other hosts, still with the run's token)",
+    )
     environment: str | None = Field(
         None,
         description="'package.module:Class' of a per-sample environment with "

@@ -388,10 +388,11 @@ class TrainerConfig(_Strict):
     def _consistent(self) -> TrainerConfig:
         reward = self.reward
         has_reward = reward.function or reward.model or reward.judge
-        if not has_reward and self.teacher is None:
+        agent_rewards = self.agent is not None and self.agent.function is not None
+        if not has_reward and self.teacher is None and not agent_rewards:
             raise ValueError(
                 "reward: give a rule-based 'function', a reward 'model' or a 'judge' (or a "
-                "'teacher' to distill from)"
+                "'teacher' to distill from, or an agent.function that returns rewards)"
             )
         if self.reward.weight == 0 and self.teacher is None:
             raise ValueError("reward.weight: 0 leaves nothing to train on without a 'teacher'")

@@ -73,7 +73,11 @@ class ActorRolloutRefWorker(Worker):
         """On-policy distillation's teacher: scores the student's samples per token."""
         self.standalone = config.placement.mode == "standalone"
         self.rollout = None if self.standalone else self._build_rollout(config)
-        self.agent = None if self.rollout is None else build_agent_loop(config, self.rollout)
+        self.agent = (
+            None
+            if self.rollout is None
+            else build_agent_loop(config, self.rollout, lambda: self.updates)
+        )
         """Multi-turn tool-using rollouts around the rollout engine (None: single-turn)."""
         self.loss = self._policy_loss(getattr(self.rollout, "compute_dtype", None))
         self.needs_sync = False

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -24,17 +25,28 @@ from hf_core.plugins import get_engine_parallelism, get_training_engine
 from hf_core.plugins.tools import resolve_tools
 from hf_core.protocols import WorkerMesh
 
+if TYPE_CHECKING:
+    from hf_core.agents.function_agents import FunctionAgentLoop
 
-def build_agent_loop(config: TrainerConfig, engine: RolloutEngine) -> AgentLoop | None:
+
+def build_agent_loop(
+    config: TrainerConfig, engine: RolloutEngine, version: Callable[[], int] = lambda: 0
+) -> AgentLoop | FunctionAgentLoop | None:
     """The agent loop the recipe's ``agent:`` section asks for around ``engine``, with the
-    run's tokenizer and its tools resolved by name; None without that section.  Sets this
-    process's sandbox to the recipe's ``sandbox:`` section (the ``python`` tool runs there)."""
+    run's tokenizer and its tools resolved by name (or, with ``agent.function``, the user's
+    agent function against the policy endpoint; ``version``: the policy version the engine
+    holds); None without that section.  Sets this process's sandbox to the recipe's
+    ``sandbox:`` section (the ``python`` tool runs there)."""
     if config.agent is None:
         return None
     use_sandbox(config.sandbox)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)
+    if config.agent.function is not None:  # needs the 'serve' extra (FastAPI, openai)
+        from hf_core.agents.function_agents import FunctionAgentLoop
+
+        return FunctionAgentLoop(engine, tokenizer, config.agent, version)
     return AgentLoop(engine, tokenizer, config.agent, resolve_tools(config.agent.tools))
 
 

@@ -37,8 +37,9 @@ class RolloutWorker(Worker):
         self.config = config
         factory = get_rollout_engine(config.rollout.backend)
         self.rollout = factory(**rollout_engine_args(config), **config.rollout.engine)
-        self.agent = build_agent_loop(config, self.rollout)  # None: single-turn rollouts
         self.receiver = BroadcastReceiver(self.rank, self.device)
+        # None: single-turn rollouts
+        self.agent = build_agent_loop(config, self.rollout, lambda: self.receiver.version)
         self.stream: StreamingGenerator | None = None
 
     @register("DP_PROTO")

@@ -1,0 +1,226 @@
+"""Agent code written for a chat API, run unchanged as RL rollouts (``agent.function``).
+
+The recipe names ``package.module:run``, an ``async def run(client, sample) -> float |
+AgentResult``.  For each sample of a step the framework opens a trajectory on the policy
+endpoint (:mod:`hf_core.serving`), gives ``run`` an ``openai.AsyncOpenAI`` client bound to it
+and the sample's dataset fields (``prompt`` is the prompt's text), and runs every sample's
+``run`` concurrently.  Whatever the agent asks of the client becomes one token-exact sequence:
+its first request's rendered messages are the prompt, sampled tokens are trained on, inserted
+messages (tool results, follow-ups) are context only.  The function's return value is the
+sample's reward.
+
+A function that raises, runs past ``agent.timeout_s`` or returns something that is not a
+finite number is a failed sample: reward 0, nothing trained on (its response mask is empty),
+counted in ``agent/failed`` and ``agent/timed_out``.  The step goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hf_core.agents.config import AgentConfig
+from hf_core.batch import Batch
+from hf_core.engines.decoding import left_padded, strip_left_padding
+from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
+from hf_core.errors import ConfigError
+from hf_core.imports import import_object
+from hf_core.serving import (
+    ChatRenderer,
+    EndpointLimits,
+    EndpointServer,
+    EngineBatcher,
+    PolicyEndpoint,
+    Trajectory,
+)
+
+
+@dataclass
+class AgentResult:
+    """What an agent function may return instead of a bare reward."""
+
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+    """Anything to keep with the sample (logged per sample as ``agent_info``)."""
+
+
+@dataclass
+class _Outcome:
+    reward: float = 0.0
+    status: str = "ok"
+    """ok, failed (raised or returned garbage) or timed_out."""
+    error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+AgentFunction = Callable[[Any, dict[str, Any]], Any]
+
+
+def load_agent_function(spec: str) -> AgentFunction:
+    """The coroutine function named ``package.module:function``."""
+    if ":" not in spec:
+        raise ConfigError(f"agent.function {spec!r} must look like 'package.module:function'")
+    try:
+        fn = import_object(spec)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"agent.function {spec!r}: cannot import it: {exc}") from exc
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(
+            f"agent.function {spec!r} must be an 'async def run(client, sample)' function"
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+class FunctionAgentLoop:
+    """Runs ``agent.function`` for every sample against the policy endpoint."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        config: AgentConfig,
+        version: Callable[[], int] = lambda: 0,
+    ) -> None:
+        if config.function is None:
+            raise ConfigError("agent.function is not set")
+        self.function = load_agent_function(config.function)
+        self.tokenizer, self.config = tokenizer, config
+        if tokenizer.pad_token_id is None:
+            raise ConfigError("agent: the tokenizer has no pad token")
+        self.pad_token_id = int(tokenizer.pad_token_id)
+        eos = tokenizer.eos_token_id
+        self.renderer = ChatRenderer(tokenizer, [] if eos is None else [int(eos)])
+        self.batcher = EngineBatcher(engine, self.pad_token_id, version)
+        self.endpoint = PolicyEndpoint(
+            self.batcher,
+            self.renderer,
+            SamplingParams(),
+            EndpointLimits(
+                max_requests=config.max_turns,
+                max_total_tokens=config.max_total_tokens,
+                max_new_tokens=config.max_total_tokens,
+            ),
+        )
+        self.server = EndpointServer(self.endpoint, model_name=config.model_name, host=config.host)
+
+    def close(self) -> None:
+        self.server.close()
+        self.batcher.close()
+
+    # ------------------------------------------------------------- generate
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Like :meth:`RolloutEngine.generate`: ``params.n`` agent runs per prompt
+        (consecutive rows); ``params.max_new_tokens`` bounds each completion."""
+        prompts = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
+        rows = strip_left_padding(prompts["input_ids"], prompts["attention_mask"])
+        self.endpoint.sampling = params.model_copy(update={"n": 1})
+        self.endpoint.limits = EndpointLimits(
+            max_requests=self.config.max_turns,
+            max_total_tokens=self.config.max_total_tokens,
+            max_new_tokens=params.max_new_tokens,
+        )
+        call = uuid.uuid4().hex[:12]
+        ids = [f"{call}-{i}" for i in range(len(rows))]
+        samples = [self._sample(prompts, i, row) for i, row in enumerate(rows)]
+        outcomes = asyncio.run(self._run_all(ids, samples))
+        trajectories = [self.endpoint.take(t) for t in ids]
+        return self._assemble(rows, trajectories, outcomes, params.temperature)
+
+    def _sample(self, prompts: Batch, index: int, prompt_ids: list[int]) -> dict[str, Any]:
+        """The dataset fields of row ``index`` for the agent function."""
+        sample: dict[str, Any] = {"prompt": self.tokenizer.decode(prompt_ids)}
+        for key in prompts.non_tensors:
+            value = prompts[key][index]
+            sample[key] = value.item() if isinstance(value, np.generic) else value
+        return sample
+
+    async def _run_all(self, ids: list[str], samples: list[dict[str, Any]]) -> list[_Outcome]:
+        runs = [self._run(t, s) for t, s in zip(ids, samples, strict=True)]
+        return list(await asyncio.gather(*runs))
+
+    async def _run(self, trajectory_id: str, sample: dict[str, Any]) -> _Outcome:
+        client = self.server.client(trajectory_id, max_retries=0, timeout=self.config.timeout_s)
+        try:
+            async with client:
+                result = await asyncio.wait_for(
+                    self.function(client, sample), timeout=self.config.timeout_s
+                )
+        except TimeoutError:
+            return _Outcome(status="timed_out", error=f"over {self.config.timeout_s} s")
+        except Exception as exc:  # the agent's own failure: recorded, the step goes on
+            return _Outcome(status="failed", error=f"{type(exc).__name__}: {exc}")
+        info: dict[str, Any] = {}
+        value: Any = result
+        if isinstance(result, AgentResult):
+            value, info = result.reward, dict(result.info)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            kind = type(value).__name__
+            return _Outcome(status="failed", error=f"returned {kind}, not a reward")
+        if not math.isfinite(float(value)):
+            return _Outcome(status="failed", error=f"returned {value}")
+        return _Outcome(reward=float(value), info=info)
+
+    # ------------------------------------------------------------- assemble
+    def _assemble(
+        self,
+        rows: list[list[int]],
+        trajectories: list[Trajectory | None],
+        outcomes: list[_Outcome],
+        temperature: float,
+    ) -> Batch:
+        """The rollout batch: each trajectory's prompt and tokens, only successful samples'
+        sampled tokens in the loss."""
+        width = self.config.max_total_tokens
+        size = len(rows)
+        prompts, kept = [], []
+        for row, trajectory, outcome in zip(rows, trajectories, outcomes, strict=True):
+            usable = outcome.status == "ok" and trajectory is not None and trajectory.prompt
+            kept.append(trajectory if usable else None)
+            prompts.append(trajectory.prompt if usable and trajectory else row)
+        responses = torch.full((size, width), self.pad_token_id, dtype=torch.long)
+        real = torch.zeros((size, width), dtype=torch.long)
+        sampled = torch.zeros((size, width), dtype=torch.long)
+        log_probs = torch.zeros((size, width), dtype=torch.float32)
+        for i, trajectory in enumerate(kept):
+            if trajectory is None:
+                continue
+            n = min(len(trajectory.tokens), width)
+            responses[i, :n] = torch.tensor(trajectory.tokens[:n], dtype=torch.long)
+            real[i, :n] = 1
+            sampled[i, :n] = torch.tensor(trajectory.sampled[:n], dtype=torch.long)
+            log_probs[i, :n] = torch.tensor(trajectory.log_probs[:n], dtype=torch.float32)
+        out = assemble_rollout(
+            left_padded(prompts, self.pad_token_id), responses, real, log_probs, temperature
+        )
+        out["response_mask"] = sampled
+        out["agent_reward"] = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
+        out["agent_failed"] = torch.tensor([o.status == "failed" for o in outcomes])
+        out["agent_timed_out"] = torch.tensor([o.status == "timed_out" for o in outcomes])
+        out["agent_turns"] = torch.tensor([t.requests if t else 0 for t in trajectories])
+        out["agent_tool_calls"] = torch.tensor([_tool_calls(t) for t in kept])
+        out["agent_tool_errors"] = torch.zeros(size, dtype=torch.long)
+        out["agent_tool_timeouts"] = torch.zeros(size, dtype=torch.long)
+        out["trajectory"] = np.array(
+            [self.tokenizer.decode(t.tokens) if t else "" for t in kept], dtype=object
+        )
+        errors = np.empty(size, dtype=object)
+        errors[:] = [o.error for o in outcomes]
+        out["agent_error"] = errors
+        return out
+
+
+def _tool_calls(trajectory: Trajectory | None) -> int:
+    """Tool calls the policy made in a trajectory (assistant messages' ``tool_calls``)."""
+    if trajectory is None:
+        return 0
+    return sum(
+        len(m.get("tool_calls") or []) for m in trajectory.messages if m.get("role") == "assistant"
+    )

@@ -3,6 +3,8 @@
     python recipes/make_assets.py [runs/assets]
 
 Creates ``policy/`` (causal LM), ``teacher/`` (another causal LM, for distillation),
+``chat_policy/`` (a causal LM whose tokenizer has a chat template and tool-call text, with
+``chat_calculator*.jsonl`` for agent code on the OpenAI endpoint),
 ``critic/`` (value head), ``reward/`` and ``cost/`` (score heads), all sharing one locally
 trained tokenizer, plus ``train.jsonl`` / ``val.jsonl`` of the
 digit-reversal task.  Deterministic: the same files every time.
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from hf_testing.tasks import write_digit_task
 from hf_testing.tiny import build_tiny_model
+from hf_testing.tool_task import CALCULATOR_TOOLS, write_calculator_task
 
 DEFAULT = Path("runs/assets")
 
@@ -32,9 +35,32 @@ def make_assets(folder: Path = DEFAULT) -> Path:
     build_tiny_model(
         folder / "cost", family="llama", head="score", hidden_size=64, num_layers=2, seed=3
     )
+    chat = build_tiny_model(
+        folder / "chat_policy", hidden_size=128, vocab_size=256, tool_calls=True, chat_template=True
+    )
+    template = chat_prompt_template(chat)
+    for name, n, seed in (("chat_calculator", 1000, 0), ("chat_calculator_val", 16, 1)):
+        write_calculator_task(folder / f"{name}.jsonl", n=n, seed=seed, prompt_template=template)
     write_digit_task(folder / "train.jsonl", "reverse", n=1000, min_len=3, max_len=5, seed=0)
     write_digit_task(folder / "val.jsonl", "reverse", n=32, min_len=3, max_len=5, seed=1)
     return folder
+
+
+def chat_prompt_template(model: Path) -> str:
+    """The first request of the calculator agent as the model's chat template renders it,
+    with ``{question}`` for the question: the dataset prompt the warm start trains on is then
+    exactly the prompt the endpoint builds."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model), local_files_only=True)
+    return str(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "{question}"}],
+            tools=CALCULATOR_TOOLS,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+    )
 
 
 if __name__ == "__main__":

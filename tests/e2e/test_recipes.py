@@ -55,6 +55,12 @@ EXTRA = {
     "safe_rlhf": ["critic/vf_loss", "cost/mean", "cost/lagrange"],
     "grpo_async": ["actor/kl", "async/staleness", "actor/is_weight_mean", "actor/is_weight_max"],
     "grpo_async_twin": ["actor/kl", "async/staleness", "perf/weight_sync_s"],
+    "agent_openai": [
+        "agent/turns_mean",
+        "agent/tool_calls_mean",
+        "agent/failed",
+        "agent/timed_out",
+    ],
     "dapo": [
         "dynamic_sampling/groups_drawn",
         "dynamic_sampling/uniform_groups_trained",

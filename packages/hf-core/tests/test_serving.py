@@ -104,9 +104,7 @@ async def _calculator_agent(client: Any, question: str) -> str:
     messages.append(message.model_dump(exclude_none=True))
     for call in message.tool_calls:
         expression = json.loads(call.function.arguments)["expression"]
-        messages.append(
-            {"role": "tool", "tool_call_id": call.id, "content": str(eval(expression))}
-        )
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": str(eval(expression))})
     second = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
     return str(second.choices[0].message.content)
 
@@ -150,9 +148,7 @@ def test_concurrent_conversations_are_token_exact(tokenizer: Any) -> None:
         full = tokenizer.apply_chat_template(
             trajectory.messages[:3], tools=TOOLS, tokenize=False, add_generation_prompt=True
         )
-        before = tokenizer.apply_chat_template(
-            trajectory.messages[:2], tools=TOOLS, tokenize=False
-        )
+        before = tokenizer.apply_chat_template(trajectory.messages[:2], tools=TOOLS, tokenize=False)
         glue = before.rsplit(tokenizer.eos_token, 1)[1]
         inserted = encode(glue + full[len(before) :])
         assert trajectory.tokens == first + inserted + second

@@ -40,18 +40,20 @@ CHAT_TEMPLATE = (
     "{% for t in tools %}{{ t.function.name }}{% if not loop.last %}, {% endif %}{% endfor %}"
     "<|im_end|>\n{% endif %}"
     "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}"
+    "{% if m.role == 'tool' %}"
     "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
-    "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
     '{% for c in m.tool_calls or [] %}<tool_call>{"name": "{{ c.function.name }}", '
     '"arguments": {{ c.function.arguments }}}</tool_call>{% endfor %}<|endoftext|>\n'
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 """A ChatML-style chat template with Hermes tool calls for the tiny tokenizers: an assistant
 turn ends with the EOS token (what the model samples to stop), tool results come back as a
-``<tool_response>`` user turn, as the agent loop's default tool message."""
+``<tool_response>`` user turn.  What it inserts after a sampled turn for a tool message (the
+newline after EOS, the tool turn, the next assistant opening) is exactly the agent loop's
+default tool message, ``hf_core.agents.config.QWEN_TOOL_RESPONSE``."""
 _ROUND_TRIP_TEXT = "reverse 90210: 01209. 12+34=46? Hello, World! (x-y)*z/2; ok"
 
 

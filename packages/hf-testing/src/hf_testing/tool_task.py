@@ -1,14 +1,21 @@
 """A calculator task for agent demos: multiply two numbers, which a tiny model cannot do alone.
 
-Each record is ``{"prompt": "23*45=", "ground_truth": "1035", "sft_target": [...]}``.
+Each record is ``{"prompt": "23*45=", "question": "23*45=", "ground_truth": "1035",
+"sft_target": [...]}`` (``prompt_template`` can wrap the question, e.g. in a chat template's
+rendering).
 ``sft_target`` is the warm start's multi-turn target (``sft.target_key: sft_target``): for a
 ``tool_fraction`` of records a Hermes tool call to ``calculator``, the tool message (not
 trained on) and the answer; for the others the bare answer, which the model can only guess.
 RL then finds that calling the tool pays (:func:`calculator_answer` scores the final answer).
+
+:func:`openai_calculator_agent` is the same task as agent code written for the ``openai``
+client (``agent.function``): it offers the calculator through the chat API's ``tools``
+parameter, runs the calls the policy makes and scores the final answer.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -16,6 +23,7 @@ from typing import Any
 
 from hf_core.agents.config import QWEN_TOOL_RESPONSE
 from hf_core.agents.tool_calls import CLOSE, format_tool_call
+from hf_core.agents.tools import CALCULATOR_PARAMETERS, ToolError, calculator
 from hf_core.data.io import write_jsonl
 from hf_testing.tiny import EOS
 
@@ -27,6 +35,7 @@ def make_calculator_task(
     low: int = 10,
     high: int = 99,
     template: str = QWEN_TOOL_RESPONSE,
+    prompt_template: str = "{question}",
 ) -> list[dict[str, Any]]:
     """``n`` products of two numbers in ``[low, high]`` with their SFT targets."""
     rng = random.Random(seed)
@@ -42,7 +51,15 @@ def make_calculator_task(
             ]
         else:
             target = [{"text": answer + EOS}]
-        records.append({"prompt": f"{a}*{b}=", "ground_truth": answer, "sft_target": target})
+        question = f"{a}*{b}="
+        records.append(
+            {
+                "prompt": prompt_template.format(question=question),
+                "question": question,
+                "ground_truth": answer,
+                "sft_target": target,
+            }
+        )
     return records
 
 
@@ -64,3 +81,45 @@ def calculator_answer(
         float(final_answer(r) == str(t).strip())
         for r, t in zip(responses, ground_truths, strict=True)
     ]
+
+
+CALCULATOR_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression",
+            "parameters": CALCULATOR_PARAMETERS,
+        },
+    }
+]
+"""The calculator as the chat API's ``tools`` parameter describes it."""
+
+
+async def openai_calculator_agent(client: Any, sample: dict[str, Any]) -> float:
+    """Plain ``openai``-client agent code: ask the question with the calculator on offer, run
+    each tool call the model makes and send the results back, until it answers (two requests
+    at most); 1.0 when the final answer is the product."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": sample["question"]}]
+    answer = ""
+    for _ in range(2):
+        reply = await client.chat.completions.create(
+            model="policy", messages=messages, tools=CALCULATOR_TOOLS
+        )
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        answer = message.content or ""
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": _calculate(call)})
+    return float(answer.strip() == str(sample["ground_truth"]).strip())
+
+
+def _calculate(call: Any) -> str:
+    """The calculator's answer to one tool call (an error message for a bad one)."""
+    try:
+        arguments = json.loads(call.function.arguments)
+        return calculator(str(arguments["expression"]))
+    except (ToolError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        return f"error: {exc}"

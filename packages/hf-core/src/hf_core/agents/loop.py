@@ -306,7 +306,13 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
         - batch["response_mask"].sum()
     )
     size = len(batch)
+    failures = {  # agent.function runs per step that raised or ran out of time (masked out)
+        f"agent/{key}": float(torch.as_tensor(batch[f"agent_{key}"]).sum())
+        for key in ("failed", "timed_out")
+        if f"agent_{key}" in batch
+    }
     return {
+        **failures,
         "agent/turns_mean": float(batch["agent_turns"].float().mean()),
         "agent/tool_calls_mean": float(batch["agent_tool_calls"].float().mean()),
         "agent/tool_errors_mean": float(batch["agent_tool_errors"].float().mean()),

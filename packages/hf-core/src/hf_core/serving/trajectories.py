@@ -95,6 +95,7 @@ class ChatRenderer:
                 "(tokenizer_config.json 'chat_template')"
             )
         self.tokenizer = tokenizer
+        self.stop_ids = set(stop_token_ids)
         self.stop_texts = [tokenizer.decode([t]) for t in stop_token_ids]
 
     def render(self, messages: list[dict[str, Any]], tools: Any, *, generation: bool) -> str:
@@ -132,15 +133,22 @@ class ChatRenderer:
         after = self.render(messages, tools, generation=True)
         if not after.startswith(before):
             raise ConversationEdited("the chat template renders the earlier messages differently")
-        glue = self._after_stop(before) if known[-1].get("role") == "assistant" else ""
+        glue = ""
+        if known[-1].get("role") == "assistant":
+            stopped = bool(trajectory.tokens) and trajectory.tokens[-1] in self.stop_ids
+            glue = self._after_stop(before, include_stop=not stopped)
         trajectory.append(self.encode(glue + after[len(before) :]), None)
         trajectory.messages = list(messages)
 
-    def _after_stop(self, rendered: str) -> str:
-        """The template's text after the last assistant turn's stop token (sampled ids end
-        there)."""
-        ends = [rendered.rfind(s) + len(s) for s in self.stop_texts if s in rendered]
-        return rendered[max(ends) :] if ends else ""
+    def _after_stop(self, rendered: str, *, include_stop: bool) -> str:
+        """The template's text after the last assistant turn's stop token, where the sampled
+        ids end; with ``include_stop`` (the turn was cut at a token limit, so the model never
+        wrote its stop token) the stop token's text too, as the template closes the turn."""
+        found = [(rendered.rfind(s), s) for s in self.stop_texts if s in rendered]
+        if not found:
+            return ""
+        start, stop = max(found)
+        return rendered[start if include_stop else start + len(stop) :]
 
     def assistant_message(self, text: str) -> tuple[dict[str, Any], str]:
         """The chat message for a sampled turn (Hermes ``<tool_call>`` blocks become

@@ -385,7 +385,7 @@ class RLTrainer:
             scores = (  # the rule reward overlaps with the futures
                 filtered_scores
                 if filtered_scores is not None
-                else self._rule_scores(batch, self.reward_fn)
+                else self._task_scores(batch)
             )
             costs = self._rule_scores(batch, self.cost_fn)
             for future in futures.values():
@@ -541,10 +541,13 @@ class RLTrainer:
         return batch.select(*ACTOR_KEYS, *(k for k in judge_keys if k in batch))
 
     def _rule_scores(self, batch: Batch, fn: RuleReward | None) -> torch.Tensor | None:
-        """``fn``'s scores; for the reward (``fn`` is the run's reward function or None), plus
-        the rewards an agent function returned (``agent.function``)."""
-        scores = None if fn is None else fn(batch).float()
-        if fn is self.reward_fn and "agent_reward" in batch:
+        return None if fn is None else fn(batch).float()
+
+    def _task_scores(self, batch: Batch) -> torch.Tensor | None:
+        """The rule-based reward plus what an agent function returned (``agent.function``);
+        None when the run has neither."""
+        scores = self._rule_scores(batch, self.reward_fn)
+        if "agent_reward" in batch:
             agent = torch.as_tensor(batch["agent_reward"]).float()
             scores = agent if scores is None else scores + agent
         return scores
@@ -580,7 +583,7 @@ class RLTrainer:
     def _score(self, batch: Batch) -> torch.Tensor:
         """Rule-based plus reward-model scores of a batch (blocking; outside the main step);
         zeros when the run has no reward (distillation alone)."""
-        scores = self._rule_scores(batch, self.reward_fn)
+        scores = self._task_scores(batch)
         if self._groups.reward is not None:
             model = self._groups.reward.compute_scores(self._reward_input(batch))["reward_scores"]
             scores = model if scores is None else scores + model

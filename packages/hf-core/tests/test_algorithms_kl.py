@@ -90,6 +90,11 @@ def test_token_level_rewards_without_kl_and_errors() -> None:
     torch.testing.assert_close(rewards, t([[0.0, 2.0, 0.0, 0.0]]))
     with pytest.raises(ValueError, match=r"rows \[1\] of response_mask have no valid token"):
         token_level_rewards(torch.tensor([1.0, 1.0]), t([[1, 0], [0, 0]]))
+    # samples left out of the loss on purpose: no token, no reward, the others unchanged
+    allowed = token_level_rewards(
+        torch.tensor([1.0, 3.0], dtype=D), t([[1, 0], [0, 0]]), allow_empty=True
+    )
+    torch.testing.assert_close(allowed, t([[1.0, 0.0], [0.0, 0.0]]))
     with pytest.raises(ValueError, match="must be \\[B\\]"):
         token_level_rewards(torch.tensor([1.0, 1.0, 1.0]), t([[1, 0], [1, 1]]))
 

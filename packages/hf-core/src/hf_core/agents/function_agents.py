@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import uuid
 from collections.abc import Callable
@@ -62,6 +63,7 @@ class _Outcome:
 
 
 AgentFunction = Callable[[Any, dict[str, Any]], Any]
+log = logging.getLogger(__name__)
 
 
 def load_agent_function(spec: str) -> AgentFunction:
@@ -132,6 +134,15 @@ class FunctionAgentLoop:
         samples = [self._sample(prompts, i, row) for i, row in enumerate(rows)]
         outcomes = asyncio.run(self._run_all(ids, samples))
         trajectories = [self.endpoint.take(t) for t in ids]
+        failed = [o for o in outcomes if o.status != "ok"]
+        if failed:
+            log.warning(
+                "%d of %d agent runs failed (masked out of the loss); first: %s: %s",
+                len(failed),
+                len(outcomes),
+                failed[0].status,
+                failed[0].error,
+            )
         return self._assemble(rows, trajectories, outcomes, params.temperature)
 
     def _sample(self, prompts: Batch, index: int, prompt_ids: list[int]) -> dict[str, Any]:

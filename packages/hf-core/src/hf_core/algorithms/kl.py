@@ -85,12 +85,15 @@ def token_level_rewards(
     *,
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    allow_empty: bool = False,
 ) -> torch.Tensor:
     """Per-token rewards [B, T]: r_t = −β·KL_t, plus the sequence score on the last valid token.
 
     This is the KL-in-reward shaping of Ziegler et al. 2019 (and InstructGPT, Ouyang et al.
     2022): the reward model judges the whole response, so its score lands where the response
-    ends, while the KL penalty is paid token by token.  Padding gets 0.
+    ends, while the KL penalty is paid token by token.  Padding gets 0.  A row without valid
+    tokens is an error unless ``allow_empty`` (samples deliberately left out of the loss: a
+    failed agent run, a filtered truncated response): such a row gets no reward at all.
     """
     if response_mask.ndim != 2 or scores.shape != response_mask.shape[:1]:
         raise ValueError(
@@ -104,8 +107,13 @@ def token_level_rewards(
         if kl.shape != response_mask.shape:
             raise ValueError(f"kl {tuple(kl.shape)} must match response_mask shape")
         rewards = torch.where(valid, -kl_coef * kl.to(dtype), rewards)
-    last = last_valid_index(response_mask)
-    on_last = torch.nn.functional.one_hot(last, response_mask.shape[-1]).to(dtype)
+    if allow_empty:
+        positions = torch.arange(response_mask.shape[-1], device=response_mask.device)
+        last = torch.where(valid, positions, -1).amax(dim=-1)
+    else:
+        last = last_valid_index(response_mask)
+    on_last = torch.nn.functional.one_hot(last.clamp(min=0), response_mask.shape[-1]).to(dtype)
+    on_last = on_last * (last >= 0).to(dtype)[:, None]
     return rewards + on_last * scores.to(dtype)[:, None]
 
 
@@ -117,6 +125,7 @@ def apply_kl_penalty(
     *,
     kl_coef: float,
     estimator: str = "k1",
+    allow_empty: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-penalised token-level rewards and the KL observed, for logging and the controller.
 
@@ -127,7 +136,9 @@ def apply_kl_penalty(
     """
     with torch.no_grad():
         kl = kl_penalty(log_prob, ref_log_prob, estimator)
-        rewards = token_level_rewards(scores, response_mask, kl=kl, kl_coef=kl_coef)
+        rewards = token_level_rewards(
+            scores, response_mask, kl=kl, kl_coef=kl_coef, allow_empty=allow_empty
+        )
         metrics = {
             "kl/token_mean": float(masked_mean(kl, response_mask, dim=-1).mean()),
             "kl/sequence_sum": float(masked_sum(kl, response_mask, dim=-1).mean()),

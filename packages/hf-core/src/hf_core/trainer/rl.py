@@ -106,6 +106,12 @@ class RLTrainer:
         """On-policy updates (one epoch, one mini-batch) take the behaviour log-probs from the
         update's own forward (ratio exactly 1) instead of a separate pass; off-policy updates,
         and a KL penalty in the reward (needed before the update), keep the recompute."""
+        self.masks_samples = bool(
+            (config.agent is not None and config.agent.function is not None)
+            or algo.overlong.filter_truncated
+        )
+        """Whether whole samples may leave the loss (a failed agent run, a filtered truncated
+        response): their rows have no valid token, and get no reward."""
         self.resume = resume
         self.output_dir = Path(config.run.output_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(
@@ -383,9 +389,7 @@ class RLTrainer:
             if roles.cost is not None:
                 futures["cost"] = roles.cost.compute_scores.remote(model_input)
             scores = (  # the rule reward overlaps with the futures
-                filtered_scores
-                if filtered_scores is not None
-                else self._task_scores(batch)
+                filtered_scores if filtered_scores is not None else self._task_scores(batch)
             )
             costs = self._rule_scores(batch, self.cost_fn)
             for future in futures.values():
@@ -416,15 +420,16 @@ class RLTrainer:
                     mask,
                     kl_coef=self.kl_ctl.value,
                     estimator=algo.kl.estimator,
+                    allow_empty=self.masks_samples,
                 )
                 metrics.update({f"actor/{k}": v for k, v in kl_metrics.items()})
                 self.kl_ctl.update(kl_metrics["kl/token_mean"], len(batch))
             else:
-                rewards = token_level_rewards(scores, mask)
+                rewards = token_level_rewards(scores, mask, allow_empty=self.masks_samples)
             advantages, returns = self._advantages(algo.advantage, rewards, mask, batch, baseline)
             if costs is not None and self.lagrange is not None:
                 # No cost critic: cost advantages come from a critic-free estimator.
-                cost_rewards = token_level_rewards(costs, mask)
+                cost_rewards = token_level_rewards(costs, mask, allow_empty=self.masks_samples)
                 cost_adv, _ = self._advantages(algo.cost_advantage, cost_rewards, mask, batch, None)
                 advantages = safe_rlhf_advantage(advantages, cost_adv, self.lagrange.value, mask)
                 metrics["cost/mean"] = float(costs.mean())

@@ -173,3 +173,26 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         placed = sorted(r for pool in plan["pools"] for r in pool["roles"])
         assert placed == ["actor", "critic", "reference", "reward"]
         assert sum(pool["devices"] for pool in plan["pools"]) <= config.placement.devices
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_failing_agent_functions_cost_their_samples_not_the_run(in_workdir: Path) -> None:
+    """Agent code that raises or returns garbage for two thirds of the samples: the runs are
+    counted per step, their samples leave the loss, and training goes on."""
+    config = load_config(
+        TrainerConfig,
+        RECIPES / "agent_openai.yaml",
+        [
+            "run.total_steps=2",
+            "run.val_every=0",
+            "run.progress=false",
+            "run.output_dir=runs/agent_failures",
+            "agent.function=hf_testing.tool_task:unreliable_calculator_agent",
+        ],
+    )
+    RLTrainer(config).fit()
+    rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert sum(row["agent/failed"] for row in rows) > 0
+    for row in rows:
+        assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])

@@ -123,3 +123,18 @@ def _calculate(call: Any) -> str:
         return calculator(str(arguments["expression"]))
     except (ToolError, KeyError, TypeError, json.JSONDecodeError) as exc:
         return f"error: {exc}"
+
+
+async def unreliable_calculator_agent(client: Any, sample: dict[str, Any]) -> Any:
+    """:func:`openai_calculator_agent` that fails on purpose, by the question's first factor:
+    a multiple of 3 raises after one request, one more returns something that is not a reward;
+    the others run normally (for tests that a failing agent costs its sample, not the step)."""
+    first = int(str(sample["question"]).split("*", 1)[0])
+    if first % 3 == 0:
+        await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": sample["question"]}]
+        )
+        raise RuntimeError("the agent crashed on purpose")
+    if first % 3 == 1:
+        return "not a reward"
+    return await openai_calculator_agent(client, sample)

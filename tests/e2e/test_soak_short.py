@@ -39,6 +39,10 @@ def test_the_growth_check_catches_a_leak_and_passes_a_flat_run() -> None:
 
 
 def test_a_short_soak_samples_every_process_of_the_run(tmp_path: Path) -> None:
+    """No growth bound here: the short run is mostly start-up (Ray, the models, the warm
+    start), and Ray maps its object store's shared memory (~256 MiB) during the first steps,
+    so any window comparison spans that one-time mapping.  Growth is judged by ``nox -s soak``
+    and, here, on made-up series."""
     soak = _soak()
     code = soak.main(
         [
@@ -49,7 +53,7 @@ def test_a_short_soak_samples_every_process_of_the_run(tmp_path: Path) -> None:
             "--interval",
             "1",
             "--max-growth",
-            "100",
+            "inf",
             "--workdir",
             str(tmp_path),
         ]

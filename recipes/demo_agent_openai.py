@@ -13,15 +13,12 @@ calls per sample must rise.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-from demo_tools import REQUIRED_GAIN, first_last
+from demo_tools import run_tool_demo
 from make_assets import chat_prompt_template
 
-from hf_core.config import TrainerConfig, load_config
-from hf_core.trainer import RLTrainer
 from hf_testing.tiny import build_tiny_model
 from hf_testing.tool_task import write_calculator_task
 
@@ -51,23 +48,7 @@ def build_assets(folder: Path) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    probe = load_config(TrainerConfig, RECIPE, ["model.path=unset", *argv])
-    assets = build_assets(Path(probe.run.output_dir) / "assets")
-    overrides = [f"{key}={value}" for key, value in assets.items()] + argv
-    config = load_config(TrainerConfig, RECIPE, overrides)
-    RLTrainer(config).fit()
-    metrics = config.run.output_dir / "metrics.jsonl"
-    r0, r1 = first_last(metrics, "reward/mean")
-    c0, c1 = first_last(metrics, "agent/tool_calls_mean")
-    failed = first_last(metrics, "agent/failed")[1] + first_last(metrics, "agent/timed_out")[1]
-    learned = r1 - r0 >= REQUIRED_GAIN and c1 > c0
-    print(
-        f"demo_agent_openai: reward {r0:.3f} -> {r1:.3f} (needs +{REQUIRED_GAIN}), tool calls "
-        f"per sample {c0:.2f} -> {c1:.2f}, failed agent runs per step at the end {failed:.1f}: "
-        f"{'learned' if learned else 'did not learn enough'}"
-    )
-    return 0 if learned else 1
+    return run_tool_demo("demo_agent_openai", RECIPE, build_assets, argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hf_core.config import TrainerConfig, load_config
@@ -47,22 +48,36 @@ def first_last(path: Path, key: str) -> tuple[float, float]:
     return sum(values[:tenth]) / tenth, sum(values[-tenth:]) / tenth
 
 
-def main(argv: list[str]) -> int:
+def run_tool_demo(
+    name: str, recipe: Path, build: Callable[[Path], dict[str, str]], argv: list[str]
+) -> int:
+    """Build the assets, train ``recipe`` with ``argv`` on top, and judge it: the reward must
+    gain ``REQUIRED_GAIN`` and the tool calls per sample must rise (first vs last 10% of RL
+    steps).  Failed agent runs are reported where the run logs them (``agent.function``)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    probe = load_config(TrainerConfig, RECIPE, ["model.path=unset", *argv])
-    assets = build_assets(Path(probe.run.output_dir) / "assets")
+    probe = load_config(TrainerConfig, recipe, ["model.path=unset", *argv])
+    assets = build(Path(probe.run.output_dir) / "assets")
     overrides = [f"{key}={value}" for key, value in assets.items()] + argv
-    config = load_config(TrainerConfig, RECIPE, overrides)
+    config = load_config(TrainerConfig, recipe, overrides)
     RLTrainer(config).fit()
     metrics = config.run.output_dir / "metrics.jsonl"
     r0, r1 = first_last(metrics, "reward/mean")
     c0, c1 = first_last(metrics, "agent/tool_calls_mean")
     learned = r1 - r0 >= REQUIRED_GAIN and c1 > c0
+    failures = ""
+    if config.agent is not None and config.agent.function is not None:
+        failed = first_last(metrics, "agent/failed")[1] + first_last(metrics, "agent/timed_out")[1]
+        failures = f", failed agent runs per step at the end {failed:.1f}"
     print(
-        f"demo_tools: reward {r0:.3f} -> {r1:.3f} (needs +{REQUIRED_GAIN}), tool calls per "
-        f"sample {c0:.2f} -> {c1:.2f}: {'learned' if learned else 'did not learn enough'}"
+        f"{name}: reward {r0:.3f} -> {r1:.3f} (needs +{REQUIRED_GAIN}), tool calls per "
+        f"sample {c0:.2f} -> {c1:.2f}{failures}: "
+        f"{'learned' if learned else 'did not learn enough'}"
     )
     return 0 if learned else 1
+
+
+def main(argv: list[str]) -> int:
+    return run_tool_demo("demo_tools", RECIPE, build_assets, argv)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import torch
 
 from hf_core.agents.config import AgentConfig
 from hf_core.batch import Batch
+from hf_core.engines import token_ids
 from hf_core.engines.decoding import left_padded, strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.errors import ConfigError
@@ -98,8 +99,7 @@ class FunctionAgentLoop:
         if tokenizer.pad_token_id is None:
             raise ConfigError("agent: the tokenizer has no pad token")
         self.pad_token_id = int(tokenizer.pad_token_id)
-        eos = tokenizer.eos_token_id
-        self.renderer = ChatRenderer(tokenizer, [] if eos is None else [int(eos)])
+        self.renderer = ChatRenderer(tokenizer, token_ids(tokenizer.eos_token_id))
         self.batcher = EngineBatcher(engine, self.pad_token_id, version)
         self.endpoint = PolicyEndpoint(
             self.batcher,

@@ -138,12 +138,8 @@ class PolicyEndpoint:
 
     def _cut(self, trajectory: Trajectory, tokens: list[int]) -> bool:
         """Whether the completion ended without a stop token (at a token limit)."""
-        stops = set(self.sampling.stop_token_ids) | set(self._eos())
+        stops = set(self.sampling.stop_token_ids) | self.renderer.stop_ids
         return not tokens or tokens[-1] not in stops
-
-    def _eos(self) -> list[int]:
-        eos = self.renderer.tokenizer.eos_token_id
-        return [] if eos is None else [int(eos)]
 
     def _logprobs(self, tokens: list[int], log_probs: list[float]) -> dict[str, Any]:
         decode = self.renderer.tokenizer.decode

@@ -47,7 +47,7 @@ from hf_core.algorithms.distill import reverse_kl_advantage
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
-from hf_core.engines import rank_zero_row
+from hf_core.engines import rank_zero_row, token_ids
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
@@ -498,7 +498,7 @@ class RLTrainer:
         overlong, limit = self.config.algorithm.overlong, self.config.rollout.max_new_tokens
         mask = batch["response_mask"]
         lengths = mask.sum(-1)
-        stops = [*self.config.rollout.stop_token_ids, *self._eos_ids()]
+        stops = [*self.config.rollout.stop_token_ids, *token_ids(self.tokenizer.eos_token_id)]
         truncated = truncated_responses(batch["responses"], mask, limit, stops)
         metrics["response_length/truncated_frac"] = float(truncated.float().mean())
         if overlong.filter_truncated:
@@ -509,11 +509,6 @@ class RLTrainer:
         penalty = overlong_penalty(lengths, limit, overlong.buffer, overlong.penalty_factor)
         metrics["overlong/penalty_mean"] = float(penalty.mean())
         return scores + penalty.to(scores.dtype)
-
-    def _eos_ids(self) -> list[int]:
-        """The tokenizer's end-of-sequence id(s): a response ending in one finished."""
-        eos = self.tokenizer.eos_token_id
-        return [] if eos is None else list(eos) if isinstance(eos, list) else [int(eos)]
 
     def _distill(
         self, batch: Batch, advantages: torch.Tensor, metrics: dict[str, float]

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hf_core.multimodal import ImageFeatures, multimodal_model_inputs, next_text_positions
+
 Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -112,6 +114,50 @@ class TransformersSession:
             input_ids=tokens[:, None],
             attention_mask=self.mask[:, : self.prompt_len + self.fed],
             position_ids=self.positions[:, -1:] + self.fed,
+            past_key_values=self.cache,
+            use_cache=True,
+        ).logits[:, -1]
+
+
+class VisionLanguageSession:
+    """transformers' forward for a vision-language model (Qwen2-VL family): the prefill takes
+    the prompts' images and 3-D rotary positions; each generated token's position (the same
+    on all three axes) counts on from one past the prompt's largest, as the model's own
+    generation does and the training forward recomputes."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        max_new_tokens: int,
+        features: list[ImageFeatures],
+    ) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        rows, self.prompt_len = input_ids.shape
+        self.mask = torch.ones(
+            rows, self.prompt_len + max_new_tokens, dtype=torch.long, device=input_ids.device
+        )
+        self.mask[:, : self.prompt_len] = attention_mask
+        self.inputs = multimodal_model_inputs(model, input_ids, attention_mask, features)
+        self.next = next_text_positions(self.inputs["position_ids"], attention_mask)
+        self.cache = DynamicCache(config=model.config)
+        self.fed = 0
+
+    def prefill(self) -> torch.Tensor:
+        return self.model(
+            **self.inputs, past_key_values=self.cache, use_cache=True, logits_to_keep=1
+        ).logits[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = (self.next + self.fed).view(1, -1, 1).expand(3, -1, 1)
+        self.fed += 1
+        return self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask[:, : self.prompt_len + self.fed],
+            position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,
         ).logits[:, -1]

@@ -57,7 +57,7 @@ from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.cpu_host import split_rows
 from hf_fsdp.cpu_host_training import HostTraining, joined
 from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
-from hf_fsdp.export import FSDPWeightMapping, canonical_name, stream_canonical
+from hf_fsdp.export import FSDPWeightMapping, canonical_names, stream_canonical
 from hf_fsdp.loading import (
     HEAD_MODULES,
     build_empty_model,
@@ -101,7 +101,7 @@ class FSDPEngine(TrainingEngine):
         self.architecture = type(model).__name__  # fully_shard swaps in an FSDP subclass
         if cfg.lora is not None:
             lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
-        names = {native: canonical_name(native) for native, _ in model.named_parameters()}
+        names = canonical_names(model)
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
         self._host = HostTraining.plan(model, cfg, self.device, self.mesh.get_group())
         """CPU ranks of one host training one shared model (:mod:`hf_fsdp.cpu_host_training`)"""

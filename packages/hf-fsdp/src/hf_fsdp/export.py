@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hf_core.engines import NamedTensor, WeightMapping
+from hf_core.engines.model_classes import checkpoint_names
 from hf_fsdp import cpu_shared_memory
 from hf_fsdp.lora import canonical_lora_name
 
@@ -38,6 +39,19 @@ def canonical_name(native: str) -> str:
     return canonical_lora_name(".".join(parts))
 
 
+def canonical_names(model: nn.Module) -> dict[str, str]:
+    """``{native: canonical}`` for every parameter name (tied aliases included): wrappers
+    stripped (:func:`canonical_name`), then the checkpoint's name where transformers renames
+    modules on load (vision-language models: :func:`~hf_core.engines.model_classes.
+    checkpoint_names`)."""
+    stripped = {
+        native: canonical_name(native)
+        for native, _ in model.named_parameters(remove_duplicate=False)
+    }
+    saved = checkpoint_names(model, set(stripped.values()))
+    return {native: saved[name] for native, name in stripped.items()}
+
+
 class FSDPWeightMapping(WeightMapping):
     """Native (module) names <-> canonical HF names for one FSDP model."""
 
@@ -46,8 +60,9 @@ class FSDPWeightMapping(WeightMapping):
         self.tied: dict[str, str] = {}
         """Canonical alias -> canonical name of the tensor it shares (e.g. lm_head -> embed)."""
         first_of: dict[int, str] = {}
+        names = canonical_names(model)
         for native, param in model.named_parameters(remove_duplicate=False):
-            name = canonical_name(native)
+            name = names[native]
             if id(param) in first_of:
                 self.tied[name] = first_of[id(param)]
                 continue

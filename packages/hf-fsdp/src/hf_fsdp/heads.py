@@ -17,7 +17,7 @@ All per-token outputs cover the response tokens only, shape ``[B, response_len]`
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,12 @@ from hf_core.algorithms.chunked_head import (
 )
 from hf_core.batch import Batch
 from hf_core.engines.shared_prefix import PackedPrefixes, pack_shared_prefixes
+from hf_core.multimodal import (
+    MULTI_MODAL_KEY,
+    has_images,
+    images_in_prompt_only,
+    multimodal_model_inputs,
+)
 from hf_fsdp.config import HeadKind
 from hf_fsdp.onednn_linear import OneDNNLinear
 from hf_fsdp.onednn_linear import linear as onednn_linear
@@ -54,12 +60,33 @@ def position_ids_of(batch: Batch) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def _model_inputs(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+def _model_inputs(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    input_ids = batch["input_ids"].to(device)
+    attention_mask = batch["attention_mask"].to(device)
+    if has_images(batch):  # a vision-language model: images and 3-D rotary positions
+        features = list(batch[MULTI_MODAL_KEY])
+        width = _prompt_width(batch)
+        return multimodal_model_inputs(model, input_ids, attention_mask, features, width)
     return {
-        "input_ids": batch["input_ids"].to(device),
-        "attention_mask": batch["attention_mask"].to(device),
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
         "position_ids": position_ids_of(batch).to(device),
     }
+
+
+def _prompt_width(batch: Batch) -> int | None:
+    """Columns before the responses (``None``: a prompt-only batch)."""
+    if "responses" not in batch:
+        return None
+    return int(batch["input_ids"].shape[1]) - response_length(batch)
+
+
+def _images_in_prompt(model: nn.Module, batch: Batch) -> AbstractContextManager[None]:
+    """Image features go to the prompts' image slots only (:func:`images_in_prompt_only`)."""
+    width = _prompt_width(batch)
+    if not has_images(batch) or width is None:
+        return nullcontext()
+    return images_in_prompt_only(model, width)
 
 
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
@@ -74,14 +101,14 @@ def packed_inputs(
     response token; ``None`` where packing does not apply or pay."""
     config = getattr(model, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in PACKABLE_ATTENTION or "responses" not in batch:
+    if implementation not in PACKABLE_ATTENTION or "responses" not in batch or has_images(batch):
         return None
     packed = pack_shared_prefixes(
         batch["input_ids"],
         batch["attention_mask"],
         position_ids_of(batch),
         response_length(batch),
-        int(config.hidden_size),  # type: ignore[union-attr]
+        int(config.get_text_config().hidden_size),  # type: ignore[union-attr]
     )
     if packed is None:
         return None
@@ -220,15 +247,19 @@ def lm_forward(
     vocab = int(head.weight.shape[0]) if head is not None else 0
     chunk = logits_chunk_tokens(responses.numel(), vocab, logits_budget_bytes) if vocab else None
     if head is not None and chunk is not None:
-        with _head_as_log_probs(
-            model, head, responses, temperature, with_entropy, chunk, predict_from
+        with (
+            _head_as_log_probs(
+                model, head, responses, temperature, with_entropy, chunk, predict_from
+            ),
+            _images_in_prompt(model, batch),
         ):
             pairs = model(**inputs, use_cache=False, logits_to_keep=keep).logits
         result = {"log_probs": pairs[..., 0]}
         if with_entropy:
             result["entropy"] = pairs[..., 1]
         return result
-    out = model(**inputs, use_cache=False, logits_to_keep=keep)
+    with _images_in_prompt(model, batch):
+        out = model(**inputs, use_cache=False, logits_to_keep=keep)
     logits = _response_positions(out.logits, predict_from)
     log_probs, entropy = token_log_probs(logits, responses, temperature, with_entropy)
     result = {"log_probs": log_probs}
@@ -264,7 +295,7 @@ def _inputs_and_positions(
     """Model inputs, the packed layout's response index (``None``: plain rows), and how many
     last positions the head must keep (0: all, for the packed layout's index)."""
     packed = packed_inputs(model, batch, device) if shared_prefix else None
-    inputs = packed[0] if packed is not None else _model_inputs(batch, device)
+    inputs = packed[0] if packed is not None else _model_inputs(model, batch, device)
     if tokens is not None:
         tokens.add(inputs, batch)
     if packed is not None:
@@ -281,7 +312,8 @@ def value_forward(
 ) -> dict[str, torch.Tensor]:
     length = response_length(batch)
     inputs, predict_from, _ = _inputs_and_positions(model, batch, device, shared_prefix, tokens)
-    values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
+    with _images_in_prompt(model, batch):
+        values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
     if predict_from is None:
         return {"values": values[:, -length - 1 : -1]}
     return {"values": values.reshape(-1)[predict_from]}
@@ -304,7 +336,7 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def score_forward(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    inputs = _model_inputs(batch, device)
+    inputs = _model_inputs(model, batch, device)
     head = getattr(model, "score", None)
     if head is None:
         raise AttributeError(f"{type(model).__name__} has no 'score' head module")

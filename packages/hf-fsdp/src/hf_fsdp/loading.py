@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hf_core.engines import check_model_folder, weight_files  # noqa: F401  (re-exported)
+from hf_core.engines.model_classes import causal_lm_class
 from hf_core.errors import ModelLoadError
 from hf_fsdp.config import FSDPEngineConfig, HeadKind, to_dtype
 from hf_fsdp.lora import init_adapter_tensor
@@ -105,10 +106,13 @@ def load_hf_config(cfg: FSDPEngineConfig, folder: Path) -> PretrainedConfig:
     return hf_config
 
 
-def model_class(head: HeadKind) -> Any:
-    """The transformers auto class for a head kind."""
+def model_class(head: HeadKind, hf_config: PretrainedConfig) -> Any:
+    """The transformers auto class for a head kind (a vision-language model's for ``lm`` when
+    the config has a vision tower)."""
     import transformers
 
+    if head == "lm":
+        return causal_lm_class(hf_config)
     name = {
         "lm": "AutoModelForCausalLM",
         "value": "AutoModelForTokenClassification",
@@ -125,7 +129,7 @@ def build_empty_model(cfg: FSDPEngineConfig, hf_config: PretrainedConfig) -> nn.
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
     with init_empty_weights(include_buffers=False):
-        model = model_class(cfg.head).from_config(hf_config, **kwargs)
+        model = model_class(cfg.head, hf_config).from_config(hf_config, **kwargs)
     # init_empty_weights re-creates each parameter on meta, which unties shared ones.
     model.tie_weights()
     if cfg.disable_dropout:

@@ -39,7 +39,9 @@ from hf_core.engines import (
     special_tokens,
 )
 from hf_core.engines.dtypes import rollout_dtype
+from hf_core.engines.model_classes import causal_lm_class, checkpoint_names
 from hf_core.engines.streaming import ChunkedStream, TokenStream
+from hf_core.multimodal import MULTI_MODAL_KEY, ImageFeatures, has_images
 from hf_fsdp.config import HFRolloutConfig, parse_config
 from hf_fsdp.cpu_host import pooling_chosen
 from hf_fsdp.cpu_host_rollout import HostGeneration
@@ -47,6 +49,7 @@ from hf_fsdp.decoder import (
     DecodeSession,
     LlamaFamilyDecoder,
     TransformersSession,
+    VisionLanguageSession,
     lean_decoder_unsupported,
 )
 from hf_fsdp.export import persistent_buffers
@@ -71,10 +74,11 @@ def _own_storage(model: torch.nn.Module) -> None:
 
 
 class HFRolloutEngine(RolloutEngine):
-    """A ``AutoModelForCausalLM`` per rank, decoding left-padded prompts in batches."""
+    """A causal LM per rank (a vision-language one included), decoding left-padded prompts in
+    batches."""
 
     def __init__(self, config: HFRolloutConfig | dict[str, Any]) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig
 
         self.config = cfg = parse_config(HFRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
@@ -84,7 +88,8 @@ class HFRolloutEngine(RolloutEngine):
         warn_if_emulated_half(self.device, self.compute_dtype, "the HF rollout engine")
         if cfg.attn_implementation:
             kwargs["attn_implementation"] = cfg.attn_implementation
-        self.model = AutoModelForCausalLM.from_pretrained(folder, **kwargs).to(self.device)
+        auto_class = causal_lm_class(AutoConfig.from_pretrained(folder))
+        self.model = auto_class.from_pretrained(folder, **kwargs).to(self.device)
         self.model.eval().requires_grad_(False)
         onednn = self.device.type == "cpu" and cfg.cpu_linear == "onednn"
         if onednn:
@@ -143,8 +148,10 @@ class HFRolloutEngine(RolloutEngine):
     def _index_targets(self) -> None:
         """Name -> tensor that :meth:`load_weights` copies into.  Parameters keep their
         identity through ``model.to``; buffers are replaced, so this runs again after a move."""
-        self._targets = dict(self.model.named_parameters(remove_duplicate=False))
-        self._targets.update(persistent_buffers(self.model))
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets.update(persistent_buffers(self.model))
+        saved = checkpoint_names(self.model, targets)  # canonical names are the checkpoint's
+        self._targets = {saved[name]: tensor for name, tensor in targets.items()}
 
     def _move(self, device: torch.device) -> int:
         """Move the model (on a CPU-only engine: nothing) and say what that moves: weights
@@ -229,7 +236,14 @@ class HFRolloutEngine(RolloutEngine):
         size = self.config.max_batch_size
         size = size // params.n * params.n or size
         pieces = [
-            self._decode(piece["input_ids"], piece["attention_mask"], params, generator, stops)
+            self._decode(
+                piece["input_ids"],
+                piece["attention_mask"],
+                params,
+                generator,
+                stops,
+                list(piece[MULTI_MODAL_KEY]) if has_images(piece) else None,
+            )
             for piece in batch.split(size)
         ]
         responses, log_probs, response_mask = (
@@ -243,7 +257,12 @@ class HFRolloutEngine(RolloutEngine):
         attention_mask: torch.Tensor,
         max_new_tokens: int,
         group: int,
+        features: list[ImageFeatures] | None = None,
     ) -> DecodeSession:
+        if features is not None:
+            return VisionLanguageSession(
+                self.model, input_ids, attention_mask, max_new_tokens, features
+            )
         if self._lean is not None:
             return self._lean.open(input_ids, attention_mask, max_new_tokens, group)
         return TransformersSession(self.model, input_ids, attention_mask, max_new_tokens)
@@ -256,10 +275,13 @@ class HFRolloutEngine(RolloutEngine):
         params: SamplingParams,
         generator: torch.Generator,
         stops: list[int],
+        features: list[ImageFeatures] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``features``: the rows' images (a vision-language model's prompts)."""
         ids = input_ids.to(self.device)
         new_tokens = params.max_new_tokens
-        session = self._session(ids, attention_mask.to(self.device), new_tokens, params.n)
+        mask = attention_mask.to(self.device)
+        session = self._session(ids, mask, new_tokens, params.n, features)
         logits = session.prefill()
         steps = ResponseSteps(ids.shape[0], stops, self.pad_token_id, self.device)
         # On an accelerator "all rows stopped?" is a host sync: ask every few steps only.

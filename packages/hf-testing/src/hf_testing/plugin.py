@@ -1,9 +1,10 @@
 """The pytest plugin every HybridFlow test suite gets (entry point ``pytest11: hf_testing``).
 
-It registers the ``gpu`` marker and provides two session fixtures a conftest may override:
-``ray_cluster`` (one private local Ray instance) and ``models`` (the standard tiny model
-folders).  Imports stay inside the fixtures: the plugin loads in every pytest run of a venv
-that has hf-testing, and must not start Ray or import transformers there.
+It registers the ``gpu`` marker and provides session fixtures a conftest may override:
+``ray_cluster`` (one private local Ray instance), ``models`` (the standard tiny model
+folders) and ``vlm`` (a tiny vision-language model and its task).  Imports stay inside the
+fixtures: the plugin loads in every pytest run of a venv that has hf-testing, and must not
+start Ray or import transformers there.
 """
 
 from __future__ import annotations
@@ -35,3 +36,18 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from hf_testing.tiny import STANDARD_MODELS, build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("models"), STANDARD_MODELS)
+
+
+@pytest.fixture(scope="session")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny Qwen2-VL folder and the count-the-squares task, built once per session:
+    ``{"model": folder, "train": jsonl}`` (:mod:`hf_testing.tiny_vlm`,
+    :mod:`hf_testing.visual_task`)."""
+    from hf_testing.tiny_vlm import build_tiny_vlm
+    from hf_testing.visual_task import write_count_task
+
+    root = tmp_path_factory.mktemp("vlm")
+    return {
+        "model": build_tiny_vlm(root / "model"),
+        "train": write_count_task(root / "data", n=32, seed=0),
+    }

@@ -20,6 +20,14 @@ Collation left-pads to the longest prompt of the batch and gives tensors ``input
 non-tensors ``raw_prompt`` (the record's prompt value as read), ``ground_truth`` (``None`` when a
 record has none), ``sample_index`` (the record's 0-based position across the input files) and
 each extra field (``None`` where a record lacks it).
+
+Images (vision-language models): given a :class:`~hf_core.multimodal.VisionProcessor`, a
+record's ``image_key`` field (one image or a list: paths relative to the data file, bytes,
+data URLs, ``{bytes, path}`` mappings) is decoded and checked when the dataset is built, each
+``<image>`` of the prompt becomes the model's image tokens, expanded to the image's size, and
+collation adds the non-tensors ``multi_modal_inputs`` (pixel patches and grid sizes per
+sample) and ``images`` (the decoded images).  Every image problem is a
+:class:`~hf_core.errors.DataError` naming the record.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,12 +45,21 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.data.io import DataError, RecordLocation, read_records
+from hf_core.multimodal import IMAGES_KEY, MULTI_MODAL_KEY, VisionProcessor
 
 logger = logging.getLogger("hf_core.data")
 
 #: Batch keys the dataset writes itself; a record field with one of these names is an error.
 RESERVED_KEYS = frozenset(
-    {"input_ids", "attention_mask", "position_ids", "raw_prompt", "ground_truth", "sample_index"}
+    {
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "raw_prompt",
+        "ground_truth",
+        "sample_index",
+        MULTI_MODAL_KEY,
+    }
 )
 _MISSING = object()
 _TOKENIZE_CHUNK = 1024
@@ -56,6 +74,12 @@ class PromptItem:
     ground_truth: Any
     sample_index: int
     extras: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Any, ...] = ()
+    """The record's image values as read (decoded again at collation, so a dataset of
+    images does not hold every decoded image in memory)."""
+    image_base: Path | None = None
+    """The folder relative image paths resolve against (the data file's)."""
+    where: str = ""
 
 
 def _lookup(record: Mapping[str, Any], key: str) -> Any:
@@ -99,6 +123,9 @@ class PromptDataset:
         chat_template: ``True`` renders prompts with the tokenizer's chat template, ``False``
             tokenises the raw string, ``None`` uses the template when the tokenizer has one.
         locations: where each record came from (for error messages); set by :meth:`from_files`.
+        vision: the vision-language model's processor; records' ``image_key`` images are
+            loaded, checked and expanded into image tokens (see the module doc).
+        image_key: the field holding a record's image or list of images.
     """
 
     def __init__(
@@ -113,6 +140,8 @@ class PromptDataset:
         chat_template: bool | None = None,
         locations: Sequence[RecordLocation] | None = None,
         name: str = "<records>",
+        vision: VisionProcessor | None = None,
+        image_key: str = "images",
     ) -> None:
         if max_prompt_length is not None and max_prompt_length < 1:
             raise DataError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
@@ -130,11 +159,12 @@ class PromptDataset:
         elif chat_template and not has_template:
             raise DataError(f"{name}: chat_template=True but the tokenizer has no chat template")
         self.chat_template = chat_template
+        self.vision = vision
 
         def where(i: int) -> str:
             return str(locations[i]) if locations is not None else f"{name}: record {i}"
 
-        skip = {prompt_key, prompt_key.split(".")[0], ground_truth_key}
+        skip = {prompt_key, prompt_key.split(".")[0], ground_truth_key, image_key}
         if extra_keys is None:
             keys: list[str] = []
             for record in records:
@@ -149,7 +179,7 @@ class PromptDataset:
             )
         self.extra_keys = keys
 
-        prompts, ground_truths, extras = [], [], []
+        prompts, ground_truths, extras, images = [], [], [], []
         for i, record in enumerate(records):
             if not isinstance(record, Mapping):
                 raise DataError(f"{where(i)}: expected a mapping, got {type(record).__name__}")
@@ -178,6 +208,7 @@ class PromptDataset:
             prompts.append(prompt)
             ground_truths.append(None if truth is _MISSING else truth)
             extras.append({k: record.get(k) for k in keys})
+            images.append(self._images(record, image_key, where(i)))
 
         token_ids = self._tokenize(prompts)
         self.num_records = len(prompts)
@@ -186,10 +217,18 @@ class PromptDataset:
         for i, ids in enumerate(token_ids):
             if not ids:
                 raise DataError(f"{where(i)}: prompt {prompt_key!r} tokenises to no tokens")
+            base = locations[i].path.parent if locations is not None else None
+            if vision is not None:
+                decoded = vision.load(images[i], where(i), base)
+                ids = vision.expand(ids, vision.encode(decoded, where(i)), where(i))
             if max_prompt_length is not None and len(ids) > max_prompt_length:
                 longest_dropped = max(longest_dropped, len(ids))
                 continue
-            self.items.append(PromptItem(ids, prompts[i], ground_truths[i], i, extras[i]))
+            self.items.append(
+                PromptItem(
+                    ids, prompts[i], ground_truths[i], i, extras[i], images[i], base, where(i)
+                )
+            )
         self.num_filtered = self.num_records - len(self.items)
         if self.num_filtered:
             logger.warning(
@@ -231,6 +270,18 @@ class PromptDataset:
             name = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} more)"
         return cls(records, tokenizer, locations=locations, name=name, **kwargs)
 
+    def _images(self, record: Mapping[str, Any], key: str, where: str) -> tuple[Any, ...]:
+        value = _lookup(record, key)
+        if value is _MISSING or value is None:
+            return ()
+        values = tuple(value) if isinstance(value, list | tuple) else (value,)
+        if values and self.vision is None:
+            raise DataError(
+                f"{where}: the record has images ({key!r}) but the model is not a "
+                "vision-language model"
+            )
+        return values
+
     @staticmethod
     def _pad_id(tokenizer: Any) -> int:
         for attr in ("pad_token_id", "eos_token_id"):
@@ -249,10 +300,15 @@ class PromptDataset:
         out: list[list[int]] = []
         for start in range(0, len(prompts), _TOKENIZE_CHUNK):
             chunk = prompts[start : start + _TOKENIZE_CHUNK]
+            vision = self.vision
             if self.chat_template:
                 texts = [self._render(p) for p in chunk]
+                if vision is not None:
+                    texts = [vision.render(text) for text in texts]
                 encoded = self.tokenizer(texts, add_special_tokens=False)
             else:
+                if vision is not None:
+                    chunk = [vision.render(text) for text in chunk]
                 encoded = self.tokenizer(chunk)
             out += [list(ids) for ids in encoded["input_ids"]]
         return out
@@ -295,6 +351,14 @@ class PromptDataset:
         }
         for key in self.extra_keys:
             non_tensors[key] = _object_array([item.extras.get(key) for item in items])
+        if self.vision is not None:
+            decoded = [self.vision.load(item.images, item.where, item.image_base) for item in items]
+            features = [
+                self.vision.encode(images, item.where)
+                for images, item in zip(decoded, items, strict=True)
+            ]
+            non_tensors[MULTI_MODAL_KEY] = _object_array(features)
+            non_tensors[IMAGES_KEY] = _object_array(decoded)
         return Batch(
             {
                 "input_ids": input_ids,

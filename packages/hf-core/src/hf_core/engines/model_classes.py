@@ -1,0 +1,47 @@
+"""Which transformers class loads a causal-LM folder, and the names its parameters are saved
+under.
+
+A vision-language model (a config with ``vision_config``, e.g. Qwen2-VL) is a causal LM with
+a vision tower, but transformers registers it under ``AutoModelForImageTextToText``, not
+``AutoModelForCausalLM``.  Its module tree also differs from its checkpoint: transformers
+renames ``model.layers.*`` to ``model.language_model.layers.*`` (and ``visual.*`` to
+``model.visual.*``) when it loads, and back when it saves.  The canonical names every backend
+exchanges are the checkpoint's (what vLLM and SGLang load), so engines translate with
+:func:`checkpoint_names`, which asks transformers' own save-time reversal instead of copying
+its renaming rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hf_core.multimodal import is_vision_model
+
+
+def causal_lm_class(config: Any) -> Any:
+    """The transformers auto class that builds a causal LM from ``config``."""
+    import transformers
+
+    if is_vision_model(config):
+        return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
+
+
+def checkpoint_names(model: Any, names: Iterable[str]) -> dict[str, str]:
+    """``{module name: checkpoint name}`` for ``names`` (parameter names of ``model``).
+
+    Identity for models transformers loads without renaming (Llama, Qwen2, ...).  A name the
+    reversal does not map one-to-one (a fused or split tensor) keeps its module name.
+    """
+    names = list(names)
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers < 5 loads checkpoints without renaming
+        return {name: name for name in names}
+    sentinels = {name: torch.empty(0) for name in names}
+    reverted = revert_weight_conversion(model, dict(sentinels))
+    by_tensor = {id(tensor): saved for saved, tensor in reverted.items()}
+    return {name: by_tensor.get(id(tensor), name) for name, tensor in sentinels.items()}

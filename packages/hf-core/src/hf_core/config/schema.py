@@ -110,6 +110,18 @@ class DataConfig(_Strict):
     val_batch_size: int = Field(32, ge=1)
     shuffle: bool = True
     num_epochs: int = Field(1000, ge=1, description="passes over the data (steps stop first)")
+    image_key: str = Field(
+        "images",
+        description="vision-language models: the record field with its image(s) (paths "
+        "relative to the data file, bytes, data URLs); prompts mark each with <image>",
+    )
+    max_image_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="vision-language models: the most image tokens one image may take (a "
+        "larger image is an error naming its record); None: the model's "
+        "max_position_embeddings",
+    )
 
 
 class KLConfig(_Strict):

@@ -167,7 +167,12 @@ def preset(name: str) -> ModelSpec:
 
 
 def from_hf_config(config: Mapping[str, Any], name: str = "model") -> ModelSpec:
-    """Build a spec from HuggingFace config fields; missing required keys are named."""
+    """Build a spec from HuggingFace config fields; missing required keys are named.  A
+    vision-language config's language model sits under ``text_config`` (its vision tower,
+    a few percent of the parameters, is not counted)."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        config = {**config, **text}
     required = (
         "hidden_size",
         "intermediate_size",

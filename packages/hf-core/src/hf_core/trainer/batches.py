@@ -10,14 +10,16 @@ import torch
 from hf_core.batch import Batch
 from hf_core.config import RolloutConfig, TrainerConfig
 from hf_core.engines import SamplingParams
+from hf_core.multimodal import IMAGES_KEY, MULTI_MODAL_KEY
 
 PROMPT_TENSORS = ("input_ids", "attention_mask")
 
 
 def generation_input(prompts: Batch, config: TrainerConfig) -> Batch:
-    """What a rollout engine gets of a prompt batch: its tokens, plus the dataset fields when
-    an agent function runs (``agent.function`` receives them as its ``sample``)."""
+    """What a rollout engine gets of a prompt batch: its tokens and images, plus the dataset
+    fields when an agent function runs (``agent.function`` receives them as its ``sample``)."""
     fields = list(prompts.non_tensors) if config.agent and config.agent.function else []
+    fields += [k for k in (MULTI_MODAL_KEY, IMAGES_KEY) if k in prompts and k not in fields]
     return prompts.select(*PROMPT_TENSORS, *fields)
 
 
@@ -129,6 +131,7 @@ def sft_batch(prompts: Batch, tokenizer: Any, target_key: str = "ground_truth") 
         response_mask[i, : len(ids)] = torch.tensor(mask)
         real[i, : len(ids)] = 1
     attention = torch.cat([prompts["attention_mask"], real], dim=1)
+    images = {k: prompts[k] for k in (MULTI_MODAL_KEY,) if k in prompts}
     return Batch(
         {
             "prompts": prompts["input_ids"],
@@ -137,7 +140,8 @@ def sft_batch(prompts: Batch, tokenizer: Any, target_key: str = "ground_truth") 
             "input_ids": torch.cat([prompts["input_ids"], responses], dim=1),
             "attention_mask": attention,
             "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
-        }
+        },
+        images,
     )
 
 

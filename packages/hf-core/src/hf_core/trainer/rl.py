@@ -48,7 +48,9 @@ from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, token_ids
+from hf_core.engines.hf_folder import read_model_config
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
+from hf_core.multimodal import VisionProcessor, is_vision_model
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
 from hf_core.roles import JUDGE_KEYS
@@ -125,7 +127,12 @@ class RLTrainer:
             ground_truth_key=data.ground_truth_key,
             max_prompt_length=data.max_prompt_length,
             chat_template=data.chat_template,
+            image_key=data.image_key,
         )
+        if is_vision_model(read_model_config(Path(config.model.path), key="model.path")):
+            dataset_kwargs["vision"] = VisionProcessor(
+                config.model.path, self.tokenizer, data.max_image_tokens
+            )
         self.train_set = PromptDataset.from_files(
             [str(p) for p in data.train_files], self.tokenizer, **dataset_kwargs
         )

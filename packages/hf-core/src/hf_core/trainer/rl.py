@@ -50,7 +50,7 @@ from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, token_ids
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
-from hf_core.multimodal import VisionProcessor, is_vision_model
+from hf_core.multimodal import MULTI_MODAL_KEY, VisionProcessor, is_vision_model
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
 from hf_core.roles import JUDGE_KEYS
@@ -75,6 +75,12 @@ from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
 log = logging.getLogger(__name__)
 
 ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+def model_keys(batch: Batch) -> list[str]:
+    """What a model forward needs of a batch: :data:`ACTOR_KEYS`, and a vision-language
+    model's image features when the batch has them."""
+    return [*ACTOR_KEYS, *((MULTI_MODAL_KEY,) if MULTI_MODAL_KEY in batch else ())]
 
 
 def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
@@ -378,7 +384,7 @@ class RLTrainer:
             metrics.update(filled.metrics)
             metrics.update(self.rollouts.take_metrics())
         batch.meta.update(step=self.step, temperature=cfg.rollout.temperature or 1.0)
-        model_input = batch.select(*ACTOR_KEYS)
+        model_input = batch.select(*model_keys(batch))
         model_input.meta.update(batch.meta)
 
         with Timer("prepare", metrics):
@@ -447,7 +453,7 @@ class RLTrainer:
 
         if roles.critic is not None:
             with Timer("update_critic", metrics):
-                update = batch.select(*ACTOR_KEYS, "returns")
+                update = batch.select(*model_keys(batch), "returns")
                 update["old_values"] = batch["values"]
                 update.meta.update(batch.meta)
                 metrics.update(_rank_zero_metrics(roles.critic.update_critic(update), "critic"))
@@ -455,7 +461,7 @@ class RLTrainer:
             # Without a recompute the update's own forward is the behaviour policy (ratio 1)
             # and reports the rollout engine's mismatch from that same forward.
             # The rollout log-probs also weight the loss when samples may be off-policy.
-            keys = [*ACTOR_KEYS, "rollout_log_probs", "advantages"]
+            keys = [*model_keys(batch), "rollout_log_probs", "advantages"]
             if "old_log_probs" in batch:
                 keys.append("old_log_probs")
             if algo.kl.mode == "in_loss":
@@ -545,7 +551,7 @@ class RLTrainer:
         """What the reward role reads: the actor's tensors, plus prompt and ground truth for a
         judge."""
         judge_keys = JUDGE_KEYS if self.config.reward.judge is not None else ()
-        return batch.select(*ACTOR_KEYS, *(k for k in judge_keys if k in batch))
+        return batch.select(*model_keys(batch), *(k for k in judge_keys if k in batch))
 
     def _rule_scores(self, batch: Batch, fn: RuleReward | None) -> torch.Tensor | None:
         return None if fn is None else fn(batch).float()

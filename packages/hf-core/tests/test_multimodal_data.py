@@ -123,3 +123,82 @@ def test_a_missing_image_file_names_its_record(tmp_path: Path, model: Path, toke
     path = _write(tmp_path, [{"prompt": "<image>count:", "images": ["nowhere.png"]}])
     with pytest.raises(DataError, match=r"record 0 .*image 0: image file .*nowhere.png"):
         _dataset(path, model, tokenizer)
+
+
+# ------------------------------------------------------------------ data prepare vlm
+
+
+def _geometry_rows(folder: Path, parquet: bool = False) -> list[dict]:
+    """geometry3k-style rows: a question with <image>, an answer, images as a relative path,
+    and as a data URL (JSONL) or Parquet's {bytes, path} mapping."""
+    import base64
+    import io
+    import random
+
+    png = io.BytesIO()
+    draw_squares(3, 2, 2, random.Random(1)).save(png, format="PNG")
+    data = png.getvalue()
+    inline = (
+        {"bytes": data, "path": None}
+        if parquet
+        else "data:image/png;base64," + base64.b64encode(data).decode()
+    )
+    path: str | dict = _image(folder, "a.png", 2, 2)
+    if parquet:  # one column type: every image a {bytes, path} struct
+        path = {"bytes": None, "path": path}
+    return [
+        {"problem": "<image>Find x.", "answer": "3", "images": [path]},
+        {"problem": "<image>Find y.", "answer": "5", "images": [inline]},
+    ]
+
+
+@pytest.mark.parametrize("parquet", [False, True], ids=["jsonl", "parquet"])
+def test_prepare_vlm_writes_images_the_trainer_reads(
+    tmp_path: Path, model: Path, tokenizer, parquet: bool
+) -> None:
+    from hf_core.cli import main
+
+    rows = _geometry_rows(tmp_path, parquet)
+    if parquet:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        source = tmp_path / "data.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), source)
+    else:
+        source = _write(tmp_path, rows)
+    out = tmp_path / "out"
+    argv = ["data", "prepare", "vlm", "--input", str(source), "--output", str(out)]
+    assert main([*argv, "--prompt-key", "problem", "--tokenizer", str(model)]) == 0
+    records = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    assert [r["ground_truth"] for r in records] == ["3", "5"]
+    assert all(len(r["images"]) == 1 and (out / r["images"][0]).is_file() for r in records)
+    batch = _dataset(out / "data.jsonl", model, tokenizer).collate([0, 1])
+    assert [f.image_grid_thw.tolist() for f in batch[MULTI_MODAL_KEY]] == [[[1, 4, 4]], [[1, 4, 6]]]
+
+
+@pytest.mark.parametrize("bad", ["corrupt", "too_large", "no_image"])
+def test_prepare_vlm_bad_rows_exit_2_naming_the_row(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    from hf_core.cli import main
+
+    rows = _geometry_rows(tmp_path)
+    if bad == "corrupt":
+        (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+        rows[1]["images"] = ["broken.png"]
+        expected = "row 1 (line 2): image 0: the image cannot be decoded"
+    elif bad == "too_large":
+        rows[1]["images"] = [_image(tmp_path, "big.png", 4, 3)]  # 12 image tokens
+        expected = "row 1 (line 2): image 0 (112x84 pixels, grid 1x6x8) needs 12 image tokens"
+    else:
+        del rows[1]["images"]
+        expected = "row 1 (line 2): the question has 1 image placeholder(s)"
+    source = _write(tmp_path, rows)
+    out = tmp_path / "out"
+    argv = ["data", "prepare", "vlm", "--input", str(source), "--output", str(out)]
+    argv += ["--prompt-key", "problem", "--tokenizer", str(model), "--max-image-tokens", "8"]
+    assert main(argv) == 2
+    message = " ".join(capsys.readouterr().err.split())
+    assert f"{source}: {expected}" in message, message
+    assert not out.exists()  # nothing written

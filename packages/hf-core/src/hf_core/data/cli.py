@@ -31,7 +31,8 @@ def add_data_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     actions = data.add_subparsers(dest="data_command", required=True)
     parser = actions.add_parser(
         "prepare",
-        help="convert GSM8K / MATH / a saved datasets dataset / JSONL-Parquet columns",
+        help="convert GSM8K / MATH / a saved datasets dataset / JSONL-Parquet columns / "
+        "image+question+answer rows (vlm)",
         description=(
             "Write <output>/<name>.jsonl (prompt, ground_truth) for each input, plus "
             f"{REPORT_FILE} (rows kept and dropped, and why) and {PREVIEW_FILE}.  Default "
@@ -73,6 +74,15 @@ def add_data_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help="a local tokenizer folder: the preview renders prompts with its chat template",
     )
     parser.add_argument("--preview-rows", type=int, default=3, help="rows per output to preview")
+    parser.add_argument(
+        "--image-key", default="images", help="vlm: the column with a row's image(s) (images)"
+    )
+    parser.add_argument(
+        "--max-image-tokens",
+        type=int,
+        help="vlm with a vision-language --tokenizer folder: the most image tokens one image "
+        "may take (default: the model's max_position_embeddings)",
+    )
     parser.set_defaults(handler=run_prepare)
     return parser
 
@@ -90,6 +100,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         extract=args.extract,
         tokenizer=args.tokenizer,
         preview_rows=args.preview_rows,
+        image_key=args.image_key,
+        max_image_tokens=args.max_image_tokens,
     )
     reports = prepare(options)
     table = Table(title=f"hybridflow data prepare {args.format}")

@@ -10,6 +10,11 @@ Formats (``fmt``):
   read as one JSON object per ``*.json`` file under it, in sorted path order); the ground truth
   is the content of the solution's last ``\\boxed{...}`` (or ``\\fbox{...}``).  ``level`` and
   ``type`` are kept.
+* ``vlm``: image + question + answer rows (geometry3k-style JSONL / JSON / Parquet): named
+  columns as for ``jsonl`` plus ``image_key`` (one image or a
+  list); each image is decoded and checked, written under ``<output>/images/`` and listed in
+  the record's ``images`` (:mod:`hf_core.data.prepare_images`).  The question marks each
+  image with ``<image>``.
 * ``hf``: a ``datasets`` dataset saved with ``save_to_disk`` (a ``DatasetDict`` gives one output
   per split); ``jsonl``: JSONL / JSON / Parquet files.  Both take named columns
   (``prompt_key`` / ``answer_key``) and an ``extract`` rule for the answer (``none``, ``gsm8k``,
@@ -43,11 +48,14 @@ from typing import Any, Literal
 from hf_core.atomic import replaced_atomically
 from hf_core.data.answers import gsm8k_final_answer, last_boxed
 from hf_core.data.io import read_records, write_jsonl
+from hf_core.data.prepare_images import DECODED, check_images, row_images, write_images
+from hf_core.engines.hf_folder import read_model_config
 from hf_core.errors import DataError
+from hf_core.multimodal import VisionProcessor, is_vision_model
 
-Format = Literal["gsm8k", "math", "hf", "jsonl"]
+Format = Literal["gsm8k", "math", "hf", "jsonl", "vlm"]
 Extract = Literal["none", "gsm8k", "boxed"]
-FORMATS: tuple[str, ...] = ("gsm8k", "math", "hf", "jsonl")
+FORMATS: tuple[str, ...] = ("gsm8k", "math", "hf", "jsonl", "vlm")
 EXTRACTS: tuple[str, ...] = ("none", "gsm8k", "boxed")
 
 #: ``{question}`` is replaced by the row's question (no other braces are interpreted, so LaTeX
@@ -59,6 +67,7 @@ DEFAULT_TEMPLATES: dict[str, str] = {
     "math": "{question}\nLet's think step by step and put the final answer in \\boxed{}.",
     "hf": "{question}",
     "jsonl": "{question}",
+    "vlm": "{question}",
 }
 #: (question column, answer column, answer extraction) of the fixed formats.
 _FORMAT_COLUMNS: dict[str, tuple[str, str, Extract]] = {
@@ -86,6 +95,8 @@ class PrepareOptions:
     extract: Extract = "none"
     tokenizer: Path | None = None
     preview_rows: int = 3
+    image_key: str = "images"
+    max_image_tokens: int | None = None
 
 
 @dataclass
@@ -116,6 +127,8 @@ class _Row:
     values: Any
     where: str
     index: int
+    base: Path | None = None
+    """The folder a relative image path resolves against (the input file's)."""
 
 
 # ----------------------------------------------------------------- answers
@@ -161,7 +174,8 @@ def _is_single_object(path: Path) -> bool:
 def _read_files(path: Path) -> Iterator[_Row]:
     for values, location in read_records(path):
         line = f" (line {location.line})" if location.line is not None else ""
-        yield _Row(values, f"{location.path}: row {location.record}{line}", location.record)
+        where = f"{location.path}: row {location.record}{line}"
+        yield _Row(values, where, location.record, Path(location.path).parent)
 
 
 def _load_hf(path: Path) -> list[tuple[str, Any]]:
@@ -241,7 +255,7 @@ def _prompt(question: str, options: PrepareOptions, template: str) -> Any:
 
 
 def convert_row(
-    row: _Row, options: PrepareOptions, template: str
+    row: _Row, options: PrepareOptions, template: str, vision: VisionProcessor | None = None
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The output record of ``row``, or ``(None, reason)`` when the row is dropped."""
     question_key, answer_key, rule = _columns(options)
@@ -265,6 +279,9 @@ def convert_row(
     }
     if options.fmt == "math":
         record.update({k: row.values[k] for k in _MATH_EXTRAS if k in row.values})
+    if options.fmt == "vlm":
+        images = row_images(row.values, options.image_key)
+        record[DECODED] = check_images(question, images, row.where, row.base, vision)
     return record, None
 
 
@@ -289,6 +306,7 @@ def prepare(options: PrepareOptions) -> list[SplitReport]:
         raise DataError("no input files given")
     template = _template(options)
     tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    vision = _vision(options, tokenizer)
     outputs: dict[str, tuple[SplitReport, list[dict[str, Any]]]] = {}
     for name, source, rows in _sources(options):
         if name in outputs:
@@ -299,7 +317,7 @@ def prepare(options: PrepareOptions) -> list[SplitReport]:
         report = SplitReport(source, str(options.output / f"{name}.jsonl"))
         records: list[dict[str, Any]] = []
         for row in rows:
-            record, reason = convert_row(row, options, template)
+            record, reason = convert_row(row, options, template, vision)
             if record is None:
                 assert reason is not None
                 report.dropped[reason] += 1
@@ -311,7 +329,8 @@ def prepare(options: PrepareOptions) -> list[SplitReport]:
         if not records:
             raise DataError(f"{source}: no usable rows ({_reasons(report)})")
         outputs[name] = (report, records)
-    for report, records in outputs.values():
+    for name, (report, records) in outputs.items():
+        write_images(options.output, name, records)
         write_jsonl(records, report.output)
     reports = [report for report, _ in outputs.values()]
     _write_report(options, reports)
@@ -332,6 +351,17 @@ def _write_report(options: PrepareOptions, reports: list[SplitReport]) -> None:
         "outputs": [r.as_dict() for r in reports],
     }
     _write_text(options.output / REPORT_FILE, json.dumps(body, indent=2, ensure_ascii=False))
+
+
+def _vision(options: PrepareOptions, tokenizer: Any) -> VisionProcessor | None:
+    """The image checks of a vision-language ``--tokenizer`` folder (``vlm`` format only)."""
+    if options.fmt != "vlm" or options.tokenizer is None:
+        return None
+    if not (options.tokenizer / "config.json").is_file():
+        return None
+    if not is_vision_model(read_model_config(options.tokenizer, key="--tokenizer")):
+        return None
+    return VisionProcessor(options.tokenizer, tokenizer, options.max_image_tokens)
 
 
 def _load_tokenizer(path: Path) -> Any:

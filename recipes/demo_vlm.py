@@ -6,7 +6,9 @@ Builds the model (random weights, locally trained tokenizer, Qwen2-VL image proc
 the task (images of 1-4 squares on grids of 2-4 x 2-3 cells, ``<image>count:`` prompts)
 under ``run.output_dir/assets``, warm-starts the policy with a short supervised phase
 (sft.steps), then runs ``recipes/vlm_grpo.yaml``.  The summary compares the mean reward of
-the first and last 10% of RL steps; the demo passes at +0.2.
+the first and last 10% of RL steps.  The demo passes at +0.2, and only if the last steps also
+beat guessing (:data:`CHANCE`) by :data:`ABOVE_CHANCE`: a policy that learns the answer format
+but not to look at the image gains too, and must not pass.
 """
 
 from __future__ import annotations
@@ -22,14 +24,21 @@ from hf_testing.visual_task import write_count_task
 
 RECIPE = Path(__file__).with_name("vlm_grpo.yaml")
 REQUIRED_GAIN = 0.2
+CHANCE = 0.25
+"""The reward of a policy that ignores the image: 1-4 squares, uniformly."""
+ABOVE_CHANCE = 0.1
 DEMO_SETTINGS = [
     "run.name=demo-vlm",
     "run.total_steps=150",
     "run.val_every=25",
     "data.batch_size=16",
-    "sft.steps=60",
+    "actor.engine.lr=2e-4",
+    "sft.steps=20",
     "sft.batch_size=32",
 ]
+"""A short warm start (the answer format, a first look at the images) and a learning rate
+at which GRPO does not collapse the policy onto one answer: 60 warm-start steps at 1e-3 left
+too little entropy, and the reward fell from 0.55 to 0.39 as it collapsed."""
 
 
 def build_assets(folder: Path) -> list[str]:
@@ -50,9 +59,14 @@ def main(argv: list[str]) -> int:
     if learning is None:
         print("no reward was logged")
         return 1
-    verdict = "learned" if learning.delta >= REQUIRED_GAIN else "did not learn enough"
-    print(f"demo_vlm: {learning} -> {verdict} (needs +{REQUIRED_GAIN}); plot: {summary.plot_path}")
-    return 0 if learning.delta >= REQUIRED_GAIN else 1
+    looks = learning.last >= CHANCE + ABOVE_CHANCE
+    learned = learning.delta >= REQUIRED_GAIN and looks
+    verdict = "learned" if learned else "did not learn enough"
+    print(
+        f"demo_vlm: {learning}; guessing scores {CHANCE} -> {verdict} (needs +{REQUIRED_GAIN} "
+        f"and {CHANCE + ABOVE_CHANCE:.2f} at the end); plot: {summary.plot_path}"
+    )
+    return 0 if learned else 1
 
 
 if __name__ == "__main__":

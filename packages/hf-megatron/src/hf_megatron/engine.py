@@ -48,6 +48,7 @@ from hf_core.engines import (
     combine_metric_rows,
     save_hf_folder,
 )
+from hf_core.engines.model_classes import refuse_vision_model
 from hf_core.protocols import WorkerMesh
 from hf_core.resharding import (
     GenerationLayout,
@@ -94,6 +95,11 @@ class MegatronEngine(TrainingEngine):
     def __init__(self, config: MegatronEngineConfig | dict[str, Any]) -> None:
         self.config = cfg = parse_config(MegatronEngineConfig, config)
         self.folder = check_model_folder(cfg.model_path)
+        refuse_vision_model(
+            self.folder,
+            "megatron training",
+            "its weight mapping covers text decoders only; use backend fsdp",
+        )
         self.device = resolve_device(cfg.device)
         self.on_gpu = self.device.type == "cuda"
         ensure_process_group(self.device)

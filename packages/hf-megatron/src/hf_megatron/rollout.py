@@ -32,6 +32,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.decoding import ResponseSteps, expand_prompts
 from hf_core.engines.hf_folder import check_model_folder, special_tokens
+from hf_core.engines.model_classes import refuse_vision_model
 from hf_core.engines.rollout import assemble_rollout
 from hf_core.resharding import GenerationLayout, ReshardPlan
 from hf_megatron import _cpu_compat as cpu_compat
@@ -75,6 +76,11 @@ class MegatronRolloutEngine(RolloutEngine):
     ) -> None:
         self.config = cfg = parse_config(MegatronRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
+        refuse_vision_model(
+            folder,
+            "megatron rollout",
+            "its weight mapping covers text decoders only; use rollout.backend=transformers",
+        )
         self.device = resolve_device(cfg.device)
         ensure_process_group(self.device)
         rank, world = dist.get_rank(), dist.get_world_size()

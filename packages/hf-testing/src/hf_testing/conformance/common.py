@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import pytest
 
 from hf_core.config import EngineConfigError
+from hf_core.engines.capabilities import Closeable
 from hf_testing.conformance.capabilities import capability_report
 from hf_testing.tiny import QWEN2_TIED
 
@@ -79,6 +80,17 @@ class EngineConformance:
         with pytest.raises(EngineConfigError) as info:
             self.make_engine(conformance_model, **{self.misspelt_key: 2})
         assert self.misspelt_key in str(info.value)
+
+    def test_a_vision_language_model_runs_or_is_refused_by_name(self, vlm: dict[str, Path]) -> None:
+        """An engine builds a vision-language model (docs/vlm.md) or refuses it before its
+        library starts, with an error naming the model and what to use instead."""
+        try:
+            engine = self.make_engine(vlm["model"])
+        except EngineConfigError as e:
+            assert "vision-language model" in str(e) and "use " in str(e), str(e)
+            return
+        if isinstance(engine, Closeable):
+            engine.close()
 
     def check_declared_capabilities(self, engine: Any) -> None:
         """The engine has exactly the declared protocols, whole and callable as core calls."""

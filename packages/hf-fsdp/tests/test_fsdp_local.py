@@ -171,6 +171,7 @@ def test_shared_prefix_forward_computes_each_prompt_once_with_the_same_results(
                 "model_path": str(models[name]),
                 "lr": 1e-2,
                 "shared_prefix": packed,
+                "sequence_packing": False,  # the unpacked side: plain padded rows
                 "attn_implementation": attention,
             }
         )
@@ -190,11 +191,68 @@ def test_shared_prefix_forward_computes_each_prompt_once_with_the_same_results(
     assert sum(tokens[True]) < 0.8 * sum(tokens[False]), tokens
 
     critics = [
-        FSDPEngine({"model_path": str(models["value"]), "head": "value", "shared_prefix": packed})
+        FSDPEngine(
+            {
+                "model_path": str(models["value"]),
+                "head": "value",
+                "shared_prefix": packed,
+                "sequence_packing": False,
+            }
+        )
         for packed in (True, False)
     ]
     values = [c.compute_values(batch)["values"] for c in critics]
     assert torch.allclose(values[0], values[1], atol=1e-5)
+
+
+def _gradients_at_step(engine: FSDPEngine) -> dict[str, torch.Tensor]:
+    """The gradients the optimizer is about to apply, captured at each step (a hook)."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def capture(*_args: object) -> None:
+        for name, p in engine.model.named_parameters():
+            if p.grad is not None:
+                grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                captured[name] = grad.detach().clone()
+
+    assert engine.optimizer is not None
+    engine.optimizer.register_step_pre_hook(capture)
+    return captured
+
+
+@pytest.mark.parametrize(("name", "attention"), [("qwen2_tied", "sdpa"), ("llama", "eager")])
+def test_sequence_packing_equals_padded_rows_without_computing_padding(
+    models: dict, name: str, attention: str
+) -> None:
+    """Samples of mixed lengths back to back in one row: the same log-probs, loss and
+    gradients as padded rows, and no padding token computed (the engine's counter)."""
+    batch = rollout_batch(8, 12, 10, VOCAB, seed=6)  # prompts and responses of mixed lengths
+    lengths = batch["attention_mask"].sum(-1)
+    assert int(lengths.max() - lengths.min()) >= 8
+    engines = {
+        packed: FSDPEngine(
+            {
+                "model_path": str(models[name]),
+                "lr": 1e-2,
+                "sequence_packing": packed,
+                "attn_implementation": attention,
+            }
+        )
+        for packed in (True, False)
+    }
+    tokens = {packed: _tokens_through(e) for packed, e in engines.items()}
+    out = {packed: e.compute_log_probs(batch) for packed, e in engines.items()}
+    assert sum(tokens[True]) == int(batch["attention_mask"].sum()) < sum(tokens[False])
+    mask = batch["response_mask"].bool()
+    for key in ("log_probs", "entropy"):
+        assert float((out[True][key] - out[False][key])[mask].abs().max()) < 1e-5, key
+    grads = {packed: _gradients_at_step(e) for packed, e in engines.items()}
+    steps = {packed: e.train_step(batch, policy_loss) for packed, e in engines.items()}
+    assert steps[True]["padding_tokens_sum"] == 0 < steps[False]["padding_tokens_sum"]
+    assert steps[True]["loss"] == pytest.approx(steps[False]["loss"], rel=1e-5, abs=1e-6)
+    assert grads[True].keys() == grads[False].keys() and grads[True]
+    worst = max(float((grads[True][k] - grads[False][k]).abs().max()) for k in grads[True])
+    assert worst < 1e-5, worst
 
 
 def test_train_step_metrics_and_schedule(models: dict) -> None:

@@ -87,6 +87,12 @@ class FSDPEngineConfig(TrainingEngineConfig):
         description="forwards lay out the samples of one prompt as one row, the prompt "
         "computed once (hf_core.engines.shared_prefix), where that costs less than plain rows",
     )
+    sequence_packing: bool = Field(
+        True,
+        description="forwards lay a micro-batch's samples back to back in one row, no padding "
+        "computed (hf_core.engines.sequence_packing), where that costs less than padded rows "
+        "and shared_prefix did not pack it",
+    )
     cpu_linear: CPULinear = "onednn"
     cpu_collectives: Literal["shared_memory", "process_group"] = Field(
         "shared_memory",

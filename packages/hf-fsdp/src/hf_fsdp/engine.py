@@ -316,6 +316,7 @@ class FSDPEngine(TrainingEngine):
                 self.device,
                 logits_budget_bytes=self.config.logits_budget_bytes,
                 shared_prefix=self.config.shared_prefix,
+                sequence_packing=self.config.sequence_packing,
                 **kwargs,
             )
             if i < len(micro):
@@ -456,8 +457,10 @@ class FSDPEngine(TrainingEngine):
         if self._replica_gradients is not None:
             self._replica_gradients.average([p for p in self.model.parameters() if p.requires_grad])
         # each micro-batch's loss is its share of the global loss: they add up on a rank
-        if tokens.rows:  # below 1 where shared_prefix packed prompt groups
-            rows.append({"forward_token_fraction": tokens.fraction})
+        if tokens.rows:  # below 1 where packing saved repeated prompts or padding
+            rows.append(
+                {"forward_token_fraction": tokens.fraction, "padding_tokens_sum": tokens.padding}
+            )
         local = combine_metric_rows(rows, sums=("loss",))
         return combine_metric_rows(all_gather_objects(local))
 
@@ -494,8 +497,9 @@ class FSDPEngine(TrainingEngine):
             rows = self._backward(share, micro, len(micro), meta, loss_fn, tokens, dp_size)
             per_rank.append(combine_metric_rows(rows, sums=("loss",)))
         metrics = combine_metric_rows(per_rank)
-        if tokens.rows:  # below 1 where shared_prefix packed prompt groups
+        if tokens.rows:  # below 1 where packing saved repeated prompts or padding
             metrics["forward_token_fraction"] = tokens.fraction
+            metrics["padding_tokens_sum"] = float(tokens.padding)
         return metrics
 
     def _backward(
@@ -529,6 +533,7 @@ class FSDPEngine(TrainingEngine):
                 temperature,
                 logits_budget_bytes=self.config.logits_budget_bytes,
                 shared_prefix=self.config.shared_prefix,
+                sequence_packing=self.config.sequence_packing,
                 tokens=tokens if real else None,
             )
             loss, metrics = loss_fn(outputs, mb)

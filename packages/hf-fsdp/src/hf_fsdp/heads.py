@@ -34,6 +34,8 @@ from hf_core.algorithms.chunked_head import (
     tied_embedding,
 )
 from hf_core.batch import Batch
+from hf_core.engines.sequence_packing import PACKABLE_ATTENTION as SEQUENCE_PACKABLE
+from hf_core.engines.sequence_packing import pack_sequences, sequence_packing_pays
 from hf_core.engines.shared_prefix import PackedPrefixes, pack_shared_prefixes
 from hf_core.multimodal import (
     MULTI_MODAL_KEY,
@@ -95,10 +97,11 @@ PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
 
 def packed_inputs(
     model: nn.Module, batch: Batch, device: torch.device
-) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, int] | None:
     """The micro-batch with each prompt group packed into one row
-    (:mod:`hf_core.engines.shared_prefix`) and the index of the position that predicts each
-    response token; ``None`` where packing does not apply or pay."""
+    (:mod:`hf_core.engines.shared_prefix`), the index of the position that predicts each
+    response token, and the padding positions it computes; ``None`` where packing does not
+    apply or pay."""
     config = getattr(model, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in PACKABLE_ATTENTION or "responses" not in batch or has_images(batch):
@@ -112,7 +115,34 @@ def packed_inputs(
     )
     if packed is None:
         return None
-    return _as_model_inputs(packed, implementation, model, device), packed.predict_from.to(device)
+    inputs = _as_model_inputs(packed, implementation, model, device)
+    return inputs, packed.predict_from.to(device), packed.padding
+
+
+def sequence_packed_inputs(
+    model: nn.Module, batch: Batch, device: torch.device
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, int] | None:
+    """The micro-batch as one row of its real tokens (:mod:`hf_core.engines.sequence_packing`)
+    and the index of the position that predicts each response token; ``None`` where packing
+    does not apply (images, prompt-only batches, another attention implementation) or pay."""
+    config = getattr(model, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in SEQUENCE_PACKABLE or "responses" not in batch or has_images(batch):
+        return None
+    mask = batch["attention_mask"]
+    rows, width = mask.shape
+    real = int(mask.sum())
+    hidden = int(config.get_text_config().hidden_size)  # type: ignore[union-attr]
+    if not sequence_packing_pays(rows, width, real, hidden, str(implementation)):
+        return None
+    packed = pack_sequences(
+        batch["input_ids"], mask, position_ids_of(batch), response_length(batch)
+    )
+    inputs = {  # no attention_mask: transformers masks by the restarting positions
+        "input_ids": packed.input_ids.to(device),
+        "position_ids": packed.position_ids.to(device),
+    }
+    return inputs, packed.predict_from.to(device), 0
 
 
 def _as_model_inputs(
@@ -240,9 +270,12 @@ def lm_forward(
     logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
     shared_prefix: bool = True,
     tokens: ForwardTokens | None = None,
+    sequence_packing: bool = True,
 ) -> dict[str, torch.Tensor]:
     responses = batch["responses"].to(device)
-    inputs, predict_from, keep = _inputs_and_positions(model, batch, device, shared_prefix, tokens)
+    inputs, predict_from, keep = _inputs_and_positions(
+        model, batch, device, shared_prefix, tokens, sequence_packing
+    )
     head = _chunkable_head(model)
     vocab = int(head.weight.shape[0]) if head is not None else 0
     chunk = logits_chunk_tokens(responses.numel(), vocab, logits_budget_bytes) if vocab else None
@@ -270,15 +303,17 @@ def lm_forward(
 
 @dataclass
 class ForwardTokens:
-    """Tokens the forwards computed against the plain rows' tokens (``shared_prefix``'s
-    saving, reported as a metric)."""
+    """Tokens the forwards computed against the plain rows' tokens (packing's saving), and
+    how many of the computed ones were padding; reported as metrics."""
 
     computed: int = 0
     rows: int = 0
+    padding: int = 0
 
-    def add(self, inputs: dict[str, torch.Tensor], batch: Batch) -> None:
+    def add(self, inputs: dict[str, torch.Tensor], batch: Batch, padding: int) -> None:
         self.computed += int(inputs["input_ids"].numel())
         self.rows += int(batch["input_ids"].numel())
+        self.padding += padding
 
     @property
     def fraction(self) -> float:
@@ -291,15 +326,23 @@ def _inputs_and_positions(
     device: torch.device,
     shared_prefix: bool,
     tokens: ForwardTokens | None = None,
+    sequence_packing: bool = True,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, int]:
     """Model inputs, the packed layout's response index (``None``: plain rows), and how many
-    last positions the head must keep (0: all, for the packed layout's index)."""
+    last positions the head must keep (0: all, for the packed layout's index).  Shared-prefix
+    packing first (it also saves the repeated prompts), else sequence packing."""
     packed = packed_inputs(model, batch, device) if shared_prefix else None
-    inputs = packed[0] if packed is not None else _model_inputs(model, batch, device)
-    if tokens is not None:
-        tokens.add(inputs, batch)
+    if packed is None and sequence_packing:
+        packed = sequence_packed_inputs(model, batch, device)
     if packed is not None:
-        return inputs, packed[1], 0
+        inputs, predict_from, padding = packed
+        if tokens is not None:
+            tokens.add(inputs, batch, padding)
+        return inputs, predict_from, 0
+    inputs = _model_inputs(model, batch, device)
+    if tokens is not None:
+        mask = batch["attention_mask"]
+        tokens.add(inputs, batch, int(mask.numel() - mask.sum()))
     return inputs, None, response_length(batch) + 1
 
 
@@ -309,9 +352,12 @@ def value_forward(
     device: torch.device,
     shared_prefix: bool = True,
     tokens: ForwardTokens | None = None,
+    sequence_packing: bool = True,
 ) -> dict[str, torch.Tensor]:
     length = response_length(batch)
-    inputs, predict_from, _ = _inputs_and_positions(model, batch, device, shared_prefix, tokens)
+    inputs, predict_from, _ = _inputs_and_positions(
+        model, batch, device, shared_prefix, tokens, sequence_packing
+    )
     with _images_in_prompt(model, batch):
         values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
     if predict_from is None:
@@ -359,10 +405,12 @@ def forward(
     logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
     shared_prefix: bool = True,
     tokens: ForwardTokens | None = None,
+    sequence_packing: bool = True,
 ) -> dict[str, torch.Tensor]:
     """The head kind's outputs for one micro-batch (with autograd if enabled);
     ``shared_prefix``: pack rows that repeat a prompt where that pays (:func:`packed_inputs`);
-    ``tokens`` counts what the forward computed."""
+    ``sequence_packing``: else the samples back to back without padding, where that pays
+    (:func:`sequence_packed_inputs`); ``tokens`` counts what the forward computed."""
     if head == "lm":
         return lm_forward(
             model,
@@ -373,7 +421,8 @@ def forward(
             logits_budget_bytes,
             shared_prefix,
             tokens,
+            sequence_packing,
         )
     if head == "value":
-        return value_forward(model, batch, device, shared_prefix, tokens)
+        return value_forward(model, batch, device, shared_prefix, tokens, sequence_packing)
     return score_forward(model, batch, device)

@@ -42,6 +42,8 @@ class PackedPrefixes:
     """``[B, R]`` index into the ``G * L`` flattened positions: the hidden state whose output
     predicts response token ``t`` of row ``b`` (padding tokens read a real position too, so
     their outputs stay finite)."""
+    padding: int = 0
+    """Positions after a group's end (computed, read by nothing)."""
 
 
 def prompt_groups(
@@ -181,6 +183,7 @@ def _build(
         position_ids=positions,
         attention_mask=_block_mask(segment),
         predict_from=predict_from,
+        padding=int((segment < 0).sum()),
     )
 
 

@@ -25,10 +25,11 @@ import torch
 
 MAX_DENSE_PACKED_TOKENS = 4096
 """Longest packed row under a dense mask (SDPA, eager).  Measured on CPU (bench/
-long_context.py, 4 samples of R, R/2, R/4, R/8 response tokens): packed 3.0x faster at
-R = 1k (2.2k tokens), 1.2x at 2k (4.1k), even at 4k (7.9k), 2.2x slower at 8k (15.6k),
-where padded micro-batches of one length run the causal kernel without a mask and the packed
-row pays every masked pair."""
+long_context.py, 4 samples of R, R/2, R/4, R/8 response tokens, idle machine): packed
+updates 1.1x faster at R = 1k (2.2k tokens), 1.2x at 2k (4.1k), even at 4k (0.93-1.05x);
+without this limit the 8k batch's 15.6k-token row ran 2.2x slower than padded micro-batches,
+which then run the causal kernel without a mask while the packed row pays every masked
+pair."""
 VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 """Implementations whose packed attention costs only each sample's own pairs."""
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager", "flex_attention", *VARLEN_ATTENTION})

@@ -119,7 +119,7 @@ class TransformersSession:
         ).logits[:, -1]
 
 
-class VisionLanguageSession:
+class VisionLanguageSession(TransformersSession):
     """transformers' forward for a vision-language model (Qwen2-VL family): the prefill takes
     the prompts' images and 3-D rotary positions; each generated token's position (the same
     on all three axes) counts on from one past the prompt's largest, as the model's own
@@ -133,18 +133,9 @@ class VisionLanguageSession:
         max_new_tokens: int,
         features: list[ImageFeatures],
     ) -> None:
-        from transformers import DynamicCache
-
-        self.model = model
-        rows, self.prompt_len = input_ids.shape
-        self.mask = torch.ones(
-            rows, self.prompt_len + max_new_tokens, dtype=torch.long, device=input_ids.device
-        )
-        self.mask[:, : self.prompt_len] = attention_mask
+        super().__init__(model, input_ids, attention_mask, max_new_tokens)
         self.inputs = multimodal_model_inputs(model, input_ids, attention_mask, features)
         self.next = next_text_positions(self.inputs["position_ids"], attention_mask)
-        self.cache = DynamicCache(config=model.config)
-        self.fed = 0
 
     def prefill(self) -> torch.Tensor:
         return self.model(

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_core.engines.shared_prefix import forward_cost
+
 MAX_DENSE_PACKED_TOKENS = 4096
 """Longest packed row under a dense mask (SDPA, eager).  Measured on CPU (bench/
 long_context.py, 4 samples of R, R/2, R/4, R/8 response tokens, idle machine): packed
@@ -62,9 +64,7 @@ def sequence_packing_pays(
         return True
     if packed > MAX_DENSE_PACKED_TOKENS:
         return False
-    pair_per_token = 4.0 / (24.0 * hidden_size)
-    plain = rows * row_length * (1 + pair_per_token * row_length)
-    return packed * (1 + pair_per_token * packed) < plain
+    return forward_cost(1, packed, hidden_size) < forward_cost(rows, row_length, hidden_size)
 
 
 def pack_sequences(

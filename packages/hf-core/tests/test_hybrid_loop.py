@@ -269,6 +269,7 @@ class TPSettings(BaseModel):
     model_path: str
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    sequence_parallel_size: int = 1
     head: str = "lm"
     trainable: bool = True
     seed: int = 0
@@ -285,7 +286,7 @@ def engines() -> Iterator[None]:
     """Toy engines with the axes real ones declare (megatron-like, FSDP-like, TP / whole)."""
     plugins.reset()
     reg = plugins.registry()
-    for name, axes in (("mp-toy", ("tp", "pp")), ("dp-toy", ())):
+    for name, axes in (("mp-toy", ("tp", "pp")), ("dp-toy", ()), ("sp-toy", ("sp",))):
         reg.training_engines.add(name, dict, owner="test")
         reg.training_engine_configs.add(name, TPSettings, owner="test")
         reg.training_engine_parallel[name] = frozenset(axes)
@@ -365,6 +366,49 @@ def test_generation_layouts_are_checked_when_the_recipe_loads(tmp_path: Path) ->
         (
             _config(tmp_path, "dp-toy", WHOLE, tp=2),
             r"actor.parallel.tp: 2, but the 'dp-toy' training engine cannot split a model",
+        ),
+    ]
+    for config, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            preflight(config)
+
+
+@pytest.mark.usefixtures("engines")
+def test_sequence_parallel_sizes_are_checked_when_the_recipe_loads(tmp_path: Path) -> None:
+    """``parallel.sp`` needs an engine declaring ``sp``, must divide the pool, and roles in
+    the actor's workers split as the actor does; the engine receives the size."""
+    from hf_core.roles.common import training_engine_args
+
+    ok = _config(tmp_path, "sp-toy", WHOLE, sp=2)
+    preflight(ok)
+    args = training_engine_args(ok, ok.actor, head="lm", trainable=True)
+    assert args["sequence_parallel_size"] == 2 and "tensor_parallel_size" not in args
+    # a data-parallel engine beside a vLLM-style TP rollout stays unchecked against t_g
+    preflight(_config(tmp_path, "sp-toy", {"backend": "tp-toy", "tensor_parallel_size": 2}))
+    with_reference = ok.model_copy(
+        update={
+            "reference": ok.actor.model_copy(
+                update={"parallel": ok.actor.parallel.model_copy(update={"sp": 1})}
+            )
+        }
+    )
+    cases = [
+        (
+            _config(tmp_path, "dp-toy", WHOLE, sp=2),
+            r"actor.parallel.sp: 2, but the 'dp-toy' training engine cannot split a sequence",
+        ),
+        (
+            _config(tmp_path, "sp-toy", WHOLE, sp=3),
+            r"actor.parallel.sp: 3 ranks split each sequence; it must divide the actor's "
+            r"pool of 4 processes",
+        ),
+        (
+            with_reference,
+            r"reference.parallel.sp: 1, but the reference runs in the actor's workers",
+        ),
+        (
+            _config(tmp_path, "sp-toy", WHOLE, engine={"sequence_parallel_size": 2}),
+            r"actor.engine.sequence_parallel_size: .*use actor.parallel.sp",
         ),
     ]
     for config, message in cases:

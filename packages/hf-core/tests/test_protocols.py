@@ -70,6 +70,24 @@ def test_micro_dp_defaults_to_the_training_mesh() -> None:
     assert THREE_D_ALL_MICRO_DP.collect_ranks(ctx) == [0, 2]
 
 
+def test_sequence_parallel_ranks_share_a_chunk_and_generate_apart() -> None:
+    """Ranks of one sequence-parallel group get the same chunk and the first one's output is
+    collected; generation (its own mesh) sends every rank a chunk of its own."""
+    sp, dp = 2, 2
+    world = sp * dp
+    ranks = tuple(
+        WorkerMesh(r // sp, dp, sp_rank=r % sp, sp_size=sp, gen_dp_rank=r, gen_dp_size=world)
+        for r in range(world)
+    )
+    ctx = GroupContext(world, ranks)
+    assert THREE_D_PROTO.chunk_owner(ctx) == [0, 0, 1, 1]
+    assert THREE_D_PROTO.collect_ranks(ctx) == [0, 2]
+    assert THREE_D_ALL_MICRO_DP.chunk_owner(ctx) == [0, 1, 2, 3]
+    assert THREE_D_ALL_MICRO_DP.collect_ranks(ctx) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="sp_rank=2 is outside sp_size=2"):
+        WorkerMesh(0, 1, sp_rank=2, sp_size=2)
+
+
 def test_3d_protocols_need_meshes() -> None:
     with pytest.raises(RuntimeError, match="needs the workers' meshes"):
         THREE_D_PROTO.chunk_owner(GroupContext(4))

@@ -44,6 +44,33 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
             digest.update(local.detach().contiguous().view(-1).view(torch.uint8).numpy())
         return digest.hexdigest()
 
+    @register("ONE_TO_ALL")
+    def whole_batch_step(self, batch: Batch, name: str, loss: str) -> dict[str, Any]:
+        """The same batch on every rank (what a sequence-parallel group receives): its
+        per-token outputs, then one update; the outputs, the step's metrics and the full
+        gradients the optimizer applied."""
+        from hf_testing.workers import LOSSES
+
+        engine = self.engines[name]
+        outputs = (
+            engine.compute_log_probs(batch)
+            if engine.config.head == "lm"
+            else engine.compute_values(batch)
+        )
+        grads: dict[str, Any] = {}
+
+        def capture(*_args: object) -> None:
+            for key, param in engine.model.named_parameters():
+                grad = param.grad
+                if grad is not None:
+                    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+                    grads[key] = full.clone()
+
+        handle = engine.optimizer.register_step_pre_hook(capture)
+        metrics = engine.train_step(batch, LOSSES[loss])
+        handle.remove()
+        return {"outputs": outputs, "metrics": metrics, "grads": grads}
+
     @register("DP_PROTO")
     def train_widened(self, batch: Batch, name: str, loss: str) -> dict[str, float]:
         """``train``, with odd ranks' prompts one left-padding column wider: the ranks'

@@ -439,3 +439,66 @@ def test_vlm_update_on_images_of_different_sizes_matches_single_process(
     worst = max(diffs, key=diffs.get)
     assert diffs[worst] < ATOL, (worst, diffs[worst])
     group.drop("vlm")
+
+
+def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's full gradient (gathered from its shards under FSDP)."""
+    return {
+        name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+SEQUENCE_PARALLEL = {
+    "packed": {},
+    "padded-rows": {"sequence_packing": False},
+    "fsdp-recomputed-chunked-head": {
+        **FSDP,
+        **CHUNKED_HEAD,
+        "gradient_checkpointing": True,
+        "fsdp_unit": "layer",
+    },
+}
+
+
+@pytest.mark.parametrize("head", ["lm", "value"])
+@pytest.mark.parametrize("settings", SEQUENCE_PARALLEL.values(), ids=SEQUENCE_PARALLEL.keys())
+def test_sequence_parallel_pair_equals_one_rank(
+    group: WorkerGroup, models: dict, settings: dict, head: str
+) -> None:
+    """Ulysses SP = 2 (both ranks hold the same samples and split their tokens) gives the
+    outputs, loss, gradient norm and gradients of one rank running the whole batch."""
+    from hf_fsdp.engine import FSDPEngine
+
+    path = models["qwen2_tied" if head == "lm" else "value"]
+    config = {"model_path": str(path), **TRAIN, "head": head, **settings}
+    batch = rollout_batch(B, 12, 10, _vocab(path), seed=6)  # mixed lengths
+    loss = "policy" if head == "lm" else "value"
+    group.build("sp", {**config, "sequence_parallel_size": 2})
+    got = group.whole_batch_step(batch, name="sp", loss=loss)
+    group.drop("sp")
+
+    one = FSDPEngine(config)
+    want = one.compute_log_probs(batch) if head == "lm" else one.compute_values(batch)
+    grads: dict[str, torch.Tensor] = {}
+    assert one.optimizer is not None
+    one.optimizer.register_step_pre_hook(lambda *_: grads.update(_gradients(one.model)))
+    metrics = one.train_step(batch, {"policy": policy_loss, "value": value_loss}[loss])
+
+    mask = batch["response_mask"].bool()
+    for rank in (0, 1):  # both ranks of the group return the whole batch's outputs
+        for key in want.keys():
+            diff = (got[rank]["outputs"][key] - want[key])[mask].abs().max()
+            assert float(diff) < ATOL, (rank, key, float(diff))
+    step = got[0]["metrics"]
+    assert step["loss"] == pytest.approx(metrics["loss"], rel=1e-5, abs=1e-6)
+    assert step["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
+    assert grads and got[0]["grads"].keys() == grads.keys()
+    worst = max(float((got[0]["grads"][k] - grads[k]).abs().max()) for k in grads)
+    assert worst < ATOL, worst
+    if settings.get("sequence_packing", True):
+        # only each micro-batch's round-up to an even token count
+        assert step["padding_tokens_sum"] <= B // TRAIN["micro_batch_size"]
+    else:
+        assert step["padding_tokens_sum"] > 0

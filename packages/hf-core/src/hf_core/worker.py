@@ -52,12 +52,12 @@ class Worker:
         return self._mesh_version
 
     def set_mesh(self, mesh: WorkerMesh) -> None:
-        """Report new parallel coordinates (e.g. after an engine built its TP/PP groups)."""
-        world = mesh.dp_size * mesh.tp_size * mesh.pp_size
+        """Report new parallel coordinates (e.g. after an engine built its TP/PP/SP groups)."""
+        world = mesh.dp_size * mesh.tp_size * mesh.pp_size * mesh.sp_size
         if world != self.world_size:
             raise ValueError(
-                f"mesh dp*tp*pp = {mesh.dp_size}*{mesh.tp_size}*{mesh.pp_size} = {world} "
-                f"does not match world size {self.world_size}"
+                f"mesh dp*tp*pp*sp = {mesh.dp_size}*{mesh.tp_size}*{mesh.pp_size}*"
+                f"{mesh.sp_size} = {world} does not match world size {self.world_size}"
             )
         self._mesh = mesh
         self._mesh_version += 1

@@ -93,6 +93,14 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "computed (hf_core.engines.sequence_packing), where that costs less than padded rows "
         "and shared_prefix did not pack it",
     )
+    sequence_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Ulysses sequence parallelism (the recipe's <role>.parallel.sp): groups "
+        "of this many ranks share one data chunk and split each micro-batch's tokens, "
+        "attention running by heads after an all-to-all (hf_fsdp.ulysses); must divide the "
+        "ranks and the model's attention heads",
+    )
     cpu_linear: CPULinear = "onednn"
     cpu_collectives: Literal["shared_memory", "process_group"] = Field(
         "shared_memory",

@@ -60,6 +60,8 @@ def pooling_wanted(cfg: FSDPEngineConfig, device: torch.device, num_params: int)
     ranks allow it (``auto``: from :data:`~hf_fsdp.cpu_host.POOL_MIN_PARAMS`)."""
     if device.type != "cpu" or data_parallel_choice(cfg.cpu_data_parallel, num_params) != "pool":
         return False
+    if cfg.sequence_parallel_size > 1:  # each rank computes its own share of the tokens
+        return False
     return mixed_precision(cfg, device) is None and cfg.cpu_collectives == "shared_memory"
 
 

@@ -52,7 +52,8 @@ from hf_core.engines import (
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
-from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora
+from hf_core.protocols import WorkerMesh
+from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora, ulysses
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
 from hf_fsdp.cpu_host import split_rows
 from hf_fsdp.cpu_host_training import HostTraining, joined
@@ -95,9 +96,14 @@ class FSDPEngine(TrainingEngine):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(cfg.seed)
         self.mesh = data_parallel_mesh(self.device)
+        self.sp_size = cfg.sequence_parallel_size
+        self.sp_group = ulysses.sequence_parallel_group(self.sp_size)
+        """The ranks splitting this rank's sequences (:mod:`hf_fsdp.ulysses`); None: SP = 1."""
 
         self.hf_config = load_hf_config(cfg, self.folder)
         model = build_empty_model(cfg, self.hf_config)
+        if self.sp_group is not None:
+            ulysses.enable(model, self.sp_size)
         self.architecture = type(model).__name__  # fully_shard swaps in an FSDP subclass
         if cfg.lora is not None:
             lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
@@ -163,6 +169,21 @@ class FSDPEngine(TrainingEngine):
     @property
     def num_params(self) -> int:
         return sum(math.prod(shape) for shape in self.param_shapes.values())
+
+    def worker_mesh(self) -> WorkerMesh:
+        """Data chunks go to the sequence-parallel groups: the ranks of one group share a
+        chunk (:class:`~hf_core.engines.HasWorkerMesh`); generation stays one chunk a rank."""
+        sp = self.sp_size
+        if sp == 1:
+            return WorkerMesh(self.rank, self.world_size)
+        return WorkerMesh(
+            dp_rank=self.rank // sp,
+            dp_size=self.world_size // sp,
+            sp_rank=self.rank % sp,
+            sp_size=sp,
+            gen_dp_rank=self.rank,
+            gen_dp_size=self.world_size,
+        )
 
     def _require(self, head: str, what: str) -> None:
         if self.config.head != head:
@@ -257,6 +278,8 @@ class FSDPEngine(TrainingEngine):
                 batch["input_ids"], batch["attention_mask"], int(batch["responses"].shape[1])
             )
         budget = self._token_budget(batch, training)
+        if budget is not None:  # a budget is per rank: a sequence-parallel group splits tokens
+            budget *= self.sp_size
         return plan_micro_batches(batch, budget, cfg.micro_batch_size, groups)
 
     def _micro_batches(self, batch: Batch, training: bool = False) -> tuple[list[MicroBatch], int]:
@@ -309,16 +332,7 @@ class FSDPEngine(TrainingEngine):
         outputs: list[dict[str, torch.Tensor]] = []
         for i in range(count):
             part = micro[min(i, len(micro) - 1)].batch
-            out = heads.forward(
-                self.config.head,
-                self.model,
-                part,
-                self.device,
-                logits_budget_bytes=self.config.logits_budget_bytes,
-                shared_prefix=self.config.shared_prefix,
-                sequence_packing=self.config.sequence_packing,
-                **kwargs,
-            )
+            out = self._head_forward(part, **kwargs)
             if i < len(micro):
                 outputs.append({k: out[k].detach().cpu() for k in keys})
         self._reshard()
@@ -327,6 +341,39 @@ class FSDPEngine(TrainingEngine):
         width = int(batch["responses"].shape[1]) if "responses" in batch else 0
         mask = batch["response_mask"] if "response_mask" in batch else None
         return Batch(restore_outputs(outputs, micro, len(batch), width, mask))
+
+    def _head_forward(
+        self,
+        batch: Batch,
+        temperature: float = 1.0,
+        tokens: heads.ForwardTokens | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """One micro-batch through the head (:mod:`hf_fsdp.heads`), its tokens split over
+        the sequence-parallel group when there is one."""
+        cfg = self.config
+        if self.sp_group is not None:
+            return heads.sequence_parallel_forward(
+                cfg.head,
+                self.model,
+                batch,
+                self.device,
+                self.sp_group,
+                temperature,
+                logits_budget_bytes=cfg.logits_budget_bytes,
+                sequence_packing=cfg.sequence_packing,
+                tokens=tokens,
+            )
+        return heads.forward(
+            cfg.head,
+            self.model,
+            batch,
+            self.device,
+            temperature,
+            logits_budget_bytes=cfg.logits_budget_bytes,
+            shared_prefix=cfg.shared_prefix,
+            sequence_packing=cfg.sequence_packing,
+            tokens=tokens,
+        )
 
     # ---------------------------------------------------------------- forwards
     def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
@@ -449,7 +496,15 @@ class FSDPEngine(TrainingEngine):
             [len(batch), self._response_tokens(batch)], device=self._collective_device
         )
         dist.all_reduce(totals)
-        meta = self._loss_meta(batch, len(micro), self.rank, int(totals[0]), int(totals[1]))
+        totals //= self.sp_size  # the ranks of a sequence-parallel group share one chunk
+        meta = self._loss_meta(
+            batch,
+            len(micro),
+            self.rank // self.sp_size,
+            int(totals[0]),
+            int(totals[1]),
+            self.world_size // self.sp_size,
+        )
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
         tokens = heads.ForwardTokens()
@@ -525,17 +580,7 @@ class FSDPEngine(TrainingEngine):
             if self.device.type != "cpu":  # the loss reads its inputs beside the outputs
                 mb = mb.to(self.device)
             mb.meta.update(meta, micro_batch_index=i, micro_batch_size=len(mb))
-            outputs = heads.forward(
-                self.config.head,
-                self.model,
-                mb,
-                self.device,
-                temperature,
-                logits_budget_bytes=self.config.logits_budget_bytes,
-                shared_prefix=self.config.shared_prefix,
-                sequence_packing=self.config.sequence_packing,
-                tokens=tokens if real else None,
-            )
+            outputs = self._head_forward(mb, temperature, tokens=tokens if real else None)
             loss, metrics = loss_fn(outputs, mb)
             if real:
                 rows.append({**metrics, "loss": float(loss.detach())})

@@ -43,6 +43,7 @@ from hf_core.multimodal import (
     images_in_prompt_only,
     multimodal_model_inputs,
 )
+from hf_fsdp import ulysses
 from hf_fsdp.config import HeadKind
 from hf_fsdp.onednn_linear import OneDNNLinear
 from hf_fsdp.onednn_linear import linear as onednn_linear
@@ -393,6 +394,88 @@ def score_forward(model: nn.Module, batch: Batch, device: torch.device) -> dict[
     per_token = captured[-1].squeeze(-1).float()
     index = last_token_index(inputs["attention_mask"])
     return {"scores": per_token[torch.arange(per_token.shape[0], device=device), index]}
+
+
+def sequence_parallel_forward(
+    head: HeadKind,
+    model: nn.Module,
+    batch: Batch,
+    device: torch.device,
+    group: torch.distributed.ProcessGroup,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
+    sequence_packing: bool = True,
+    tokens: ForwardTokens | None = None,
+) -> dict[str, torch.Tensor]:
+    """The head's outputs for one micro-batch with its tokens split over ``group``
+    (:mod:`hf_fsdp.ulysses`): this rank runs its columns, the outputs are gathered, and every
+    rank of the group returns the whole micro-batch's outputs (with autograd)."""
+    if has_images(batch):
+        raise NotImplementedError(
+            "sequence parallelism with images: the vision tower runs on whole images; use "
+            "parallel.sp: 1 for a vision-language model"
+        )
+    rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    width = response_length(batch) if head != "score" else 0
+    shards = ulysses.lay_out(
+        batch["input_ids"],
+        batch["attention_mask"],
+        position_ids_of(batch),
+        width,
+        size,
+        packed=sequence_packing,
+    )
+    if tokens is not None:
+        tokens.add({"input_ids": shards.input_ids}, batch, shards.padding)
+    inputs = {
+        key: shards.local(value, rank, size).to(device)
+        for key, value in (("input_ids", shards.input_ids), ("position_ids", shards.position_ids))
+    }
+    ulysses.set_layout(model, group, shards.segments)
+    if head == "lm":
+        targets = shards.local(shards.targets, rank, size).to(device)
+        pairs = _token_pairs(model, inputs, targets, temperature, with_entropy, logits_budget_bytes)
+        whole = ulysses.gather_columns(pairs, group).reshape(-1, 2)
+        picked = whole[shards.predict_from.to(device)]
+        result = {"log_probs": picked[..., 0]}
+        if with_entropy:
+            result["entropy"] = picked[..., 1]
+        return result
+    if head == "value":
+        values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
+        whole = ulysses.gather_columns(values, group).reshape(-1)
+        return {"values": whole[shards.predict_from.to(device)]}
+    score = getattr(model, "score", None)
+    if score is None:
+        raise AttributeError(f"{type(model).__name__} has no 'score' head module")
+    with _capture_output(score) as captured:
+        model(**inputs, use_cache=False)
+    per_token = ulysses.gather_columns(captured[-1].squeeze(-1).float(), group).reshape(-1)
+    return {"scores": per_token[shards.last_token.to(device)]}
+
+
+def _token_pairs(
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    logits_budget_bytes: int,
+) -> torch.Tensor:
+    """``[rows, n, 2]``: (log-prob, entropy) of each position's target token; the chunked
+    head where it applies (no ``[n, vocab]`` logits kept)."""
+    head = _chunkable_head(model)
+    vocab = int(head.weight.shape[0]) if head is not None else 0
+    chunk = logits_chunk_tokens(targets.numel(), vocab, logits_budget_bytes) if vocab else None
+    if head is not None and chunk is not None:
+        every = torch.arange(targets.numel(), device=targets.device).view(targets.shape)
+        with _head_as_log_probs(model, head, targets, temperature, with_entropy, chunk, every):
+            pairs: torch.Tensor = model(**inputs, use_cache=False).logits
+        return pairs
+    logits = model(**inputs, use_cache=False).logits
+    log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy)
+    return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1)
 
 
 def forward(

@@ -17,7 +17,12 @@ create_rollout_engine = engine_factory("hf_fsdp.rollout:HFRolloutEngine")
 
 @hookimpl
 def register_training_engines(register: Callable[..., None]) -> None:
-    register("fsdp", create_training_engine, config="hf_fsdp.config:FSDPEngineConfig")
+    register(
+        "fsdp",
+        create_training_engine,
+        config="hf_fsdp.config:FSDPEngineConfig",
+        parallel=("sp",),
+    )
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """The run's parallel layout, resolved once from the recipe.
 
-A recipe says it in two places only: ``<role>.parallel: {tp, pp}`` (how each model role's
-training engine splits one replica) and ``rollout.tensor_parallel_size`` /
+A recipe says it in two places only: ``<role>.parallel: {tp, pp, sp}`` (how each model
+role's training engine splits one replica, and each sequence) and ``rollout.tensor_parallel_size`` /
 ``rollout.pipeline_parallel_size`` (how many ranks form one rollout engine, the
 3D-HybridEngine's ``t_g`` / ``p_g``).  This module is the only reader of those keys: the engine
 arguments, the pre-start checks, the memory check, the worker mesh and the auto-mapping
@@ -20,14 +20,23 @@ from hf_core.resharding import GenerationLayout
 @dataclass(frozen=True)
 class TrainingLayout:
     """One role's training split: ``tp`` tensor-parallel ranks x ``pp`` pipeline stages per
-    replica; the data-parallel size is what is left of the role's pool."""
+    replica, and ``sp`` sequence-parallel ranks sharing each data chunk (Ulysses); the
+    data-parallel size is what is left of the role's pool."""
 
     tp: int = 1
     pp: int = 1
+    sp: int = 1
 
     @property
     def model_parallel_size(self) -> int:
+        """Ranks one model replica's weights are split over (sequence parallelism splits
+        tokens, not weights)."""
         return self.tp * self.pp
+
+    @property
+    def ranks_per_chunk(self) -> int:
+        """Ranks that receive the same data chunk: the role's pool divides by this."""
+        return self.tp * self.pp * self.sp
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ def model_roles(config: TrainerConfig) -> dict[str, ModelRoleConfig]:
 
 def training_layout(role: ModelRoleConfig) -> TrainingLayout:
     """A role's training layout as its recipe section states it."""
-    return TrainingLayout(tp=role.parallel.tp, pp=role.parallel.pp)
+    return TrainingLayout(tp=role.parallel.tp, pp=role.parallel.pp, sp=role.parallel.sp)
 
 
 def generation_layout(config: TrainerConfig) -> GenerationLayout:
@@ -108,7 +117,7 @@ def with_layout(data: dict, layout: RunLayout) -> dict:
         section = data
         for part in key.split("."):
             section = section[part]
-        section["parallel"] = {"tp": sizes.tp, "pp": sizes.pp}
+        section["parallel"] = {"tp": sizes.tp, "pp": sizes.pp, "sp": sizes.sp}
     data["rollout"]["tensor_parallel_size"] = layout.generation.tp
     data["rollout"]["pipeline_parallel_size"] = layout.generation.pp
     return data

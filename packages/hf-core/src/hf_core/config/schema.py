@@ -299,11 +299,17 @@ class RolloutConfig(_Strict):
 
 
 class ParallelConfig(_Strict):
-    """A model role's training layout: ranks splitting one model replica.  The data-parallel
-    size is what is left of the role's pool (``processes / (tp * pp)``)."""
+    """A model role's training layout: ranks splitting one model replica or one sequence.
+    The data-parallel size is what is left of the role's pool (``processes / (tp * pp * sp)``)."""
 
     tp: int = Field(1, ge=1, description="tensor-parallel ranks (backends declaring 'tp')")
     pp: int = Field(1, ge=1, description="pipeline stages (backends declaring 'pp')")
+    sp: int = Field(
+        1,
+        ge=1,
+        description="sequence-parallel ranks splitting each sequence's tokens (Ulysses: "
+        "attention by heads after an all-to-all; backends declaring 'sp')",
+    )
 
 
 class ModelRoleConfig(_Strict):
@@ -313,7 +319,8 @@ class ModelRoleConfig(_Strict):
     model_path: AbsPath | None = Field(None, description="default: model.path")
     parallel: ParallelConfig = Field(
         default_factory=ParallelConfig,
-        description="training layout (tp, pp); placement.mode: auto fills what is not set",
+        description="training layout (tp, pp, sp); placement.mode: auto fills tp and pp "
+        "where not set",
     )
     engine: dict[str, Any] = Field(default_factory=dict, description="backend settings")
 

@@ -105,7 +105,8 @@ class Registry:
         default_factory=lambda: _table("rollout engine config", _INSTALL_HINT)
     )
     training_engine_parallel: dict[str, frozenset[str]] = field(default_factory=dict)
-    """Model-parallel axes (``tp``, ``pp``) each training engine can split a model over."""
+    """Parallel axes each training engine can split a model (``tp``, ``pp``) or a sequence
+    (``sp``) over."""
     rollout_engine_parallel: dict[str, frozenset[str]] = field(default_factory=dict)
     """Generation axes each rollout engine can form across ranks (``tp``: it loads TP slices)."""
     protocols: NamedRegistry[TransferProtocol] = field(
@@ -316,11 +317,13 @@ def _collect(
     return by_plugin
 
 
-PARALLEL_AXES = frozenset({"tp", "pp"})
+PARALLEL_AXES = frozenset({"tp", "pp", "sp"})
+"""Tensor and pipeline parallelism split a model's weights; sequence parallelism (training
+engines only) splits each sequence's tokens."""
 
 
 def _parallel_axes(axes: Any, plugin: str, name: str) -> frozenset[str]:
-    """Validate an engine's declared parallel axes (a collection of ``tp`` / ``pp``)."""
+    """Validate an engine's declared parallel axes (a collection of ``tp`` / ``pp`` / ``sp``)."""
     if isinstance(axes, str) or not all(isinstance(a, str) for a in axes):
         raise PluginLoadError(
             f"plugin {plugin!r}: parallel= of engine {name!r} must be a tuple of axis names "
@@ -488,7 +491,8 @@ def get_engine_config(kind: Literal["training", "rollout"], name: str) -> type[B
 
 
 def get_engine_parallelism(kind: Literal["training", "rollout"], name: str) -> frozenset[str]:
-    """The parallel axes engine ``name`` declared (``tp``, ``pp``); empty: data parallel only.
+    """The parallel axes engine ``name`` declared (``tp``, ``pp``, ``sp``); empty: data
+    parallel only.
 
     A training engine with ``tp`` / ``pp`` splits the model over ranks (and reshards it for
     generation); a rollout engine with ``tp`` forms one engine over ``t_g`` consecutive ranks

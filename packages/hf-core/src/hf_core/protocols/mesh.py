@@ -28,6 +28,9 @@ class WorkerMesh:
     tp_size: int = 1
     pp_rank: int = 0
     pp_size: int = 1
+    sp_rank: int = 0
+    sp_size: int = 1
+    """Sequence-parallel ranks (Ulysses): they share one data chunk and split its tokens."""
     gen_dp_rank: int | None = None
     gen_dp_size: int | None = None
     gen_tp_rank: int = 0
@@ -36,15 +39,16 @@ class WorkerMesh:
     gen_pp_size: int = 1
 
     def __post_init__(self) -> None:
-        for axis in ("dp", "tp", "pp"):
+        for axis in ("dp", "tp", "pp", "sp"):
             rank, size = getattr(self, f"{axis}_rank"), getattr(self, f"{axis}_size")
             if size < 1 or not 0 <= rank < size:
                 raise ValueError(f"{axis}_rank={rank} is outside {axis}_size={size}")
 
     @property
     def is_collect_rank(self) -> bool:
-        """The rank whose output stands for its TP/PP group: TP rank 0 on the last PP stage."""
-        return self.tp_rank == 0 and self.pp_rank == self.pp_size - 1
+        """The rank whose output stands for its TP/PP/SP group: TP and SP rank 0 on the last
+        PP stage."""
+        return self.tp_rank == 0 and self.sp_rank == 0 and self.pp_rank == self.pp_size - 1
 
     def generation(self) -> WorkerMesh:
         """This rank's generation mesh as a mesh of its own (for 3D_ALL_MICRO_DP).

@@ -75,7 +75,7 @@ def training_engine_args(
         "seed": config.run.seed,
     }
     layout = training_layout(role)
-    return {**args, **_layout_args("training", role.backend, layout.tp, layout.pp)}
+    return {**args, **_layout_args("training", role.backend, layout.tp, layout.pp, layout.sp)}
 
 
 def rollout_engine_args(config: TrainerConfig) -> dict[str, Any]:
@@ -88,12 +88,16 @@ def rollout_engine_args(config: TrainerConfig) -> dict[str, Any]:
 
 
 def _layout_args(
-    kind: Literal["training", "rollout"], backend: str, tp: int, pp: int
+    kind: Literal["training", "rollout"], backend: str, tp: int, pp: int, sp: int = 1
 ) -> dict[str, int]:
-    """``tensor_parallel_size`` / ``pipeline_parallel_size`` for the axes the engine declares
-    (an engine without them is data parallel: it takes neither)."""
+    """``tensor_parallel_size`` / ``pipeline_parallel_size`` / ``sequence_parallel_size`` for
+    the axes the engine declares (an engine without them is data parallel: it takes none)."""
     axes = get_engine_parallelism(kind, backend)
-    sizes = {"tp": ("tensor_parallel_size", tp), "pp": ("pipeline_parallel_size", pp)}
+    sizes = {
+        "tp": ("tensor_parallel_size", tp),
+        "pp": ("pipeline_parallel_size", pp),
+        "sp": ("sequence_parallel_size", sp),
+    }
     return dict(sizes[axis] for axis in sorted(axes) if axis in sizes)
 
 

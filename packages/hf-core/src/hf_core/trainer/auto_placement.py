@@ -10,9 +10,10 @@ model-parallel axes (:func:`hf_core.plugins.get_engine_parallelism`), so a data-
 backend such as FSDP gets ``t = p = 1`` and uses all of its pool's ranks for data parallelism,
 and the rollout engine's axes decide whether the generation TP ``t_g`` may exceed 1.  A size
 the user set explicitly (a role's ``parallel.tp`` / ``parallel.pp``,
-``rollout.tensor_parallel_size``) is respected: the search is constrained to it.  Roles on the
-same model-parallel backend share one ``(t, p)`` when colocated, because such engines
-(megatron-core) keep their process groups in process-wide state.
+``rollout.tensor_parallel_size``) is respected: the search is constrained to it.  A role's
+``parallel.sp`` (sequence parallelism) is the user's choice: the planner keeps it as set.
+Roles on the same model-parallel backend share one ``(t, p)`` when colocated, because such
+engines (megatron-core) keep their process groups in process-wide state.
 
 The result is applied, not just printed: :func:`plan_pools` returns the pools to spawn and a
 copy of the config stating the plan's layout the way a hand-written recipe would (each role's
@@ -60,6 +61,9 @@ from hf_core.trainer.preflight import preflight
 from hf_core.trainer.spawning import PoolSpec, configured_pools, role_specs
 
 log = logging.getLogger(__name__)
+
+MODEL_AXES = frozenset({"tp", "pp"})
+"""The axes that split a model's weights, which the planner searches (``sp`` splits tokens)."""
 
 ROLE_KEYS = {
     "actor": "actor",
@@ -148,7 +152,7 @@ def role_parallelism(config: TrainerConfig, roles: list[str]) -> dict[str, RoleP
     for role in roles:
         rc = configs[role]
         where = ROLE_KEYS[role] + ".parallel"
-        axes = get_engine_parallelism("training", rc.backend)
+        axes = get_engine_parallelism("training", rc.backend) & MODEL_AXES
         generation = frozenset[str]()
         tg = None
         if role == "actor":
@@ -210,9 +214,15 @@ def plan_layout(config: TrainerConfig, chosen: Plan) -> RunLayout:
     """The run layout the plan implies: each role's ``(t, p)`` (a data-parallel backend only
     ever gets ``1, 1`` from the constrained search) and the actor's ``t_g``."""
     keys = {ROLE_KEYS[role]: model.layout for role, model in chosen.models.items()}
+    roles = model_roles(config)
     training = tuple(
-        (key, TrainingLayout(tp=keys[key].tp, pp=keys[key].pp) if key in keys else TrainingLayout())
-        for key in model_roles(config)
+        (
+            key,
+            TrainingLayout(tp=keys[key].tp, pp=keys[key].pp, sp=roles[key].parallel.sp)
+            if key in keys
+            else TrainingLayout(sp=roles[key].parallel.sp),
+        )
+        for key in roles
     )
     actor = chosen.models["actor"]
     tg = actor.generation.tp if actor.generation is not None else 1
@@ -247,6 +257,7 @@ def _plan_record(config: TrainerConfig, chosen: Plan) -> dict[str, Any]:
             "parallel_axes": sorted(axes),
             "tp": sizes.tp,
             "pp": sizes.pp,
+            "sp": sizes.sp,
         }
     engines["rollout"] = {
         "backend": config.rollout.backend,

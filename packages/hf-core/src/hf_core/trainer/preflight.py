@@ -161,19 +161,65 @@ def _check_agent(config: TrainerConfig) -> None:
 
 
 def _check_training_layouts(config: TrainerConfig, layout: RunLayout) -> None:
-    """A role may split its model (``parallel.tp`` / ``parallel.pp`` above 1) only over the
-    axes its training engine declares."""
+    """A role may split its model (``parallel.tp`` / ``parallel.pp`` above 1) or its
+    sequences (``parallel.sp``) only over the axes its training engine declares."""
     roles = model_roles(config)
     for key, sizes in layout.training:
         backend = roles[key].backend
         axes = get_engine_parallelism("training", backend)
-        for axis, size in (("tp", sizes.tp), ("pp", sizes.pp)):
+        for axis, size in (("tp", sizes.tp), ("pp", sizes.pp), ("sp", sizes.sp)):
             if size > 1 and axis not in axes:
                 raise ConfigError(
                     f"invalid configuration:\n  {key}.parallel.{axis}: {size}, but the "
-                    f"{backend!r} training engine cannot split a model over ranks ({axis}); "
-                    f"use 1 (it is data parallel over its pool), or a backend declaring {axis}"
+                    f"{backend!r} training engine cannot split a {_SPLITS[axis]} over ranks "
+                    f"({axis}); use 1 (it is data parallel over its pool), or a backend "
+                    f"declaring {axis}"
                 )
+    _check_sequence_parallel(config, layout)
+
+
+_SPLITS = {"tp": "model", "pp": "model", "sp": "sequence"}
+SEQUENCE_PARALLEL_WITH_ACTOR = ("reference", "teacher")
+"""Roles whose engines run in the actor's workers: they receive the actor's data chunks, so
+they split sequences exactly as the actor does."""
+
+
+def _check_sequence_parallel(config: TrainerConfig, layout: RunLayout) -> None:
+    """``parallel.sp``: the ranks of a sequence-parallel group share one data chunk, so the
+    size must divide the role's pool, engines sharing the actor's workers must split as the
+    actor does, and the reward and cost models (plain data-parallel workers) cannot split."""
+    sizes = dict(layout.training)
+    actor_sp = sizes["actor"].sp
+    for key in SEQUENCE_PARALLEL_WITH_ACTOR:
+        if key in sizes and sizes[key].sp != actor_sp:
+            raise ConfigError(
+                f"invalid configuration:\n  {key}.parallel.sp: {sizes[key].sp}, but the "
+                f"{key} runs in the actor's workers and gets the actor's data chunks; use "
+                f"the actor's parallel.sp ({actor_sp})"
+            )
+    for key in ("reward.model", "cost.model"):
+        if key in sizes and sizes[key].sp > 1:
+            raise ConfigError(
+                f"invalid configuration:\n  {key}.parallel.sp: {sizes[key].sp}; a reward or "
+                "cost model scores whole sequences on each rank: use 1 (sequence parallelism "
+                "is for the actor, reference and critic)"
+            )
+    placement = config.placement
+    if placement.mode == "auto":
+        return
+    for key in ("actor", "critic"):
+        if key not in sizes or sizes[key].sp == 1:
+            continue
+        pool = (
+            placement.other_processes
+            if (key, placement.mode) == ("critic", "split")
+            else (placement.processes)
+        )
+        if pool % sizes[key].ranks_per_chunk:
+            raise ConfigError(
+                f"invalid configuration:\n  {key}.parallel.sp: {sizes[key].sp} ranks split "
+                f"each sequence; it must divide the {key}'s pool of {pool} processes"
+            )
 
 
 def _check_generation_layout(config: TrainerConfig, layout: RunLayout) -> None:
@@ -199,7 +245,7 @@ def _check_generation_layout(config: TrainerConfig, layout: RunLayout) -> None:
             f"{gen.tp * gen.pp} ranks form one rollout engine; it must divide the actor's "
             f"placement.processes = {config.placement.processes}"
         )
-    if not get_engine_parallelism("training", config.actor.backend):
+    if not get_engine_parallelism("training", config.actor.backend) & {"tp", "pp"}:
         return  # a data-parallel actor streams whole tensors: any engine shards them itself
     train = layout.role("actor")
     for key, size, actor_size, name, axis in (
@@ -276,7 +322,11 @@ def _engine_blocks(
 
 def _layout_key(key: str, kind: EngineKind, setting: str) -> str | None:
     """Where a recipe states the layout an engine setting carries (``use actor.parallel.tp``)."""
-    axis = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp"}.get(setting)
+    axis = {
+        "tensor_parallel_size": "tp",
+        "pipeline_parallel_size": "pp",
+        "sequence_parallel_size": "sp",
+    }.get(setting)
     if axis is None:
         return None
     return f"use {key}.{setting}" if kind == "rollout" else f"use {key}.parallel.{axis}"

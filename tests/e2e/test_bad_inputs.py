@@ -270,6 +270,21 @@ BAD_INPUTS = [
         _grpo("rollout.tensor_parallel_size=2"),
         ("rollout.tensor_parallel_size: 2", "'transformers' rollout engine cannot split a model"),
     ),
+    Bad(
+        "megatron-sequence-parallel",
+        lambda tmp, assets: [str(RECIPES / "ppo_megatron.yaml"), "actor.parallel.sp=2"],
+        ("actor.parallel.sp: 2", "'megatron' training engine cannot split a sequence"),
+    ),
+    Bad(
+        "sequence-parallel-not-dividing-the-pool",
+        _grpo("actor.parallel.sp=3", "reference.parallel.sp=3"),
+        ("actor.parallel.sp: 3 ranks split each sequence", "pool of 2 processes"),
+    ),
+    Bad(
+        "response-past-the-models-positions",
+        _grpo("rollout.max_new_tokens=600"),
+        ("a sequence may reach 600 tokens", "the model has 512 positions"),
+    ),
     # a run that cannot fit this machine says so before it starts
     Bad(
         "model-too-large",

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hf_core.engines import ExportsHF, Offloadable, TrainsAdapters
+from hf_core.engines import ExportsHF, HasWorkerMesh, Offloadable, TrainsAdapters
 from hf_testing.conformance import RolloutEngineConformance, TrainingEngineConformance
 
 
 class TestFSDPConformance(TrainingEngineConformance):
     engine = "fsdp"
     engine_config: ClassVar[dict[str, Any]] = {"lr": 1e-3}
-    capabilities = frozenset({ExportsHF, Offloadable, TrainsAdapters})
+    # HasWorkerMesh: sequence-parallel ranks share a data chunk (parallel.sp)
+    capabilities = frozenset({ExportsHF, HasWorkerMesh, Offloadable, TrainsAdapters})
 
 
 class TestHFRolloutConformance(RolloutEngineConformance):

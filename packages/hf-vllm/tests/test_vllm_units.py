@@ -194,6 +194,34 @@ def test_llm_kwargs(models: dict) -> None:
     assert llm_kwargs(cfg, path, "uni", on_gpu=True)["enable_sleep_mode"] is True
 
 
+def test_sequence_capacity_is_the_kv_cache_or_max_model_len(
+    monkeypatch: pytest.MonkeyPatch, models: dict
+) -> None:
+    """The longest sequence the CPU engine can hold (the pre-start check compares responses
+    with it): its fixed KV cache's share per token of this rank's heads, or max_model_len."""
+    from hf_core.engines import DeclaresSequenceCapacity
+    from hf_vllm.config import VLLMRolloutConfig
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    per_token = 512  # K and V values a token adds over every layer
+    cfg = VLLMRolloutConfig(model_path=models["llama"], kv_cache_bytes=2**20)
+    assert isinstance(cfg, DeclaresSequenceCapacity)
+    assert cfg.sequence_capacity(per_token) == (
+        512,
+        "the 0.00 GiB KV cache (rollout.engine.kv_cache_bytes)",
+    )
+    tp2 = VLLMRolloutConfig(
+        model_path=models["llama"], kv_cache_bytes=2**20, tensor_parallel_size=2
+    )
+    assert tp2.sequence_capacity(per_token)[0] == 1024  # each rank caches half the heads
+    limited = VLLMRolloutConfig(model_path=models["llama"], kv_cache_bytes=2**30, max_model_len=300)
+    assert limited.sequence_capacity(per_token) == (300, "rollout.engine.max_model_len")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    spaced = VLLMRolloutConfig(model_path=models["llama"]).sequence_capacity(per_token)
+    assert spaced == (2**30 // 2048, "the 1.00 GiB KV cache (VLLM_CPU_KVCACHE_SPACE)")
+
+
 class _Engine:
     def __init__(self, unfinished: bool | None) -> None:
         self.unfinished = unfinished

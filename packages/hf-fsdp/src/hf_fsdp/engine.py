@@ -10,6 +10,10 @@ carries the counts a loss needs to scale itself so that the averaged gradient eq
 gradient of the loss over the global batch, e.g. a sample mean over the global batch is
 ``per_sample.sum() * dp_size / global_batch_size`` and a token mean is
 ``(per_token * mask).sum() * dp_size / global_response_tokens``.
+
+Under sequence parallelism (``sequence_parallel_size``, :mod:`hf_fsdp.ulysses`) the ranks of
+a group hold the same batch and ``dp_size`` counts the groups (the data chunks), not the
+ranks; the same formulas then hold.
 """
 
 from __future__ import annotations
@@ -225,7 +229,8 @@ class FSDPEngine(TrainingEngine):
         return self.fit.max_tokens if training and self.fit is not None else DEFAULT_MAX_TOKENS
 
     def _choose_fit(self, longest: int) -> None:
-        longest = self._agreed(longest, dist.ReduceOp.MAX)
+        # a sequence-parallel rank holds its share of each sample's tokens
+        longest = -(-self._agreed(longest, dist.ReduceOp.MAX) // self.sp_size)
         # Replicas hold the whole state each and FSDP shards it; the ranks of the node grow
         # side by side.  Under pooled training the host's first rank holds the whole state and
         # is the only one that grows while it updates (the others wait), so it may use what
@@ -262,7 +267,7 @@ class FSDPEngine(TrainingEngine):
         if not self.fit.gradient_checkpointing:  # never needed: no collective per update
             return
         largest = max((int(m.batch["attention_mask"].numel()) for m in micro), default=0)
-        largest = self._agreed(largest, dist.ReduceOp.MAX)
+        largest = -(-self._agreed(largest, dist.ReduceOp.MAX) // self.sp_size)  # this rank's
         on = self.fit.gradient_checkpointing and largest > self.fit.tokens_without_checkpointing
         if on != self._checkpointing:
             set_gradient_checkpointing(self.model, on)

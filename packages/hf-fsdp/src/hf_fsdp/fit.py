@@ -75,7 +75,9 @@ def resolve_fit(
 ) -> MicroBatchFit:
     """The micro-batch tokens and checkpointing for this process (see the module docstring).
     ``world``: the processes the training state is split over; ``growing_processes``: those
-    on this node whose memory grows during the update (default: all of the group's)."""
+    on this node whose memory grows during the update (default: all of the group's);
+    ``longest_sample``: the tokens of the longest sample this process computes (its share
+    under sequence parallelism)."""
     fixed_tokens = cfg.max_tokens_per_micro_batch
     checkpointing = cfg.gradient_checkpointing
     prints = footprint(cfg, hf_config, model, world)
@@ -94,7 +96,8 @@ def resolve_fit(
         raise MemoryFitError(
             f"rank {rank}: the update of {spec_name(prints)} cannot fit even one sample of "
             f"{longest_sample} tokens: {fit.describe()}. Use more processes (state is "
-            "sharded over them), bfloat16 parameters, LoRA, or shorter responses"
+            "sharded over them), <role>.parallel.sp (each sequence's tokens split over "
+            "ranks), bfloat16 parameters, LoRA, or shorter responses"
         )
     log.info(
         "rank %d: micro-batches of up to %d tokens, gradient checkpointing %s (%s)",

@@ -107,6 +107,28 @@ class VLLMRolloutConfig(BaseModel):
             return self.kv_cache_bytes
         return CPU_DEFAULT_KV_CACHE_BYTES
 
+    def sequence_capacity(self, kv_elements_per_token: int) -> tuple[int, str] | None:
+        """The longest sequence this engine can hold (``DeclaresSequenceCapacity``):
+        ``max_model_len`` when set, and what one sequence may take of a KV cache of fixed
+        size (always on the CPU; on a GPU only with ``kv_cache_bytes``), this rank's heads'
+        share in ``dtype``."""
+        import torch
+
+        limits: list[tuple[int, str]] = []
+        if self.max_model_len is not None:
+            limits.append((self.max_model_len, "rollout.engine.max_model_len"))
+        on_gpu = torch.cuda.is_available()
+        cache = self.kv_cache_bytes if on_gpu else self.cpu_kv_cache_bytes()
+        if cache is not None:
+            per_token = kv_elements_per_token * to_dtype(self.dtype).itemsize
+            per_token = max(1, per_token // self.tensor_parallel_size)
+            if not on_gpu and os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip():
+                source = "VLLM_CPU_KVCACHE_SPACE"
+            else:
+                source = "rollout.engine.kv_cache_bytes"
+            limits.append((cache // per_token, f"the {cache / GIB:.2f} GiB KV cache ({source})"))
+        return min(limits) if limits else None
+
     def packed_head_bytes(self) -> int:
         """The CPU engine's packed copy of this rank's LM head, kept beside the original
         (vocabulary x hidden in ``dtype``; :mod:`hf_vllm.cpu_embedding`)."""

@@ -223,6 +223,23 @@ class DeclaresNodeSharedMemory(Protocol):
 
 
 @runtime_checkable
+class DeclaresSequenceCapacity(Protocol):
+    """A rollout engine's *settings* that bound one sequence's length (prompt + response):
+    a KV cache of fixed size, or a length limit of the engine's own.
+
+    Checked before the run starts (:mod:`hf_core.trainer.sequence_length`): a response that
+    could never fit is a configuration error naming the setting, not an engine failure in
+    the middle of the first rollout.
+    """
+
+    def sequence_capacity(self, kv_elements_per_token: int) -> tuple[int, str] | None:
+        """The most tokens one sequence may hold and the setting that bounds it (``None``:
+        no fixed bound); ``kv_elements_per_token``: K and V values one token adds over all
+        layers of the model."""
+        ...
+
+
+@runtime_checkable
 class DeclaresHostOverhead(Protocol):
     """A rollout engine's *settings* that know what the engine holds in a CPU process beyond
     its weights (KV cache, the engine's own runtime).

@@ -58,7 +58,7 @@ def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
     return from_hf_config(read_model_config(folder, key=key), name=str(folder))
 
 
-def _engine_settings(
+def validated_engine_settings(
     kind: Literal["training", "rollout"], backend: str, block: Callable[[], dict[str, Any]]
 ) -> Any:
     """Engine ``backend``'s settings validated from ``block()``, or None when the engine is
@@ -77,7 +77,7 @@ def _training_settings(config: TrainerConfig, role: Any, *, trainable: bool) -> 
     def block() -> dict[str, Any]:
         return {**training_engine_args(config, role, head="lm", trainable=trainable), **role.engine}
 
-    return _engine_settings("training", role.backend, block)
+    return validated_engine_settings("training", role.backend, block)
 
 
 def _node_shared_share(config: TrainerConfig, per_node: int) -> int:
@@ -120,7 +120,7 @@ def rollout_overhead_bytes(config: TrainerConfig, *, training: bool = False) -> 
     updates): its settings' own estimate when they declare one
     (:class:`~hf_core.engines.DeclaresHostOverhead`), else an explicit ``kv_cache_bytes``."""
     rollout = config.rollout
-    settings = _engine_settings(
+    settings = validated_engine_settings(
         "rollout", rollout.backend, lambda: {**rollout_engine_args(config), **rollout.engine}
     )
     if isinstance(settings, DeclaresHostOverhead):
@@ -174,7 +174,8 @@ def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[Micro
     per_node = max(1, ranks // placement.nodes)
     resident += _node_shared_share(config, per_node)
     budget = process_budget_bytes(per_node, node_bytes)
-    sample = config.rollout.max_new_tokens + 1
+    sp = resolve_layout(config).role("actor").sp  # a sequence-parallel rank holds its share
+    sample = -(-(config.rollout.max_new_tokens + 1) // sp)
     fit = fit_micro_batch(
         footprint, budget, resident_bytes=resident, checkpointing=True, min_tokens=sample
     )
@@ -214,5 +215,6 @@ def check_memory_fit(config: TrainerConfig, node_bytes: int | None = None) -> No
             f"the actor's processes cannot fit this machine: {shortfall} "
             f"({config.placement.processes} processes share it).  Use bfloat16 weights "
             "(actor.engine.param_dtype, rollout.engine.dtype), LoRA (actor.engine.lora), "
-            "fewer colocated roles, or a machine with more memory"
+            "fewer colocated roles, actor.parallel.sp for long responses, or a machine with "
+            "more memory"
         )

@@ -36,6 +36,7 @@ from hf_core.rewards import UnknownRewardFunctionError, get_reward_function
 from hf_core.roles.common import rollout_engine_args, training_engine_args
 from hf_core.trainer.checkpoint import latest_checkpoint
 from hf_core.trainer.memory_check import check_memory_fit
+from hf_core.trainer.sequence_length import check_sequence_length
 
 EngineKind = Literal["training", "rollout"]
 
@@ -82,6 +83,7 @@ def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
         _check_resume(config)
     tokenizer_key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
     check_tokenizer(config.tokenizer_path, key=tokenizer_key)
+    check_sequence_length(config)
     check_memory_fit(config)
 
 
@@ -172,8 +174,7 @@ def _check_training_layouts(config: TrainerConfig, layout: RunLayout) -> None:
                 raise ConfigError(
                     f"invalid configuration:\n  {key}.parallel.{axis}: {size}, but the "
                     f"{backend!r} training engine cannot split a {_SPLITS[axis]} over ranks "
-                    f"({axis}); use 1 (it is data parallel over its pool), or a backend "
-                    f"declaring {axis}"
+                    f"({axis}); use 1, or a backend declaring {axis}"
                 )
     _check_sequence_parallel(config, layout)
 

@@ -259,4 +259,4 @@ class TrainingEngineConformance(EngineConformance):
         mesh = training_engine.worker_mesh()
         assert isinstance(mesh, WorkerMesh)
         world = dist.get_world_size() if dist.is_initialized() else 1
-        assert mesh.dp_size * mesh.tp_size * mesh.pp_size == world
+        assert mesh.dp_size * mesh.tp_size * mesh.pp_size * mesh.sp_size == world

@@ -45,6 +45,9 @@ def test_responses_past_the_models_positions_are_refused(tmp_path: Path) -> None
         r"\(max_position_embeddings in .*config.json",
     ):
         check_sequence_length(_config(tmp_path, MODEL, **over))
+    agent = {"agent": {"max_total_tokens": 5000}, "rollout": {"max_new_tokens": 64}}
+    with pytest.raises(ConfigError, match=r"agent.max_total_tokens: a sequence may reach 5000"):
+        check_sequence_length(_config(tmp_path, MODEL, **agent))  # every turn's tokens count
     scaled = {**MODEL, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
     long = {"rollout": {"max_new_tokens": 16000}}
     assert model_positions(scaled) == 16384

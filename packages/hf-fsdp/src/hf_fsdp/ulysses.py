@@ -272,6 +272,11 @@ def enable(model: nn.Module, size: int) -> None:
     """Make ``model`` run its attention sequence-parallel over groups of ``size`` ranks;
     raises :class:`EngineConfigError` where its heads cannot be split that way."""
     config = model.config
+    if getattr(config, "vision_config", None) is not None:
+        raise EngineConfigError(
+            f"sequence_parallel_size={size}: {type(model).__name__} is a vision-language "
+            "model, whose vision tower runs on whole images; use parallel.sp: 1"
+        )
     text = config.get_text_config()
     heads = int(text.num_attention_heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)

@@ -10,6 +10,7 @@ error naming the keys; responses cut at ``rollout.max_new_tokens`` are reported 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from hf_core.config import ConfigError, TrainerConfig
@@ -20,14 +21,34 @@ from hf_core.roles.common import rollout_engine_args
 from hf_core.trainer.memory_check import validated_engine_settings
 
 
-def longest_sequence(config: TrainerConfig) -> tuple[int, str]:
-    """The most tokens one sequence may reach and the keys that say so."""
-    response = config.rollout.max_new_tokens
+@dataclass(frozen=True)
+class LongestSequence:
+    """The most tokens one sequence may reach, and the recipe keys that set it."""
+
+    tokens: int
+    key: str
+    """The key bounding the response: ``rollout.max_new_tokens`` or, under an agent,
+    ``agent.max_total_tokens`` (every turn's tokens)."""
+    sum_text: str
+    """How the keys add up, e.g. ``data.max_prompt_length 512 + rollout.max_new_tokens 8192``."""
+
+    def refusal(self, bound: str) -> ConfigError:
+        return ConfigError(
+            f"invalid configuration:\n  {self.key}: a sequence may reach {self.tokens} tokens "
+            f"({self.sum_text}), but {bound}; shorten the prompts or the responses"
+        )
+
+
+def longest_sequence(config: TrainerConfig) -> LongestSequence:
+    """The prompt (when ``data.max_prompt_length`` bounds it) and the longest response."""
+    response, key = config.rollout.max_new_tokens, "rollout.max_new_tokens"
+    if config.agent is not None:
+        response, key = config.agent.max_total_tokens, "agent.max_total_tokens"
     prompt = config.data.max_prompt_length
     if prompt is None:
-        return response, f"rollout.max_new_tokens {response}"
-    return prompt + response, (
-        f"data.max_prompt_length {prompt} + rollout.max_new_tokens {response}"
+        return LongestSequence(response, key, f"{key} {response}")
+    return LongestSequence(
+        prompt + response, key, f"data.max_prompt_length {prompt} + {key} {response}"
     )
 
 
@@ -47,17 +68,15 @@ def model_positions(text: dict[str, Any]) -> int | None:
 
 def check_sequence_length(config: TrainerConfig) -> None:
     """Raise :class:`ConfigError` when the longest sequence cannot be generated whole."""
-    tokens, keys = longest_sequence(config)
+    longest = longest_sequence(config)
     folder = config.role_model(config.actor)
     hf = read_model_config(folder, key="model.path")
     text = hf.get("text_config") or hf
     positions = model_positions(text)
-    if positions is not None and tokens > positions:
-        raise ConfigError(
-            f"invalid configuration:\n  rollout.max_new_tokens: a sequence may reach "
-            f"{tokens} tokens ({keys}), but the model has {positions} positions "
-            f"(max_position_embeddings in {folder / 'config.json'}); shorten the prompts or "
-            "the responses"
+    if positions is not None and longest.tokens > positions:
+        raise longest.refusal(
+            f"the model has {positions} positions (max_position_embeddings in "
+            f"{folder / 'config.json'})"
         )
     rollout = config.rollout
     settings = validated_engine_settings(
@@ -67,11 +86,9 @@ def check_sequence_length(config: TrainerConfig) -> None:
         return
     spec = from_hf_config(hf, name=str(folder))
     capacity = settings.sequence_capacity(2 * spec.num_layers * spec.kv_dim)
-    if capacity is not None and tokens > capacity[0]:
+    if capacity is not None and longest.tokens > capacity[0]:
         limit, source = capacity
-        raise ConfigError(
-            f"invalid configuration:\n  rollout.max_new_tokens: a sequence may reach "
-            f"{tokens} tokens ({keys}), but the {rollout.backend!r} rollout engine holds at "
-            f"most {limit:,} tokens a sequence ({source}); raise that, or shorten the prompts "
-            "or the responses"
+        raise longest.refusal(
+            f"the {rollout.backend!r} rollout engine holds at most {limit:,} tokens a "
+            f"sequence ({source}): raise that"
         )

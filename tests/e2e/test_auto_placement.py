@@ -106,6 +106,7 @@ def test_auto_placement_spawns_the_planned_megatron_layout(
         "parallel_axes": ["pp", "tp"],
         "tp": tp,
         "pp": pp,
+        "sp": 1,  # sequence parallelism: the user's choice, kept as set
     }
     gen_tp = actor_pool["layouts"]["actor"]["generation"]["tp"]
     assert gen_tp == 1  # the HF rollout engine declares no tensor parallelism

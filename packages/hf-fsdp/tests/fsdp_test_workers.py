@@ -52,11 +52,12 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
         from hf_testing.workers import LOSSES
 
         engine = self.engines[name]
-        outputs = (
-            engine.compute_log_probs(batch)
-            if engine.config.head == "lm"
-            else engine.compute_values(batch)
-        )
+        forward = {
+            "lm": engine.compute_log_probs,
+            "value": engine.compute_values,
+            "score": engine.compute_scores,
+        }[engine.config.head]
+        outputs = forward(batch)
         grads: dict[str, Any] = {}
 
         def capture(*_args: object) -> None:

@@ -462,7 +462,14 @@ SEQUENCE_PARALLEL = {
 }
 
 
-@pytest.mark.parametrize("head", ["lm", "value"])
+HEADS = {  # head: (model, loss, the single-process forward)
+    "lm": ("qwen2_tied", "policy", "compute_log_probs"),
+    "value": ("value", "value", "compute_values"),
+    "score": ("score", "score", "compute_scores"),
+}
+
+
+@pytest.mark.parametrize("head", HEADS)
 @pytest.mark.parametrize("settings", SEQUENCE_PARALLEL.values(), ids=SEQUENCE_PARALLEL.keys())
 def test_sequence_parallel_pair_equals_one_rank(
     group: WorkerGroup, models: dict, settings: dict, head: str
@@ -470,25 +477,26 @@ def test_sequence_parallel_pair_equals_one_rank(
     """Ulysses SP = 2 (both ranks hold the same samples and split their tokens) gives the
     outputs, loss, gradient norm and gradients of one rank running the whole batch."""
     from hf_fsdp.engine import FSDPEngine
+    from hf_testing.workers import LOSSES
 
-    path = models["qwen2_tied" if head == "lm" else "value"]
+    model, loss, method = HEADS[head]
+    path = models[model]
     config = {"model_path": str(path), **TRAIN, "head": head, **settings}
     batch = rollout_batch(B, 12, 10, _vocab(path), seed=6)  # mixed lengths
-    loss = "policy" if head == "lm" else "value"
     group.build("sp", {**config, "sequence_parallel_size": 2})
     got = group.whole_batch_step(batch, name="sp", loss=loss)
     group.drop("sp")
 
     one = FSDPEngine(config)
-    want = one.compute_log_probs(batch) if head == "lm" else one.compute_values(batch)
+    want = getattr(one, method)(batch)
     grads: dict[str, torch.Tensor] = {}
     assert one.optimizer is not None
     one.optimizer.register_step_pre_hook(lambda *_: grads.update(_gradients(one.model)))
-    metrics = one.train_step(batch, {"policy": policy_loss, "value": value_loss}[loss])
+    metrics = one.train_step(batch, LOSSES[loss])
 
-    mask = batch["response_mask"].bool()
     for rank in (0, 1):  # both ranks of the group return the whole batch's outputs
         for key in want.keys():
+            mask = batch["response_mask"].bool() if want[key].dim() == 2 else slice(None)
             diff = (got[rank]["outputs"][key] - want[key])[mask].abs().max()
             assert float(diff) < ATOL, (rank, key, float(diff))
     step = got[0]["metrics"]
@@ -497,6 +505,8 @@ def test_sequence_parallel_pair_equals_one_rank(
     assert grads and got[0]["grads"].keys() == grads.keys()
     worst = max(float((got[0]["grads"][k] - grads[k]).abs().max()) for k in grads)
     assert worst < ATOL, worst
+    if head == "score":  # a score needs no response: nothing to count below
+        return
     if settings.get("sequence_packing", True):
         # only each micro-batch's round-up to an even token count
         assert step["padding_tokens_sum"] <= B // TRAIN["micro_batch_size"]

@@ -411,11 +411,6 @@ def sequence_parallel_forward(
     """The head's outputs for one micro-batch with its tokens split over ``group``
     (:mod:`hf_fsdp.ulysses`): this rank runs its columns, the outputs are gathered, and every
     rank of the group returns the whole micro-batch's outputs (with autograd)."""
-    if has_images(batch):
-        raise NotImplementedError(
-            "sequence parallelism with images: the vision tower runs on whole images; use "
-            "parallel.sp: 1 for a vision-language model"
-        )
     rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
     width = response_length(batch) if head != "score" else 0
     shards = ulysses.lay_out(

@@ -16,6 +16,15 @@ from dataclasses import dataclass
 from hf_core.config.schema import ModelRoleConfig, TrainerConfig
 from hf_core.resharding import GenerationLayout
 
+ENGINE_LAYOUT_SETTINGS = {
+    "tp": "tensor_parallel_size",
+    "pp": "pipeline_parallel_size",
+    "sp": "sequence_parallel_size",
+}
+"""The engine argument each parallel axis reaches an engine as (for the axes it declares)."""
+MODEL_AXES = frozenset({"tp", "pp"})
+"""The axes that split a model's weights (``sp`` splits each sequence's tokens)."""
+
 
 @dataclass(frozen=True)
 class TrainingLayout:

@@ -13,7 +13,7 @@ from hf_core.agents.loop import AgentLoop
 from hf_core.agents.sandbox_choice import use_sandbox
 from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
-from hf_core.config.layout import resolve_layout, training_layout
+from hf_core.config.layout import ENGINE_LAYOUT_SETTINGS, resolve_layout, training_layout
 from hf_core.engines import (
     HasWorkerMesh,
     LossFn,
@@ -93,12 +93,8 @@ def _layout_args(
     """``tensor_parallel_size`` / ``pipeline_parallel_size`` / ``sequence_parallel_size`` for
     the axes the engine declares (an engine without them is data parallel: it takes none)."""
     axes = get_engine_parallelism(kind, backend)
-    sizes = {
-        "tp": ("tensor_parallel_size", tp),
-        "pp": ("pipeline_parallel_size", pp),
-        "sp": ("sequence_parallel_size", sp),
-    }
-    return dict(sizes[axis] for axis in sorted(axes) if axis in sizes)
+    sizes = {"tp": tp, "pp": pp, "sp": sp}
+    return {ENGINE_LAYOUT_SETTINGS[axis]: sizes[axis] for axis in sorted(axes) if axis in sizes}
 
 
 def mini_batch_updates(

@@ -35,6 +35,7 @@ from rich.console import Console
 from hf_core.algorithms import get_estimator_traits
 from hf_core.config import ModelRoleConfig, TrainerConfig, validate
 from hf_core.config.layout import (
+    MODEL_AXES,
     RunLayout,
     TrainingLayout,
     fixed_sizes,
@@ -61,9 +62,6 @@ from hf_core.trainer.preflight import preflight
 from hf_core.trainer.spawning import PoolSpec, configured_pools, role_specs
 
 log = logging.getLogger(__name__)
-
-MODEL_AXES = frozenset({"tp", "pp"})
-"""The axes that split a model's weights, which the planner searches (``sp`` splits tokens)."""
 
 ROLE_KEYS = {
     "actor": "actor",
@@ -152,7 +150,7 @@ def role_parallelism(config: TrainerConfig, roles: list[str]) -> dict[str, RoleP
     for role in roles:
         rc = configs[role]
         where = ROLE_KEYS[role] + ".parallel"
-        axes = get_engine_parallelism("training", rc.backend) & MODEL_AXES
+        axes = get_engine_parallelism("training", rc.backend) & MODEL_AXES  # what it searches
         generation = frozenset[str]()
         tg = None
         if role == "actor":

@@ -27,7 +27,13 @@ from hf_core.algorithms import (
     get_policy_loss,
 )
 from hf_core.config import ConfigError, ModelRoleConfig, TrainerConfig, load_config, validate
-from hf_core.config.layout import RunLayout, model_roles, resolve_layout
+from hf_core.config.layout import (
+    ENGINE_LAYOUT_SETTINGS,
+    MODEL_AXES,
+    RunLayout,
+    model_roles,
+    resolve_layout,
+)
 from hf_core.data.io import check_dataset_file
 from hf_core.engines.hf_folder import check_model_folder, check_tokenizer, read_model_config
 from hf_core.errors import CheckpointError, EngineConfigError, ModelFolderError
@@ -211,11 +217,8 @@ def _check_sequence_parallel(config: TrainerConfig, layout: RunLayout) -> None:
     for key in ("actor", "critic"):
         if key not in sizes or sizes[key].sp == 1:
             continue
-        pool = (
-            placement.other_processes
-            if (key, placement.mode) == ("critic", "split")
-            else (placement.processes)
-        )
+        split_critic = key == "critic" and placement.mode == "split"
+        pool = placement.other_processes if split_critic else placement.processes
         if pool % sizes[key].ranks_per_chunk:
             raise ConfigError(
                 f"invalid configuration:\n  {key}.parallel.sp: {sizes[key].sp} ranks split "
@@ -246,7 +249,7 @@ def _check_generation_layout(config: TrainerConfig, layout: RunLayout) -> None:
             f"{gen.tp * gen.pp} ranks form one rollout engine; it must divide the actor's "
             f"placement.processes = {config.placement.processes}"
         )
-    if not get_engine_parallelism("training", config.actor.backend) & {"tp", "pp"}:
+    if not get_engine_parallelism("training", config.actor.backend) & MODEL_AXES:
         return  # a data-parallel actor streams whole tensors: any engine shards them itself
     train = layout.role("actor")
     for key, size, actor_size, name, axis in (
@@ -323,11 +326,7 @@ def _engine_blocks(
 
 def _layout_key(key: str, kind: EngineKind, setting: str) -> str | None:
     """Where a recipe states the layout an engine setting carries (``use actor.parallel.tp``)."""
-    axis = {
-        "tensor_parallel_size": "tp",
-        "pipeline_parallel_size": "pp",
-        "sequence_parallel_size": "sp",
-    }.get(setting)
+    axis = {name: axis for axis, name in ENGINE_LAYOUT_SETTINGS.items()}.get(setting)
     if axis is None:
         return None
     return f"use {key}.{setting}" if kind == "rollout" else f"use {key}.parallel.{axis}"

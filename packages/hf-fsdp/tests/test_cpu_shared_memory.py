@@ -159,12 +159,36 @@ def _dead_peer(rank: int) -> str:
         return type(error).__name__
 
 
+def _sized_file(rank: int) -> tuple[int, int, int]:
+    """A model of two FSDP units (a 300 x 50 layer inside, a 7 x 10 + 10 root) attached on a
+    fresh group: the file it maps, the largest shard by hand, and the capped size for a big
+    model."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hf_fsdp import cpu_shared_memory as shm
+
+    group = dist.new_group([0, 1])
+    mesh = DeviceMesh.from_group(group, device_type="cpu")
+    model = torch.nn.Sequential(torch.nn.Linear(50, 300, bias=False), torch.nn.Linear(10, 7))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert shm.attach(model, group)
+    exchange = shm.exchange_for(group)
+    assert exchange is not None
+    with torch.device("meta"):  # shapes only
+        big = torch.nn.Linear(8192, 8192, bias=False)  # 256 MiB of float32
+    fully_shard(big, mesh=mesh)
+    return exchange.buffer.numel(), 150 * 50 * 4, shm.exchange_file_bytes(big, 2)
+
+
 def _run(rank: int, world: int, port: int, result: Any) -> None:
     _init(rank, world, port)
     result[("matches", rank)] = _matches_gloo(rank, world)
     result[("replicas", rank)] = _replica_average(rank, world)
     if world == 2:
         result[("fallback", rank)] = _fallback(rank)
+        result[("sized", rank)] = _sized_file(rank)
         result[("pooled_failure", rank)] = _pooled_failure(rank)
         result[("dead_peer", rank)] = _dead_peer(rank)
 
@@ -213,6 +237,16 @@ def test_three_ranks_reduce_each_peer_chunk_in_its_place() -> None:
 def test_a_rank_that_cannot_map_the_file_keeps_every_rank_on_gloo(two_ranks: dict) -> None:
     assert two_ranks[("fallback", 0)] == (False, None)
     assert two_ranks[("fallback", 1)] == (False, None)
+
+
+def test_the_file_is_sized_to_the_largest_unit_shard_and_capped(two_ranks: dict) -> None:
+    from hf_fsdp.config import SHARED_MEMORY_FILE_BYTES
+
+    for rank in range(2):
+        mapped, largest_shard, big = two_ranks[("sized", rank)]
+        slot = -(-largest_shard // 4096) * 4096  # one page-aligned shard a slot, 2 sets x 2 ranks
+        assert mapped == 2 * 2 * slot < SHARED_MEMORY_FILE_BYTES
+        assert big == SHARED_MEMORY_FILE_BYTES  # a 128 MiB shard goes through in pieces
 
 
 def test_a_failure_on_the_pooling_rank_raises_on_every_rank(two_ranks: dict) -> None:

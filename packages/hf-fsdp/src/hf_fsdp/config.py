@@ -32,9 +32,10 @@ CPULinear = Annotated[
 ]
 
 
-SHARED_MEMORY_FILE_BYTES = 256 * 1024 * 1024
-"""The file FSDP's CPU ranks on one node copy their collectives through (one per node and
-process group, whatever the rank count: hf_fsdp.cpu_shared_memory)."""
+SHARED_MEMORY_FILE_BYTES = 32 * 1024 * 1024
+"""The largest file FSDP's CPU ranks on one node copy their collectives through (one per node
+and process group, whatever the rank count; a model whose units need less gets a smaller one:
+hf_fsdp.cpu_shared_memory)."""
 
 
 class FSDPEngineConfig(TrainingEngineConfig):
@@ -144,8 +145,8 @@ class FSDPEngineConfig(TrainingEngineConfig):
         return total // holders
 
     def node_shared_bytes(self, ranks_per_node: int) -> int:
-        """The shared-memory collectives' file, when it is used (``DeclaresNodeSharedMemory``;
-        CPU runs only reach the check that asks)."""
+        """The shared-memory collectives' file at its largest, when it is used
+        (``DeclaresNodeSharedMemory``; CPU runs only reach the check that asks)."""
         if self.cpu_collectives != "shared_memory" or ranks_per_node < 2:
             return 0
         return SHARED_MEMORY_FILE_BYTES

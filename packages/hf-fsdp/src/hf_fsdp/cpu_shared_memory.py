@@ -15,6 +15,10 @@ per piece is enough: a rank can only overwrite a slot set after every peer passe
 barrier, i.e. finished reading it.  The barrier stays on gloo so that a dead peer fails the
 call (and the worker reports it) instead of leaving the others spinning.
 
+The file holds one rank's largest unit shard per slot (:func:`exchange_file_bytes`, capped
+at 32 MiB): every rank maps the whole file and its pages count in each rank's resident memory,
+so the file is kept small; a larger tensor costs one more gloo barrier per slot-sized piece.
+
 Only used on CPU, when every rank of the group can map the same file (checked with a token
 at set-up; otherwise FSDP keeps gloo).  The file is unlinked as soon as every rank has mapped
 it, so nothing is left behind when a run dies.  GPUs keep NCCL: see :func:`attach`.
@@ -250,12 +254,52 @@ def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: dist.Proce
         SharedMemoryAllGather(exchange)(output, local, group)
 
 
+def largest_unit_shard_bytes(model: torch.nn.Module, world: int) -> int:
+    """The most bytes one rank contributes to one FSDP unit's collective: its shard of the
+    unit's own parameters (dim 0 split over ``world``, padded as FSDP2 pads), at no less than
+    4 bytes an element (gradients may be reduced in float32 under bf16 weights)."""
+    largest = 0
+    for unit in model.modules():
+        if not isinstance(unit, FSDPModule):
+            continue
+        nested = {
+            id(param)
+            for child in unit.modules()
+            if child is not unit and isinstance(child, FSDPModule)
+            for param in child.parameters()
+        }
+        own = [p for p in unit.parameters() if id(p) not in nested]
+        largest = max(
+            largest, sum(_shard_elements(p, world) * max(4, p.element_size()) for p in own)
+        )
+    return largest
+
+
+def _shard_elements(param: torch.Tensor, world: int) -> int:
+    """Elements of one rank's dim-0 shard of ``param``, padded to equal shares."""
+    if param.dim() == 0 or param.shape[0] == 0:
+        return param.numel()
+    return -(-param.shape[0] // world) * (param.numel() // param.shape[0])
+
+
+def exchange_file_bytes(model: torch.nn.Module, world: int) -> int:
+    """The shared file FSDP's collectives for ``model`` need: two slot sets of one slot per
+    rank, a slot taking a rank's largest shard whole (a reduce-scatter piece carries one part
+    per peer), capped at :data:`SHARED_MEMORY_FILE_BYTES` (larger units go through in
+    pieces).  A small model thus maps megabytes, not the cap, on every rank."""
+    slot = largest_unit_shard_bytes(model, world) * max(1, world - 1)
+    slot = -(-max(slot, _ALIGN) // _ALIGN) * _ALIGN
+    return min(SHARED_MEMORY_FILE_BYTES, 2 * world * slot)
+
+
 def attach(model: torch.nn.Module, group: dist.ProcessGroup) -> bool:
     """Route every FSDP unit of ``model`` through shared memory; ``False`` (and gloo kept)
-    when ``group`` has one rank or its ranks cannot share a file.  CPU models only."""
+    when ``group`` has one rank or its ranks cannot share a file.  CPU models only.  The
+    file is sized to the model (:func:`exchange_file_bytes`) unless another engine of this
+    process already set one up for ``group``, which is then shared."""
     if group.size() < 2:
         return False
-    exchange = exchange_for(group)
+    exchange = exchange_for(group, exchange_file_bytes(model, group.size()))
     if exchange is None:
         return False
     gather, scatter = SharedMemoryAllGather(exchange), SharedMemoryReduceScatter(exchange)

@@ -160,7 +160,7 @@ def _dead_peer(rank: int) -> str:
 
 
 def _sized_file(rank: int) -> tuple[int, int, int]:
-    """A model of two FSDP units (a 300 x 50 layer inside, a 7 x 10 + 10 root) attached on a
+    """A model of two FSDP units (a 300 x 50 layer inside, a 7 x 10 + 7 root) attached on a
     fresh group: the file it maps, the largest shard by hand, and the capped size for a big
     model."""
     from torch.distributed.device_mesh import DeviceMesh

@@ -7,7 +7,8 @@ them together (they run collectives), each with its own slice of the batch.
 Loss scaling contract (see :meth:`FSDPEngine.train_step`): FSDP *averages* gradients over
 the ``dp_size`` ranks, and micro-batch gradients are *summed*.  Each micro-batch's ``meta``
 carries the counts a loss needs to scale itself so that the averaged gradient equals the
-gradient of the loss over the global batch, e.g. a sample mean over the global batch is
+gradient of the loss over the global batch (:mod:`hf_core.engines.loss_totals`, computed as
+every backend does), e.g. a sample mean over the global batch is
 ``per_sample.sum() * dp_size / global_batch_size`` and a token mean is
 ``(per_token * mask).sum() * dp_size / global_response_tokens``.
 
@@ -54,6 +55,7 @@ from hf_core.engines import (
     save_hf_folder,
     write_peft_folder,
 )
+from hf_core.engines.loss_totals import all_reduce_over, loss_totals
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_core.protocols import WorkerMesh
@@ -409,17 +411,16 @@ class FSDPEngine(TrainingEngine):
         batch: Batch,
         num_micro: int,
         rank: int,
-        global_rows: int,
-        global_tokens: int,
+        totals: dict[str, Any],
         dp_size: int | None = None,
     ) -> dict[str, Any]:
+        """``totals``: :func:`~hf_core.engines.loss_totals.loss_totals` of the mini-batch."""
         return {
+            **totals,
             "dp_size": self.world_size if dp_size is None else dp_size,
             "dp_rank": rank,
-            "global_batch_size": global_rows,
             "mini_batch_size": len(batch),
             "num_micro_batches": num_micro,
-            "global_response_tokens": global_tokens,
             "local_response_tokens": self._response_tokens(batch),
         }
 
@@ -433,9 +434,12 @@ class FSDPEngine(TrainingEngine):
 
         ``loss_fn(outputs, micro_batch)`` gets the head's outputs (with autograd) and returns
         the loss to back-propagate, already scaled as described in the module docstring
-        using ``micro_batch.meta``: ``dp_size``, ``global_batch_size``, ``mini_batch_size``
-        (this rank), ``num_micro_batches``, ``micro_batch_size``, ``global_response_tokens``
-        and ``local_response_tokens`` (sums of ``response_mask`` when the batch has one).
+        using ``micro_batch.meta``: ``dp_size``, ``mini_batch_size`` (this rank),
+        ``num_micro_batches``, ``micro_batch_size``, ``local_response_tokens`` (the sum of
+        ``response_mask`` when the batch has one) and the global counts of
+        :func:`~hf_core.engines.loss_totals.loss_totals` (``global_batch_size``,
+        ``global_response_tokens``, ``global_nonempty_rows``, ``global_response_length``,
+        ``global_group_tokens`` when the batch has ``group_index``).
         The actor's log-probs use ``batch.meta["temperature"]`` (default 1.0).  Under pooled
         training the host's first rank calls ``loss_fn`` for every rank's micro-batches, so
         it must depend only on its arguments and on settings every rank shares.
@@ -497,17 +501,13 @@ class FSDPEngine(TrainingEngine):
         """This rank's gradients, averaged over the ranks; the step's metrics."""
         micro, count = self._micro_batches(batch, training=True)
         self._recompute_for(micro)
-        totals = torch.tensor(
-            [len(batch), self._response_tokens(batch)], device=self._collective_device
-        )
-        dist.all_reduce(totals)
-        totals //= self.sp_size  # the ranks of a sequence-parallel group share one chunk
+        # the ranks of a sequence-parallel group share one chunk: it counts once
+        over_ranks = all_reduce_over(self._collective_device, copies=self.sp_size)
         meta = self._loss_meta(
             batch,
             len(micro),
             self.rank // self.sp_size,
-            int(totals[0]),
-            int(totals[1]),
+            loss_totals([batch], over_ranks),
             self.world_size // self.sp_size,
         )
         assert self.optimizer is not None
@@ -548,12 +548,11 @@ class FSDPEngine(TrainingEngine):
         )
         plans = [self._plan(share, training=True) for share, _, _ in shares]
         self._recompute_for([m for plan in plans for m in plan])
-        rows_total = sum(len(part) for part in parts)
-        tokens_total = sum(self._response_tokens(part) for part in parts)
+        totals = loss_totals(parts)  # every rank's batch is here
         tokens = heads.ForwardTokens()
         per_rank = []
         for (share, rank, dp_size), micro in zip(shares, plans, strict=True):
-            meta = self._loss_meta(share, len(micro), rank, rows_total, tokens_total, dp_size)
+            meta = self._loss_meta(share, len(micro), rank, totals, dp_size)
             rows = self._backward(share, micro, len(micro), meta, loss_fn, tokens, dp_size)
             per_rank.append(combine_metric_rows(rows, sums=("loss",)))
         metrics = combine_metric_rows(per_rank)

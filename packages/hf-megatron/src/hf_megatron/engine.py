@@ -11,8 +11,9 @@ rank returns the same batch (code written for a pure-DP engine keeps working).
 Loss-scaling contract: identical to hf-fsdp's engine, so core's trainer drives either.
 Gradients are *averaged* over the ``dp_size`` data-parallel replicas and micro-batch
 gradients are *summed*.  ``micro_batch.meta`` carries ``dp_size``, ``dp_rank``,
-``global_batch_size``, ``mini_batch_size``, ``num_micro_batches``, ``micro_batch_index``,
-``micro_batch_size``, ``global_response_tokens`` and ``local_response_tokens`` (counts over
+``mini_batch_size``, ``num_micro_batches``, ``micro_batch_index``, ``micro_batch_size``,
+``local_response_tokens`` and the global counts of :mod:`hf_core.engines.loss_totals`
+(``global_batch_size``, ``global_response_tokens``, ``global_nonempty_rows``, ...: counts over
 DP replicas, not over TP/PP ranks, which see copies of the same data); e.g. a token mean over
 the global batch is ``(per_token * mask).sum() * dp_size / global_response_tokens``.
 megatron's pipeline schedules divide each micro-batch loss by the number of micro-batches;
@@ -48,6 +49,7 @@ from hf_core.engines import (
     combine_metric_rows,
     save_hf_folder,
 )
+from hf_core.engines.loss_totals import all_reduce_over, loss_totals
 from hf_core.engines.model_classes import refuse_vision_model
 from hf_core.protocols import WorkerMesh
 from hf_core.resharding import (
@@ -419,17 +421,16 @@ class MegatronEngine(TrainingEngine):
 
     # -------------------------------------------------------------- train step
     def _loss_meta(self, batch: Batch, num_micro: int) -> dict[str, Any]:
+        """The counts of :func:`~hf_core.engines.loss_totals.loss_totals` over the DP
+        replicas (one rank of each: the DP group), and this replica's."""
         tokens = int(batch["response_mask"].sum()) if "response_mask" in batch else 0
-        device = collective_device()
-        totals = torch.tensor([len(batch), tokens], device=device)
-        dist.all_reduce(totals, group=self._dp_group())
+        over_replicas = all_reduce_over(collective_device(), group=self._dp_group())
         return {
+            **loss_totals([batch], over_replicas),
             "dp_size": self.layout.dp,
             "dp_rank": self.layout.coords.dp,
-            "global_batch_size": int(totals[0]),
             "mini_batch_size": len(batch),
             "num_micro_batches": num_micro,
-            "global_response_tokens": int(totals[1]),
             "local_response_tokens": tokens,
         }
 

@@ -14,10 +14,25 @@ Dr. GRPO, Liu et al. 2025, arXiv 2503.20783 §3.1), so it is a named, registered
   tokens; then mean over groups.  Every prompt weighs the same and, inside a prompt, every token
   does (DAPO's token-level loss taken per prompt).  Needs group ids.
 
-Sequence means run over sequences with at least one valid token, so an all-padding row does
-not dilute the loss.  An all-padding batch aggregates to 0.  Aggregation is within the tensor it
-is given: with gradient accumulation, "token-mean" per micro-batch is not the global token-mean
-unless the caller rescales.
+Sequence means run over sequences with at least one valid token, so an all-padding row (one
+masked out whole, e.g. by overlong filtering) does not dilute the loss; group means likewise
+skip groups without a valid token.  An all-padding batch aggregates to 0.  Mask values weigh
+tokens (``Σ l·m``; a token mean divides by ``Σ m``), while the number of sequences and a
+group's token count count non-zero entries (so a weight on a row scales its share of a group
+mean, which :mod:`hf_core.roles.losses` uses).
+
+Aggregation is within the tensor it is given.  With micro-batches and data-parallel ranks the
+mean over the whole mini-batch is a sum of per-micro-batch shares, which
+:mod:`hf_core.roles.losses` builds from these functions and the mini-batch's counts
+(:mod:`hf_core.engines.loss_totals`): ``token-mean`` x tokens, the ``seq-mean-*`` modes x
+non-empty rows, ``group-mean-token-mean`` with rows weighted by their group's share of its
+tokens x groups, each over the mini-batch's count.  So the update does not depend on how rows,
+empty ones included, fall into micro-batches.
+
+``seq-mean-token-sum-norm`` divides each sequence's token sum by L and averages over the
+sequences (the paper's 1/G).  verl's mode of that name (its ``agg_loss``) instead sums the
+sequences' token sums and divides by L only (its ``loss_scale_factor``, default the mask's
+width), with no 1/G: its value grows with the number of sequences it is given.
 """
 
 from __future__ import annotations
@@ -82,8 +97,10 @@ def seq_mean_token_sum_norm(
     """Mean over sequences of Σ_t l·m / L, L = ``norm_length`` or T (Dr. GRPO).
 
     Keep L constant across training (e.g. the max response length): a per-batch T reintroduces
-    the length bias this mode exists to remove.  (verl's mode of the same name divides the *sum*
-    over sequences by L; this one follows the paper's 1/G.)
+    the length bias this mode exists to remove, and a trimmed micro-batch's T differs from its
+    neighbours' (the role losses pass the mini-batch's response width).  verl's mode of the
+    same name divides the *sum* over sequences by L; this one follows the paper's 1/G (see the
+    module docstring).
     """
     length = float(norm_length) if norm_length is not None else float(loss_mat.shape[-1])
     if length <= 0:

@@ -6,7 +6,9 @@ J. Schulman, "Approximating KL Divergence" (2020, http://joschu.net/blog/kl-appr
 
 * ``k1`` = −log r = log π − log π_ref: unbiased, high variance, can be negative per token;
 * ``k2`` = ½ (log r)²: biased but low variance, always ≥ 0;
-* ``k3`` = (r − 1) − log r: unbiased *and* always ≥ 0 (used as GRPO's KL loss);
+* ``k3`` = (r − 1) − log r: unbiased *and* always ≥ 0 (used as GRPO's KL loss).  Its value is
+  not clamped (only log r is, at ±20, against overflow); verl's ``low_var_kl`` also clamps the
+  estimate to [−10, 10], which zeroes the gradient of tokens beyond it;
 * ``abs`` = |log r|: a non-negative magnitude of k1.
 
 KL enters the objective either in the reward (PPO, REINFORCE++: r_t = −β·KL_t plus the score on
@@ -51,7 +53,9 @@ def kl_k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """k3 = exp(ref − logp) − (ref − logp) − 1 (Schulman 2020).
 
     The log-ratio is clamped to ±20 before ``exp`` only to keep a pathological token from
-    producing inf; no realistic log-ratio is affected.
+    producing inf; no realistic log-ratio is affected.  The estimate itself is not clamped
+    (verl's ``low_var_kl`` clamps it to [−10, 10]): a token far from the reference keeps its
+    gradient.
     """
     log_ratio = (ref_log_prob - log_prob).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return torch.exp(log_ratio) - log_ratio - 1.0

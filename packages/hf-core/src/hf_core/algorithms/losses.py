@@ -3,7 +3,8 @@
 Sources:
 * PPO clipped surrogate — Schulman et al. 2017, "Proximal Policy Optimization Algorithms"
   (arXiv 1707.06347) eq. 7: L = −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A), ρ = π/π_old.  Separate lower and
-  upper ε ("clip-higher") follow DAPO (Yu et al. 2025, arXiv 2503.14476 §3.1).
+  upper ε ("clip-higher") follow DAPO (Yu et al. 2025, arXiv 2503.14476 §3.1).  ``vanilla``
+  names this plain clipped loss here; verl's ``vanilla`` is dual-clip PPO (``dual_clip``).
 * Dual-clip PPO — Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"
   (arXiv 1912.09729) eq. 5: for A < 0 the loss is also capped at −c·A (c > 1), so a token whose
   ratio exploded under a negative advantage cannot dominate the batch.

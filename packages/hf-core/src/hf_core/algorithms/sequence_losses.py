@@ -16,9 +16,11 @@ so the paper clips at ε_low = 3e-4, ε_high = 4e-4 (§5.1), not PPO's 0.2.  Set
 ``algorithm.clip_ratio_low`` / ``clip_ratio_high`` accordingly; the global defaults stay PPO's.
 
 Aggregation: the per-sequence loss is written on each of the sequence's valid tokens and reduced
-with ``config.loss_agg_mode``.  ``seq-mean-token-mean`` gives the paper's 1/G Σ_i loss_i exactly;
-``token-mean`` (the default mode) weighs each response's loss by its length, as a token-level
-loss would; the other modes weigh as they do for any loss.
+with ``config.loss_agg_mode``.  ``seq-mean-token-mean`` gives the paper's 1/G Σ_i loss_i exactly
+(the gspo recipe sets it); ``token-mean`` (the default mode) weighs each response's loss by its
+length, as a token-level loss would; the other modes weigh as they do for any loss.  The actor
+warns when ``gspo`` or ``gspo_token`` runs with another mode
+(:func:`hf_core.roles.losses.loss_agg_mode_advice`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,30 @@
 """Loss functions core hands to training engines, built from :mod:`hf_core.algorithms`.
 
 Engines call a loss once per micro-batch and sum the gradients; data-parallel ranks then
-average them.  So each micro-batch's aggregated loss is rescaled by its share of the global
-mini-batch (tokens for ``token-mean``, sequences otherwise) times the DP size, which makes an
-update on any number of ranks and micro-batches equal to one step on the whole mini-batch.
-The engine provides the totals in ``micro_batch.meta`` (``dp_size``, ``global_batch_size``,
-``global_response_tokens``).
+average them.  So each micro-batch returns its *share* of the loss over the global mini-batch
+times the DP size, which makes an update on any number of ranks and micro-batches equal to one
+step on the whole mini-batch, however its rows (empty ones included) fall:
+
+* ``token-mean``: the micro-batch's token mean x its tokens / the mini-batch's tokens;
+* the ``seq-mean-*`` modes: its sequence mean x its non-empty rows / the mini-batch's
+  non-empty rows (a row masked out whole weighs nothing anywhere), with the constant L of
+  ``seq-mean-token-sum-norm`` the mini-batch's response width (micro-batches are trimmed);
+* ``group-mean-token-mean``: each row is first weighted by its group's tokens in this
+  micro-batch / the group's tokens in the mini-batch, which turns the micro-batch's per-group
+  token means into shares of the global ones; then x its groups / the mini-batch's groups
+  (groups with tokens).  The rows need ``group_index``;
+* any other registered mode: x its rows / the mini-batch's rows.
+
+The engine provides the totals in ``micro_batch.meta`` (``dp_size`` and the counts of
+:mod:`hf_core.engines.loss_totals`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -25,6 +38,9 @@ from hf_core.algorithms import (
 )
 from hf_core.batch import Batch
 from hf_core.config import AlgorithmConfig, TrainerConfig
+from hf_core.engines.loss_totals import GROUP_KEY
+
+log = logging.getLogger(__name__)
 
 MISMATCH_MEAN = "rollout/logprob_abs_diff_mean"
 MISMATCH_MAX = "rollout/logprob_abs_diff_max"
@@ -36,14 +52,134 @@ RolloutISMode = Literal["truncated", "masked", "seq_truncated", "seq_masked"]
 """Rollout corrections: per token (``truncated``, ``masked``) or per sequence (``seq_*``)."""
 SEQUENCE_IS_MODES = ("seq_truncated", "seq_masked")
 
+SEQUENCE_MEAN_MODES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+GROUP_MEAN_MODE = "group-mean-token-mean"
+
+RECOMMENDED_LOSS_AGG_MODE = {
+    "gspo": "seq-mean-token-mean",
+    "gspo_token": "seq-mean-token-mean",
+}
+"""Policy losses whose source fixes the aggregation: GSPO's objective (and GSPO-token's) is
+1/G sum_i of the per-response losses (arXiv 2507.18071 §4.1, §4.3), as the gspo recipe sets."""
+
+
+def _meta_count(micro_batch: Batch, key: str, mode: str) -> Any:
+    if key not in micro_batch.meta:
+        raise KeyError(
+            f"micro_batch.meta has no {key!r}, which loss_agg_mode {mode!r} scales by: the "
+            "training engine must fill the meta with hf_core.engines.loss_totals"
+        )
+    return micro_batch.meta[key]
+
+
+def _group_ids(micro_batch: Batch) -> torch.Tensor:
+    if GROUP_KEY not in micro_batch:
+        raise KeyError(
+            f"loss_agg_mode {GROUP_MEAN_MODE!r} needs the group id of every row: the update "
+            f"batch has no {GROUP_KEY!r}"
+        )
+    return micro_batch[GROUP_KEY].to(torch.int64)
+
 
 def global_share(micro_batch: Batch, loss_agg_mode: str) -> float:
-    """The factor turning a micro-batch mean into its share of the global mean (x DP size)."""
-    meta = micro_batch.meta
+    """The factor turning a micro-batch's aggregate into its share of the global mini-batch's
+    (x DP size); see the module docstring for what each mode counts."""
+    dp_size = int(_meta_count(micro_batch, "dp_size", loss_agg_mode))
+    valid = micro_batch["response_mask"] != 0
     if loss_agg_mode == "token-mean":
-        tokens = float(micro_batch["response_mask"].sum())
-        return tokens * meta["dp_size"] / max(1.0, float(meta["global_response_tokens"]))
-    return len(micro_batch) * meta["dp_size"] / max(1, int(meta["global_batch_size"]))
+        part, key = int(valid.sum()), "global_response_tokens"
+    elif loss_agg_mode in SEQUENCE_MEAN_MODES:
+        part, key = int(valid.any(dim=-1).sum()), "global_nonempty_rows"
+    elif loss_agg_mode == GROUP_MEAN_MODE:
+        ids = _group_ids(micro_batch)[valid.any(dim=-1)]
+        groups = _meta_count(micro_batch, "global_group_tokens", loss_agg_mode)
+        return ids.unique().numel() * dp_size / max(1, sum(1 for n in groups if n))
+    else:
+        part, key = len(micro_batch), "global_batch_size"
+    return part * dp_size / max(1, int(_meta_count(micro_batch, key, loss_agg_mode)))
+
+
+def group_row_weights(micro_batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+    """Per-row weights [B] of ``group-mean-token-mean``: the row's group's response tokens in
+    this micro-batch / in the global mini-batch (``meta["global_group_tokens"]``).
+
+    Weighting each row's per-token losses so turns the micro-batch's token mean of a group
+    into its share of the group's mini-batch token mean; rows without tokens get 0.
+    """
+    ids = _group_ids(micro_batch)
+    totals = torch.as_tensor(
+        _meta_count(micro_batch, "global_group_tokens", GROUP_MEAN_MODE), dtype=torch.int64
+    ).to(ids.device)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= totals.numel()):
+        raise ValueError(
+            f"{GROUP_KEY!r} holds ids {int(ids.min())}..{int(ids.max())} but "
+            f"meta['global_group_tokens'] counts groups 0..{totals.numel() - 1}"
+        )
+    row_tokens = (micro_batch["response_mask"] != 0).sum(dim=-1).to(torch.int64)
+    local = torch.zeros_like(totals).index_add_(0, ids, row_tokens)
+    if bool((local > totals).any()):
+        raise ValueError(
+            "meta['global_group_tokens'] counts fewer tokens for a group than this micro-batch "
+            "holds: the engine's totals do not cover the whole mini-batch"
+        )
+    weights = local[ids].to(dtype) / totals[ids].clamp_min(1).to(dtype)
+    return torch.where(row_tokens > 0, weights, torch.zeros((), dtype=dtype))
+
+
+@dataclass(frozen=True)
+class MicroBatchScaling:
+    """How a micro-batch's losses are aggregated so that they add up to the global loss:
+    ``share`` (see :func:`global_share`), the group ids and per-row weights of the group mode,
+    and the constant L of ``seq-mean-token-sum-norm``."""
+
+    share: float
+    index: torch.Tensor | None = None
+    row_weights: torch.Tensor | None = None
+    norm_length: float | None = None
+
+    def mask(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``mask`` with the per-row weights on it (the aggregation reads mask values as
+        token weights)."""
+        if self.row_weights is None:
+            return mask
+        return mask.to(dtype) * self.row_weights[:, None].to(dtype)
+
+    def aggregation(self) -> dict[str, Any]:
+        """Keyword arguments of the aggregated loss terms (``index``, ``norm_length``)."""
+        return {"index": self.index, "norm_length": self.norm_length}
+
+
+def micro_batch_scaling(
+    micro_batch: Batch,
+    loss_agg_mode: str,
+    dtype: torch.dtype,
+    norm_length: float | None = None,
+) -> MicroBatchScaling:
+    """The :class:`MicroBatchScaling` of ``micro_batch`` under ``loss_agg_mode``;
+    ``norm_length``: a fixed L for ``seq-mean-token-sum-norm`` (default: the mini-batch's
+    response width, ``meta["global_response_length"]``)."""
+    share = global_share(micro_batch, loss_agg_mode)
+    if loss_agg_mode == GROUP_MEAN_MODE:
+        weights = group_row_weights(micro_batch, dtype)
+        return MicroBatchScaling(share, _group_ids(micro_batch), weights)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        if norm_length is None:
+            key = "global_response_length"
+            norm_length = float(_meta_count(micro_batch, key, loss_agg_mode))
+        return MicroBatchScaling(share, norm_length=norm_length)
+    return MicroBatchScaling(share)
+
+
+def loss_agg_mode_advice(algo: AlgorithmConfig) -> str | None:
+    """A one-line warning when ``algo`` pairs a policy loss with an aggregation its source does
+    not use, else ``None``."""
+    wanted = RECOMMENDED_LOSS_AGG_MODE.get(algo.policy_loss)
+    if wanted is None or algo.loss_agg_mode == wanted:
+        return None
+    return (
+        f"algorithm.policy_loss={algo.policy_loss} is defined with loss_agg_mode={wanted} (a "
+        f"mean over responses); loss_agg_mode={algo.loss_agg_mode} weighs responses otherwise"
+    )
 
 
 HALF_PRECISION = ("bfloat16", "float16", "bf16", "fp16", "half")
@@ -185,7 +321,14 @@ class PolicyLoss:
     """Clipped policy loss − entropy bonus (+ KL-to-reference when ``kl.mode == in_loss``, +
     KL-to-teacher when the batch carries ``teacher_log_probs``: ``algorithm.distill.mode:
     loss``), with importance weights against the rollout policy (``is_mode``) when ``is_cap``
-    is set."""
+    is set.
+
+    ``norm_length``: a fixed L for ``seq-mean-token-sum-norm`` (e.g. ``rollout.max_new_tokens``;
+    default: the mini-batch's response width).  Warns (:func:`loss_agg_mode_advice`) when the
+    policy loss's source uses another aggregation than ``algo.loss_agg_mode``.  Under
+    ``group-mean-token-mean`` the row weights (:func:`group_row_weights`) scale the advantages
+    and the other terms' mask, so ``pg_loss``, ``entropy`` and ``kl_loss`` are then the
+    micro-batch's weighted values; ``pg_clipfrac`` and ``ppo_kl`` stay plain token means."""
 
     def __init__(
         self,
@@ -193,11 +336,16 @@ class PolicyLoss:
         *,
         is_cap: float | None = None,
         is_mode: RolloutISMode = "truncated",
+        norm_length: float | None = None,
     ) -> None:
         self.algo = algo
         self.is_cap = is_cap
         self.is_mode = is_mode
+        self.norm_length = norm_length
         self.policy_loss = get_policy_loss(algo.policy_loss)
+        advice = loss_agg_mode_advice(algo)
+        if advice is not None:
+            log.warning(advice)
         self.config = PolicyLossConfig(
             clip_ratio_low=algo.clip_ratio_low,
             clip_ratio_high=algo.clip_ratio_high,
@@ -211,6 +359,7 @@ class PolicyLoss:
         mask = mb["response_mask"]
         mode = self.algo.loss_agg_mode
         log_probs = outputs["log_probs"]
+        scaling = micro_batch_scaling(mb, mode, log_probs.dtype, self.norm_length)
         if "old_log_probs" in mb:
             old_log_probs = mb["old_log_probs"]
             metrics: dict[str, float] = {}
@@ -226,11 +375,26 @@ class PolicyLoss:
             )
             advantages = advantages * weights
             metrics.update(is_metrics)
-        loss, pg_metrics = self.policy_loss(log_probs, old_log_probs, advantages, mask, self.config)
+        if scaling.row_weights is not None:  # the group mode's row weights, the same way
+            advantages = advantages * scaling.row_weights[:, None].to(advantages.dtype)
+        config = self.config
+        if scaling.norm_length is not None:
+            config = config.model_copy(update={"norm_length": scaling.norm_length})
+        groups = {} if scaling.index is None else {"index": scaling.index}
+        loss, pg_metrics = self.policy_loss(
+            log_probs, old_log_probs, advantages, mask, config, **groups
+        )
         metrics.update(pg_metrics)
+        # the other terms carry the row weights on their mask (their metrics are the terms)
+        term_mask = scaling.mask(mask, log_probs.dtype)
         if self.algo.entropy_coef > 0:
             loss, extra = entropy_bonus(
-                loss, outputs["entropy"], mask, self.algo.entropy_coef, loss_agg_mode=mode
+                loss,
+                outputs["entropy"],
+                term_mask,
+                self.algo.entropy_coef,
+                loss_agg_mode=mode,
+                **scaling.aggregation(),
             )
             metrics.update(extra)
         elif "entropy" in outputs:
@@ -240,9 +404,10 @@ class PolicyLoss:
             kl, extra = kl_loss(
                 outputs["log_probs"],
                 mb["ref_log_probs"],
-                mask,
+                term_mask,
                 estimator=self.algo.kl.estimator,
                 loss_agg_mode=mode,
+                **scaling.aggregation(),
             )
             loss = loss + self.algo.kl.coef * kl
             metrics.update(extra)
@@ -251,13 +416,14 @@ class PolicyLoss:
             kl, _ = kl_loss(
                 outputs["log_probs"],
                 mb["teacher_log_probs"],
-                mask,
+                term_mask,
                 estimator=distill.estimator,
                 loss_agg_mode=mode,
+                **scaling.aggregation(),
             )
             loss = loss + distill.coef * kl
             metrics["distill_loss"] = float(kl.detach())
-        return loss * global_share(mb, mode), metrics
+        return loss * scaling.share, metrics
 
 
 def mismatch_parts(
@@ -282,23 +448,31 @@ def mismatch_summary(parts: dict[str, float]) -> dict[str, float]:
 
 
 class ValueLoss:
-    """PPO's clipped value loss against the returns computed on the driver."""
+    """PPO's clipped value loss against the returns computed on the driver.
 
-    def __init__(self, algo: AlgorithmConfig) -> None:
+    Under ``group-mean-token-mean`` the row weights ride on the mask, so ``vf_clipfrac`` and
+    ``vpred_mean`` are then means weighted like the loss."""
+
+    def __init__(self, algo: AlgorithmConfig, *, norm_length: float | None = None) -> None:
         self.algo = algo
+        self.norm_length = norm_length
 
     def __call__(
         self, outputs: Mapping[str, torch.Tensor], mb: Batch
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        mode = self.algo.loss_agg_mode
+        values = outputs["values"]
+        scaling = micro_batch_scaling(mb, mode, values.dtype, self.norm_length)
         loss, metrics = value_loss(
-            outputs["values"],
+            values,
             mb["old_values"],
             mb["returns"],
-            mb["response_mask"],
+            scaling.mask(mb["response_mask"], values.dtype),
             clip_range=self.algo.value_clip,
-            loss_agg_mode=self.algo.loss_agg_mode,
+            loss_agg_mode=mode,
+            **scaling.aggregation(),
         )
-        return loss * global_share(mb, self.algo.loss_agg_mode), metrics
+        return loss * scaling.share, metrics
 
 
 def sft_loss(

@@ -210,3 +210,25 @@ def test_failing_agent_functions_cost_their_samples_not_the_run(in_workdir: Path
     assert sum(row["agent/failed"] for row in rows) > 0
     for row in rows:
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_group_mean_aggregation_trains_through_the_loop(in_workdir: Path) -> None:
+    """``group-mean-token-mean`` needs each row's prompt group in the actor's update: the loop
+    sends ``group_index`` with it, and the engines' totals give every group its share."""
+    config = load_config(
+        TrainerConfig,
+        RECIPES / "grpo.yaml",
+        [
+            "run.total_steps=2",
+            "run.val_every=0",
+            "run.progress=false",
+            "algorithm.loss_agg_mode=group-mean-token-mean",
+        ],
+    )
+    RLTrainer(config).fit()
+    rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
+        assert row["actor/grad_norm"] > 0

@@ -194,3 +194,21 @@ def test_sequence_rollout_corrections_and_cispo_bounds_are_accepted(recipe: Path
         assert config.algorithm.rollout_is == mode
     overrides = ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_low=1.0"]
     assert load_config(TrainerConfig, recipe, overrides).algorithm.clip_ratio_low == 1.0
+
+
+def test_gspo_with_another_aggregation_is_warned_about_when_the_recipe_loads(
+    recipe: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GSPO is defined as a mean over responses: the driver says so once, before any worker."""
+    for mode, warned in (("token-mean", True), ("seq-mean-token-mean", False)):
+        caplog.clear()
+        overrides = ["algorithm.policy_loss=gspo", f"algorithm.loss_agg_mode={mode}"]
+        with caplog.at_level("WARNING", logger="hf_core.trainer.preflight"):
+            try:
+                load_run_config(recipe, overrides)
+            except ConfigError:
+                pass  # the recipe's model folder does not exist: checked after the algorithm
+        said = [r.getMessage() for r in caplog.records if r.name == "hf_core.trainer.preflight"]
+        assert bool(said) == warned, (mode, said)
+        if warned:
+            assert "loss_agg_mode=seq-mean-token-mean" in said[0]

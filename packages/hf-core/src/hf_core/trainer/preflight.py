@@ -16,6 +16,7 @@ and the budget.  Neither writes anything, so a bad run leaves its output folder 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -40,9 +41,12 @@ from hf_core.errors import CheckpointError, EngineConfigError, ModelFolderError
 from hf_core.plugins import UnknownNameError, get_engine_config, get_engine_parallelism
 from hf_core.rewards import UnknownRewardFunctionError, get_reward_function
 from hf_core.roles.common import rollout_engine_args, training_engine_args
+from hf_core.roles.losses import loss_agg_mode_advice
 from hf_core.trainer.checkpoint import latest_checkpoint
 from hf_core.trainer.memory_check import check_memory_fit
 from hf_core.trainer.sequence_length import check_sequence_length
+
+log = logging.getLogger(__name__)
 
 EngineKind = Literal["training", "rollout"]
 
@@ -276,6 +280,9 @@ def _check_algorithm(config: TrainerConfig) -> None:
             lookup(name)
         except UnknownNameError as exc:
             raise ConfigError(f"invalid configuration:\n  {key}: {exc}") from None
+    advice = loss_agg_mode_advice(algo)
+    if advice is not None:
+        log.warning(advice)
     traits = get_estimator_traits(algo.advantage)
     if traits.needs_critic and config.critic is None:
         raise ConfigError(f"algorithm.advantage={algo.advantage} needs a 'critic' section")

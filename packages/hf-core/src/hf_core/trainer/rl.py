@@ -55,7 +55,7 @@ from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
 from hf_core.roles import JUDGE_KEYS
 from hf_core.roles.handover import handover_metrics
-from hf_core.roles.losses import mismatch_parts, mismatch_summary
+from hf_core.roles.losses import GROUP_MEAN_MODE, mismatch_parts, mismatch_summary
 from hf_core.runtime import Cluster, WorkerLostError
 from hf_core.trainer.auto_placement import place_roles
 from hf_core.trainer.batches import generation_input, sampling_params, sft_batch, token_count
@@ -453,7 +453,7 @@ class RLTrainer:
 
         if roles.critic is not None:
             with Timer("update_critic", metrics):
-                update = batch.select(*model_keys(batch), "returns")
+                update = batch.select(*model_keys(batch), "returns", *self._loss_group_keys())
                 update["old_values"] = batch["values"]
                 update.meta.update(batch.meta)
                 metrics.update(_rank_zero_metrics(roles.critic.update_critic(update), "critic"))
@@ -468,6 +468,7 @@ class RLTrainer:
                 keys.append("ref_log_probs")
             if cfg.teacher is not None and algo.distill.mode == "loss":
                 keys.append("teacher_log_probs")
+            keys.extend(self._loss_group_keys())
             update = batch.select(*keys)
             update.meta.update(batch.meta)
             updated = roles.actor.update_actor.remote(update)
@@ -535,6 +536,12 @@ class RLTrainer:
         )
         metrics.update(found)
         return shaped if distill.mode == "advantage" else advantages
+
+    def _loss_group_keys(self) -> tuple[str, ...]:
+        """The batch keys the loss needs beyond the model's inputs: ``group_index`` when the
+        aggregation weighs each prompt's group as one (its rows are weighted by their group's
+        share of the mini-batch's tokens, which needs to know which rows share a prompt)."""
+        return ("group_index",) if self.config.algorithm.loss_agg_mode == GROUP_MEAN_MODE else ()
 
     def _samples_batch(self, samples: StepSamples) -> Batch:
         """One draw's samples joined with their prompts' fields, group-major."""

@@ -113,10 +113,11 @@ def test_concurrent_conversations_are_token_exact(tokenizer: Any) -> None:
     engine = ScriptedEngine(tokenizer)
     endpoint = _endpoint(tokenizer, engine)
     server = EndpointServer(endpoint)
+    tickets = {"a": endpoint.open(), "b": endpoint.open()}
     try:
 
         async def both() -> list[str]:
-            async with server.client("a") as a, server.client("b") as b:
+            async with server.client(tickets["a"]) as a, server.client(tickets["b"]) as b:
                 return list(
                     await asyncio.gather(
                         _calculator_agent(a, "12*34="), _calculator_agent(b, "56*78=")
@@ -134,7 +135,7 @@ def test_concurrent_conversations_are_token_exact(tokenizer: Any) -> None:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     for name, question in (("a", "12*34="), ("b", "56*78=")):
-        trajectory = endpoint.take(name)
+        trajectory = endpoint.take(tickets[name].id)
         assert trajectory is not None
         user = [{"role": "user", "content": question}]
         rendered = tokenizer.apply_chat_template(
@@ -167,13 +168,19 @@ def _answers(question: str) -> set[str]:
 
 
 @pytest.fixture
-def http(tokenizer: Any) -> Any:
+def served(tokenizer: Any) -> Any:
+    """The app on a scripted engine, and its endpoint (to open trajectories)."""
     from hf_core.serving.app import build_app
 
     endpoint = _endpoint(tokenizer, ScriptedEngine(tokenizer))
     app = build_app(endpoint, token="secret", model_name="policy", max_body_bytes=2048)
-    yield app
+    yield app, endpoint
     endpoint.batcher.close()
+
+
+@pytest.fixture
+def http(served: Any) -> Any:
+    return served[0]
 
 
 GOOD = {"model": "policy", "messages": [{"role": "user", "content": "2*3="}]}
@@ -193,14 +200,16 @@ AUTH = {"Authorization": "Bearer secret"}
     ],
 )
 def test_bad_requests_get_the_right_4xx_and_the_endpoint_goes_on(
-    http: Any, headers: dict[str, str], body: str, status: int
+    served: Any, headers: dict[str, str], body: str, status: int
 ) -> None:
-    with TestClient(http, client=("127.0.0.1", 5000)) as client:
-        path = "/t/x/v1/chat/completions"
+    app, endpoint = served
+    x, y = endpoint.open(), endpoint.open()
+    with TestClient(app, client=("127.0.0.1", 5000)) as client:
+        path = f"/t/{x.id}/v1/chat/completions"
         reply = client.post(path, content=body, headers=headers)
         assert reply.status_code == status, reply.text
         assert "message" in reply.json()["error"]
-        good = client.post("/t/y/v1/chat/completions", json=GOOD, headers=AUTH)
+        good = client.post(f"/t/{y.id}/v1/chat/completions", json=GOOD, headers=AUTH)
         assert good.status_code == 200, good.text
         assert good.json()["choices"][0]["finish_reason"] == "tool_calls"
 
@@ -211,20 +220,22 @@ def test_non_loopback_clients_are_refused(http: Any) -> None:
     assert reply.status_code == 403
 
 
-def test_an_edited_conversation_is_refused_not_retokenised(http: Any) -> None:
-    with TestClient(http, client=("127.0.0.1", 5000)) as client:
-        first = client.post("/t/x/v1/chat/completions", json=GOOD, headers=AUTH).json()
+def test_an_edited_conversation_is_refused_not_retokenised(served: Any) -> None:
+    app, endpoint = served
+    path = f"/t/{endpoint.open().id}/v1/chat/completions"
+    with TestClient(app, client=("127.0.0.1", 5000)) as client:
+        first = client.post(path, json=GOOD, headers=AUTH).json()
         message = first["choices"][0]["message"]
         edited = {**message, "content": "I changed my mind"}
         follow = {
             "model": "policy",
             "messages": [*GOOD["messages"], edited, {"role": "user", "content": "and?"}],
         }
-        reply = client.post("/t/x/v1/chat/completions", json=follow, headers=AUTH)
+        reply = client.post(path, json=follow, headers=AUTH)
         assert reply.status_code == 400
         assert "differs" in reply.json()["error"]["message"]
         kept = {**follow, "messages": [*GOOD["messages"], message, follow["messages"][-1]]}
-        assert client.post("/t/x/v1/chat/completions", json=kept, headers=AUTH).status_code == 200
+        assert client.post(path, json=kept, headers=AUTH).status_code == 200
 
 
 # ------------------------------------------------------------ agent functions

@@ -17,10 +17,10 @@ counted in ``agent/failed`` and ``agent/timed_out``.  The step goes on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import math
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +42,7 @@ from hf_core.serving import (
     EngineBatcher,
     PolicyEndpoint,
     Trajectory,
+    TrajectoryTicket,
 )
 
 
@@ -91,7 +92,10 @@ class FunctionAgentLoop:
         tokenizer: Any,
         config: AgentConfig,
         version: Callable[[], int] = lambda: 0,
+        capacity: int | None = None,
     ) -> None:
+        """``capacity``: the most tokens the rollout engine holds in one sequence, where the
+        caller knows it (the endpoint then refuses longer contexts before they reach it)."""
         if config.function is None:
             raise ConfigError("agent.function is not set")
         self.function = load_agent_function(config.function)
@@ -109,6 +113,7 @@ class FunctionAgentLoop:
                 max_requests=config.max_turns,
                 max_total_tokens=config.max_total_tokens,
                 max_new_tokens=config.max_total_tokens,
+                capacity=capacity,
             ),
         )
         self.server = EndpointServer(self.endpoint, model_name=config.model_name, host=config.host)
@@ -124,16 +129,15 @@ class FunctionAgentLoop:
         prompts = prompts.repeat_interleave(params.n) if params.n > 1 else prompts
         rows = strip_left_padding(prompts["input_ids"], prompts["attention_mask"])
         self.endpoint.sampling = params.model_copy(update={"n": 1})
-        self.endpoint.limits = EndpointLimits(
-            max_requests=self.config.max_turns,
-            max_total_tokens=self.config.max_total_tokens,
-            max_new_tokens=params.max_new_tokens,
+        self.endpoint.limits = dataclasses.replace(
+            self.endpoint.limits, max_new_tokens=params.max_new_tokens
         )
-        call = uuid.uuid4().hex[:12]
-        ids = [f"{call}-{i}" for i in range(len(rows))]
         samples = [self._sample(prompts, i, row) for i, row in enumerate(rows)]
-        outcomes = asyncio.run(self._run_all(ids, samples))
-        trajectories = [self.endpoint.take(t) for t in ids]
+        tickets = [self.endpoint.open() for _ in rows]  # ids and keys no agent can guess
+        try:
+            outcomes = asyncio.run(self._run_all(tickets, samples))
+        finally:  # taken even when the step fails, so none is left open
+            trajectories = [self.endpoint.take(t.id) for t in tickets]
         failed = [o for o in outcomes if o.status != "ok"]
         if failed:
             log.warning(
@@ -153,12 +157,14 @@ class FunctionAgentLoop:
             sample[key] = value.item() if isinstance(value, np.generic) else value
         return sample
 
-    async def _run_all(self, ids: list[str], samples: list[dict[str, Any]]) -> list[_Outcome]:
-        runs = [self._run(t, s) for t, s in zip(ids, samples, strict=True)]
+    async def _run_all(
+        self, tickets: list[TrajectoryTicket], samples: list[dict[str, Any]]
+    ) -> list[_Outcome]:
+        runs = [self._run(t, s) for t, s in zip(tickets, samples, strict=True)]
         return list(await asyncio.gather(*runs))
 
-    async def _run(self, trajectory_id: str, sample: dict[str, Any]) -> _Outcome:
-        client = self.server.client(trajectory_id, max_retries=0, timeout=self.config.timeout_s)
+    async def _run(self, ticket: TrajectoryTicket, sample: dict[str, Any]) -> _Outcome:
+        client = self.server.client(ticket, max_retries=0, timeout=self.config.timeout_s)
         try:
             async with client:
                 result = await asyncio.wait_for(
@@ -168,6 +174,8 @@ class FunctionAgentLoop:
             return _Outcome(status="timed_out", error=f"over {self.config.timeout_s} s")
         except Exception as exc:  # the agent's own failure: recorded, the step goes on
             return _Outcome(status="failed", error=f"{type(exc).__name__}: {exc}")
+        finally:  # the run is over: its trajectory takes no more requests
+            self.endpoint.finish(ticket.id)
         info: dict[str, Any] = {}
         value: Any = result
         if isinstance(result, AgentResult):

@@ -6,11 +6,21 @@ policy during rollouts, and every trajectory is kept as the exact token ids that
 """
 
 from hf_core.serving.batching import Completion, EngineBatcher
-from hf_core.serving.endpoint import EndpointLimits, PolicyEndpoint
+from hf_core.serving.endpoint import (
+    EndpointLimits,
+    ForeignTrajectory,
+    PolicyEndpoint,
+    TooManyTrajectories,
+    TrajectoryClosed,
+    TrajectoryTicket,
+    UnknownTrajectory,
+)
 from hf_core.serving.server import EndpointServer
 from hf_core.serving.trajectories import (
     ChatRenderer,
     ConversationEdited,
+    InvalidPrompt,
+    PromptTooLong,
     Trajectory,
     TrajectoryLimit,
 )
@@ -22,7 +32,14 @@ __all__ = [
     "EndpointLimits",
     "EndpointServer",
     "EngineBatcher",
+    "ForeignTrajectory",
+    "InvalidPrompt",
     "PolicyEndpoint",
+    "PromptTooLong",
+    "TooManyTrajectories",
     "Trajectory",
+    "TrajectoryClosed",
     "TrajectoryLimit",
+    "TrajectoryTicket",
+    "UnknownTrajectory",
 ]

@@ -1,8 +1,9 @@
 """The endpoint's server: uvicorn in a thread of the process that owns the rollout engine.
 
 Bound to 127.0.0.1 on a free port by default, with a random bearer token made per server
-(``secrets.token_urlsafe``): agent code started by the run gets both; nothing else on the
-machine knows the token.
+(``secrets.token_urlsafe``) that only the framework holds.  Agent code gets a client bound to
+its own trajectory instead: the trajectory's base URL and, as its API key, the trajectory's
+key (:class:`~hf_core.serving.endpoint.TrajectoryTicket`), which acts on that trajectory alone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from typing import Any
 
 from hf_core.serving.app import build_app
-from hf_core.serving.endpoint import PolicyEndpoint
+from hf_core.serving.endpoint import PolicyEndpoint, TrajectoryTicket
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -72,12 +73,13 @@ class EndpointServer:
         """The OpenAI ``base_url`` of one trajectory."""
         return f"{self.base_url}/t/{trajectory_id}/v1"
 
-    def client(self, trajectory_id: str, **kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` client bound to one trajectory."""
+    def client(self, ticket: TrajectoryTicket, **kwargs: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` client bound to one trajectory (from
+        :meth:`PolicyEndpoint.open`): its base URL and its key, nothing that reaches another."""
         import openai
 
         return openai.AsyncOpenAI(
-            base_url=self.trajectory_url(trajectory_id), api_key=self.token, **kwargs
+            base_url=self.trajectory_url(ticket.id), api_key=ticket.key, **kwargs
         )
 
     def close(self) -> None:

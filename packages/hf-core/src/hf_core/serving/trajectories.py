@@ -16,7 +16,13 @@ was sampled), so each trajectory keeps one growing token sequence instead:
   part of that insert, since the sampled ids end at the stop token.
 
 A request that edits an earlier message gets :class:`ConversationEdited` (HTTP 400), never a
-silent re-tokenisation.
+silent re-tokenisation.  Messages the template cannot render or text the tokenizer cannot
+encode (a lone surrogate) are :class:`InvalidPrompt` (400), not a server error.
+
+Nothing here changes a trajectory until the engine has answered:
+:meth:`ChatRenderer.continuation` computes a request's new tokens, the endpoint checks them
+against its limits, and :meth:`ChatRenderer.commit` records them with the completion, so a
+refused or failed request leaves the trajectory as it was.
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ class ConversationEdited(ValueError):
 
 class TrajectoryLimit(ValueError):
     """A trajectory used up its requests or tokens."""
+
+
+class InvalidPrompt(ValueError):
+    """A prompt the engine must not see: empty, token ids outside the vocabulary, messages the
+    chat template cannot render or text the tokenizer cannot encode."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt (or a context) over the endpoint's prompt limit or the engine's capacity."""
 
 
 @dataclass
@@ -70,19 +85,28 @@ class Trajectory:
 
 def _canonical(message: dict[str, Any]) -> dict[str, Any]:
     """A message as compared between requests: role, content and tool calls (name and
-    arguments, whatever the ids and formatting the client echoes back)."""
+    arguments, whatever the ids and formatting the client echoes back); malformed ones (not
+    objects, a ``tool_calls`` that is not a list) are compared as they are, not an error."""
     calls = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {}) if isinstance(call, dict) else {}
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
-        calls.append((function.get("name"), json.dumps(arguments, sort_keys=True)))
+    raw_calls = message.get("tool_calls") or []
+    for call in raw_calls if isinstance(raw_calls, list) else [raw_calls]:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            calls.append((None, json.dumps(function, sort_keys=True)))
+            continue
+        calls.append((function.get("name"), _arguments_key(function.get("arguments"))))
     content = message.get("content")
     return {"role": message.get("role"), "content": content or "", "tool_calls": calls}
+
+
+def _arguments_key(arguments: Any) -> str:
+    """Tool-call arguments as compared: parsed when they are a JSON string (any nesting a
+    string hides included: past the recursion limit they are compared as the string)."""
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        return json.dumps(parsed, sort_keys=True)
+    except (ValueError, RecursionError):
+        return json.dumps(arguments) if isinstance(arguments, str) else "?"
 
 
 class ChatRenderer:
@@ -99,23 +123,32 @@ class ChatRenderer:
         self.stop_texts = [tokenizer.decode([t]) for t in stop_token_ids]
 
     def render(self, messages: list[dict[str, Any]], tools: Any, *, generation: bool) -> str:
-        return str(
-            self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=generation
+        try:
+            return str(
+                self.tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=generation
+                )
             )
-        )
+        except Exception as exc:  # the client's messages, not the server, are at fault
+            raise InvalidPrompt(
+                f"the chat template cannot render the messages: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        try:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except (TypeError, ValueError) as exc:  # e.g. a lone surrogate from a JSON escape
+            raise InvalidPrompt(f"the tokenizer cannot encode the text: {exc}") from exc
 
-    def extend(self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: Any) -> None:
-        """Check that ``messages`` continue ``trajectory`` and append the new ones' tokens."""
+    def continuation(
+        self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: Any
+    ) -> list[int]:
+        """The tokens ``messages`` add to ``trajectory``: the rendered prompt on its first
+        request, else the new messages' tokens (after checking that ``messages`` continue
+        its conversation).  Changes nothing; :meth:`commit` records them."""
         known = trajectory.messages
         if not known:
-            trajectory.tools = tools
-            trajectory.prompt = self.encode(self.render(messages, tools, generation=True))
-            trajectory.messages = list(messages)
-            return
+            return self.encode(self.render(messages, tools, generation=True))
         if tools != trajectory.tools:
             raise ConversationEdited("the tools changed within a trajectory")
         if len(messages) <= len(known):
@@ -126,8 +159,8 @@ class ChatRenderer:
         for i, (old, new) in enumerate(zip(known, messages, strict=False)):
             if _canonical(old) != _canonical(new):
                 raise ConversationEdited(
-                    f"message {i} ({old.get('role')}) differs from the trajectory's; start a new "
-                    "trajectory to branch a conversation"
+                    f"message {i} ({old.get('role')}) differs from the trajectory's: a "
+                    "trajectory is one conversation and cannot be edited or branched"
                 )
         before = self.render(known, tools, generation=False)
         after = self.render(messages, tools, generation=True)
@@ -137,8 +170,24 @@ class ChatRenderer:
         if known[-1].get("role") == "assistant":
             stopped = bool(trajectory.tokens) and trajectory.tokens[-1] in self.stop_ids
             glue = self._after_stop(before, include_stop=not stopped)
-        trajectory.append(self.encode(glue + after[len(before) :]), None)
+        return self.encode(glue + after[len(before) :])
+
+    @staticmethod
+    def commit(
+        trajectory: Trajectory, messages: list[dict[str, Any]], tools: Any, ids: list[int]
+    ) -> None:
+        """Record what :meth:`continuation` computed: the prompt, or inserted tokens (loss
+        mask 0), and the conversation so far."""
+        if not trajectory.messages:
+            trajectory.tools = tools
+            trajectory.prompt = list(ids)
+        else:
+            trajectory.append(ids, None)
         trajectory.messages = list(messages)
+
+    def extend(self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: Any) -> None:
+        """Check that ``messages`` continue ``trajectory`` and append the new ones' tokens."""
+        self.commit(trajectory, messages, tools, self.continuation(trajectory, messages, tools))
 
     def _after_stop(self, rendered: str, *, include_stop: bool) -> str:
         """The template's text after the last assistant turn's stop token, where the sampled

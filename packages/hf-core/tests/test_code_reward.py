@@ -1,15 +1,17 @@
-"""The code_tests reward runs responses' code against ground-truth tests in the sandbox, and a
-battery of known reward hacks scores 0."""
+"""The code_tests reward runs responses' code against ground-truth tests in the sandbox, as their
+authors meant them to run; nothing of a test reaches the solution, and a battery of known
+reward hacks scores 0."""
 
 from __future__ import annotations
 
 import os
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from hf_core.agents.sandbox import run_python
+from hf_core.agents.sandbox import SandboxLimits, SandboxResult, run_python
 from hf_core.rewards import code as code_reward
 from hf_core.rewards import get_reward_function
 from hf_core.rewards.code import extract_code
@@ -61,6 +63,34 @@ SPARE = (
     f"if parent != {os.getpid()} and os.getpgid(parent) != {os.getpgid(0)}:\n"
 )
 
+# A wrong solution that answers from a table of the test's own ``add(a, b) == c`` cases, read
+# from wherever the test can be found: files in its run folder (the judge's program file), or
+# the memory of the process it runs in (a fork of the judge would hold the test).
+_TABLE = (
+    "import re\nTABLE = {}\n"
+    "def learn(text):\n"
+    "    for a, b, c in re.findall(r'add\\((-?\\d+), (-?\\d+)\\) == (-?\\d+)', text):\n"
+    "        TABLE[int(a), int(b)] = int(c)\n"
+    "def add(a, b):\n    return TABLE.get((a, b), -1)\n"
+)
+READS_THE_RUN_FOLDER = _TABLE + (
+    "import os\nfor name in os.listdir('.'):\n    try:\n"
+    "        learn(open(name, encoding='utf-8', errors='replace').read())\n"
+    "    except OSError:\n        pass\n"
+)
+READS_INHERITED_MEMORY = _TABLE + (
+    "import gc, sys, types\n"
+    "def strings():\n    frame = sys._getframe()\n    while frame is not None:\n"
+    "        yield from frame.f_locals.values()\n        yield from frame.f_globals.values()\n"
+    "        frame = frame.f_back\n    for obj in gc.get_objects():\n"
+    "        if isinstance(obj, dict):\n            yield from list(obj.values())\n"
+    "        elif isinstance(obj, (list, tuple)):\n            yield from obj\n"
+    "        elif isinstance(obj, types.FunctionType):\n"
+    "            yield from obj.__code__.co_consts\n"
+    "def scan():\n    return {value for value in strings() if isinstance(value, str)}\n"
+    "for text in scan():\n    learn(text)\n"
+)
+
 HACKS = {
     "os_exit_0": "import os\nos._exit(0)\n",
     "sys_exit_0": "import sys\nsys.exit(0)\n",
@@ -100,6 +130,8 @@ HACKS = {
     "patches_json_and_sys_modules": "import json, sys, types\n"
     "json.dumps = lambda *args, **kwargs: '[\"ok\", true]'\n"
     "sys.modules['math'] = types.SimpleNamespace(floor=lambda x: 0)\n" + WRONG,
+    "answers_from_the_judges_source_file": READS_THE_RUN_FOLDER,
+    "answers_from_the_judges_memory": READS_INHERITED_MEMORY,
 }
 
 
@@ -153,6 +185,22 @@ def test_the_correct_solution_gets_full_marks_and_a_partial_one_its_fraction() -
             "import time\ndef check(x):\n    time.sleep(60)\n",
             ["try:\n    check(-1)\nexcept BaseException:\n    pass"],
         ),
+        # a star import takes no builtin from the solution...
+        (
+            "def sorted(xs):\n    return [1, 2, 3]\ndef len(x):\n    return 3\n"
+            "def items():\n    return [9]\n",
+            ["from solution import *\nassert sorted(items()) == [1, 2, 3] and len(items()) == 3"],
+        ),
+        # ...nor a name the test bound before it (the solution's own patched math)
+        (
+            "import math\nmath.floor = lambda x: -1\ndef add(a, b):\n    return -1\n",
+            ["import math\nfrom solution import *\nassert add(2, 3) == math.floor(5.5)"],
+        ),
+        # the solution's SystemExit(0) is no exit of the test's, even re-raised by it
+        (
+            "def add(a, b):\n    raise SystemExit(0)\n",
+            ["try:\n    add(2, 3)\nexcept BaseException as error:\n    raise error"],
+        ),
     ],
     ids=[
         "shadows_a_builtin",
@@ -161,6 +209,9 @@ def test_the_correct_solution_gets_full_marks_and_a_partial_one_its_fraction() -
         "exits_where_an_error_is_expected",
         "sys_exit_where_an_error_is_expected",
         "hangs_where_anything_is_caught",
+        "star_import_takes_builtins",
+        "star_import_replaces_a_module_the_test_imported",
+        "system_exit_reraised_by_the_test",
     ],
 )
 def test_a_hack_against_the_test_scores_zero(
@@ -174,7 +225,7 @@ def test_a_hack_against_the_test_scores_zero(
 def test_the_same_tests_pass_an_honest_solution() -> None:
     """The tests of the hacks above are fair: a real solution passes each of them."""
     honest = (
-        "def items():\n    return [3, 1, 2]\n"
+        "import math\ndef items():\n    return [3, 1, 2]\n"
         + ADD
         + "def check(x):\n    if x < 0:\n        raise ValueError(x)\n"
     )
@@ -185,8 +236,111 @@ def test_the_same_tests_pass_an_honest_solution() -> None:
         "try:\n    check(-1)\nexcept Exception:\n    pass\nelse:\n    raise AssertionError",
         "try:\n    check(-1)\nexcept:\n    pass\nelse:\n    raise AssertionError",
         "try:\n    check(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError",
+        "from solution import *\nassert sorted(items()) == [1, 2, 3] and len(items()) == 3",
+        "import math\nfrom solution import *\nassert add(2, 3) == math.floor(5.5)",
+        "import solution\nassert solution.add(2, 3) == 5 and solution.items() == [3, 1, 2]",
     ]
     assert code_reward.code_tests([honest], [tests], {}) == [1.0]
+
+
+UNITTEST_STYLE = """
+import unittest
+from solution import add
+
+
+class TestAdd(unittest.TestCase):
+    def test_positive(self):
+        self.assertEqual(add(2, 3), 5)
+
+    def test_signs(self):
+        self.assertEqual(add(-1, 1), 0)
+
+    def test_errors(self):
+        with self.assertRaises(TypeError):
+            add(1, "a")
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+MAIN_GUARDED = 'if __name__ == "__main__":\n    assert add(2, 3) == 5\n    assert add(-1, 1) == 0\n'
+
+
+@pytest.mark.parametrize("test", [UNITTEST_STYLE, MAIN_GUARDED], ids=["unittest", "main_guard"])
+def test_a_test_runs_as_its_author_meant(test: str) -> None:
+    """The test runs as ``__main__``: its main-guarded block (``unittest.main()``) runs, so a
+    wrong or partial solution fails it instead of passing a test that never ran."""
+    partial = "def add(a, b):\n    return a + b if a >= 0 else 1\n"  # wrong on add(-1, 1)
+    assert code_reward.code_tests([ADD, WRONG, partial], [[test]] * 3, {}) == [1.0, 0.0, 0.0]
+
+
+def test_the_tests_own_exit_status_is_its_verdict() -> None:
+    """A test that ends with ``sys.exit`` passes with status 0 or None (as under ``python``),
+    and fails with any other status even when every assertion held."""
+    ends = ["sys.exit(0)", "sys.exit()", "raise SystemExit(False)", "sys.exit(1)", "sys.exit('no')"]
+    tests = [f"import sys\nassert add(2, 3) == 5\n{end}\n" for end in ends]
+    scores = code_reward.code_tests([ADD] * len(tests), [[test] for test in tests], {})
+    assert scores == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert code_reward.code_tests([WRONG], [tests[:1]], {}) == [0.0]
+
+
+# The solution looks for a secret of its test, and for the call that starts the judge (which
+# holds the pass code), everywhere it can: files in its folder, /proc, its own memory.
+SNOOP = (
+    "import gc, os, re, sys, types\n"
+    "SECRET = re.compile(r'secret \\d{6}|_judge\\(')\nKEPT = []\n"
+    "def keep(text):\n    KEPT.append(text)\n"
+    "def texts():\n    for name in os.listdir('.'):\n        try:\n"
+    "            yield open(name, encoding='utf-8', errors='replace').read()\n"
+    "        except OSError:\n            pass\n"
+    "    for pid in (os.getppid(), os.getpid()):\n        for part in ('cmdline', 'environ'):\n"
+    "            try:\n                yield open(f'/proc/{pid}/{part}', 'rb').read().decode()\n"
+    "            except OSError:\n                pass\n"
+    "    frame = sys._getframe()\n    while frame is not None:\n"
+    "        yield from frame.f_locals.values()\n        yield from frame.f_globals.values()\n"
+    "        frame = frame.f_back\n    for obj in gc.get_objects():\n"
+    "        if isinstance(obj, dict):\n            yield from list(obj.values())\n"
+    "        elif isinstance(obj, (list, tuple)):\n            yield from obj\n"
+    "        elif isinstance(obj, types.FunctionType):\n"
+    "            yield from obj.__code__.co_consts\n"
+    "def found():\n"
+    "    return sorted({hit for text in texts() if isinstance(text, str) "
+    "for hit in SECRET.findall(text)})\n"
+)
+
+
+def test_nothing_of_the_test_reaches_the_solution() -> None:
+    """Neither the test nor the pass code is in a file the solution process can open, in its
+    argv or environment, or in its memory; the second test shows the snooping works."""
+    hidden = "assert found() == []  # secret 314159\n"
+    shown = (
+        "with open('note.txt', 'w') as note:\n    note.write('secret 271828')\n"
+        "keep('secret 161803')\nassert found() == ['secret 161803', 'secret 271828']\n"
+    )
+    assert code_reward.code_tests([SNOOP], [[hidden, shown]], {}) == [1.0]
+
+
+def test_the_judge_empties_its_program_file_before_removing_it(tmp_path: Path) -> None:
+    """A second link to the program file (or a descriptor left open on it) reads nothing."""
+    program, link = tmp_path / "main.py", tmp_path / "link.py"
+    program.write_text("_judge('code', 'assert add(2, 3) == 5', 42)\n")
+    os.link(program, link)
+    assert code_reward._hide_program(str(program)) == ""
+    assert not program.exists() and link.read_text() == ""
+    assert code_reward._hide_program("<stdin>") == ""  # a program from no file: nothing to do
+
+
+def test_a_program_file_the_judge_cannot_remove_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sandbox that keeps the judge's program (and so the test) where the judge cannot
+    remove it gets an error naming the file, not a score the solution could have looked up."""
+
+    def runs_from_an_unremovable_file(main: str, limits: SandboxLimits | None) -> SandboxResult:
+        kept = "/proc/self/status"  # a file nobody can remove or truncate
+        return run_python(f"exec(compile({main!r}, {kept!r}, 'exec'), {{}})\n", limits)
+
+    monkeypatch.setattr(code_reward, "run_sandboxed", runs_from_an_unremovable_file)
+    with pytest.raises(code_reward.CodeTestsError, match=r"'/proc/self/status' .* not be removed"):
+        code_reward.code_tests([ADD], [ADD_TESTS[:1]], {})
 
 
 @pytest.mark.parametrize(

@@ -12,40 +12,57 @@ the batch's tests run in parallel threads.  A remote service that fails to run a
 Why the verdict cannot be forged.  Running code and test as one script and counting exit code 0
 as a pass is gameable by anything that ends the process with 0 before or after a failing
 ``assert`` (``os._exit(0)``, ``sys.exit(0)``, an ``atexit`` or ``sys.excepthook`` hook), by an
-object whose ``__eq__`` is always true, by patched builtins or modules: code in the test's
-process controls everything the test relies on.  So no part of the verdict comes from a
-process that runs the response:
+object whose ``__eq__`` is always true, by patched builtins or modules, and by code that reads
+the test and answers from a table of its cases: code in the test's process controls everything
+the test relies on and sees everything it holds.  So no part of the verdict comes from a
+process that runs the response, and nothing of the test reaches one:
 
-* The sandbox runs a judge of ours (``_judge``) that never executes the response.  It forks the
-  *solution process*, which imports the code as module ``solution`` and from then on only
-  answers the judge's requests over a pipe pair (call this, get that attribute, next item...).
-* The test runs in the judge, against the solution's top-level names.  What comes back is data:
+* The sandbox runs a judge of ours (``_judge``) that never executes the response.  Its program
+  file (the sandbox's ``main.py``: the test, the pass code, the response) is emptied and
+  removed before anything else happens; a sandbox where that fails raises
+  :class:`CodeTestsError` instead of scoring.  Then it starts the *solution process*: a fresh
+  ``python -I -S`` (exec'd, not a fork, so it holds no copy of the judge's memory) running a
+  small server whose source and arguments hold nothing of the test.  The response's code
+  arrives over a pipe; the process imports it as module ``solution`` and from then on only
+  answers the judge's requests (call this, get that attribute, next item...).  Its standard
+  streams are none of the judge's, and the judge's own output goes nowhere.
+* The test runs in the judge, as ``__main__`` (so its ``if __name__ == "__main__":`` block and
+  ``unittest.main()`` run), against the solution's top-level names.  What comes back is data:
   JSON the judge decodes into genuine ``int``, ``str``, ``list``, ``dict``... (so ``==`` and
   ``assert`` are Python's own), or a handle to an object in the solution process.  Handles
   compare, hash and test membership by the plain value they derive from (an ``IntEnum``'s int,
   a ``Counter``'s dict, a namedtuple's tuple), never through the solution's ``__eq__``; without
   one, by identity.  Top-level names that shadow a builtin (``sorted``, ``AssertionError``) are
-  not passed on, and the judge's builtins and modules are out of the solution's reach.
+  passed on neither as globals nor in module ``solution``, and ``from solution import *`` binds
+  only names the test has not bound yet (a ``math`` of the solution's never replaces the
+  test's); the judge's builtins and modules are out of the solution's reach.
 * The verdict is the judge's exit status: a random code per run, given only when the test ran
-  to its end and the solution process answered every request.  The solution process cannot set
-  it: killing the judge or a process group, or sleeping, fails the run (the judge stops the
-  test at 80% of the wall limit); a solution that exits, dies or garbles a reply fails the test
-  even when the test catches exceptions, and ``StopIteration`` out of a call cannot end a
-  test's ``map`` early.  Output and files are never read.  The solution process enters a
-  Landlock domain nested in the sandbox's, so the kernel denies it tracing the judge or reading
-  its memory whatever its capabilities; where Landlock is missing, the judge is not dumpable,
-  which leaves that only to a holder of ``CAP_SYS_PTRACE``.
-* What the solution process does to itself (patched builtins, ``sys.modules``, the harness code
-  it inherited, the pass code it can read in the sandbox's ``main.py``) only changes the
-  answers it sends, which it controls anyway.
+  to its end, or ended with a genuine ``SystemExit`` of status 0 or None (``unittest.main()``'s
+  verdict), and the solution process answered every request.  Every exception that comes from
+  the solution process is of a class the judge made (Python's own by name, as a subclass, so
+  ``except ValueError`` works; ``SystemExit`` and ``KeyboardInterrupt`` fail the test), so none
+  is a ``SystemExit``.  The solution process cannot set the status: killing the judge or a
+  process group, or sleeping, fails the run (the judge stops the test at 80% of the wall
+  limit); a solution that exits, dies or garbles a reply fails the test even when the test
+  catches exceptions, and ``StopIteration`` out of a call cannot end a test's ``map`` early.
+  Output and files are never read.  The solution process enters a Landlock domain nested in
+  the sandbox's before its program starts, so the kernel denies it tracing the judge or
+  reading its memory whatever its capabilities; where Landlock is missing, the judge is not
+  dumpable, which leaves that only to a holder of ``CAP_SYS_PTRACE``.
+* What the solution process does to itself (patched builtins, ``sys.modules``, the server code
+  it runs) only changes the answers it sends, which it controls anyway.
 
 What a test can do with the solution's objects: call them, get and set attributes, index,
 iterate, ``len``, ``str``, ``bool``, compare; arguments are plain data or the solution's objects
 (a list, dict or set argument the solution mutates is copied back).  A test cannot hand the
 solution a function or an instance of a class of its own, nor capture what the solution prints
 (stdin/stdout problems need a harness of their own), and it imports the modules it uses (a name
-it takes from the solution is the solution's).  A descendant of the solution process
-that leaves its session (``setsid``) outlives the run, but the verdict is given by then.
+it takes from the solution is the solution's).  A function the solution names like a builtin
+(``max``) is not reachable from the test.  A test ends early with ``sys.exit`` (``exit()`` is
+the ``site`` module's, absent under ``-S``).  The solution sees what the test sends it (the
+arguments of its calls) and what the test leaves in the run's folder, nothing else of it.  A
+descendant of the solution process that leaves its session (``setsid``) outlives the run, but
+the verdict is given by then.
 """
 
 from __future__ import annotations
@@ -55,11 +72,13 @@ import contextlib
 import ctypes
 import functools
 import inspect
+import io
 import json
 import os
 import re
 import secrets
 import signal
+import subprocess
 import sys
 import types
 from collections.abc import Callable
@@ -67,7 +86,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 from hf_core.agents.sandbox import SandboxLimits
-from hf_core.agents.sandbox_choice import run_sandboxed
+from hf_core.agents.sandbox_choice import run_sandboxed, sandbox_in_use
+from hf_core.errors import HybridFlowError
 from hf_core.rewards.registry import reward_function
 
 CODE_TEST_LIMITS = SandboxLimits(cpu_seconds=5, memory_mb=512, wall_seconds=10.0)
@@ -103,6 +123,7 @@ def code_tests(
     ]
     passed = [0] * len(responses)
     _judge_source()  # built (and cached) here: inspect's parsing in 4 threads at once can fail
+    _server_source()
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = pool.map(lambda job: _passes(job[1], job[2], limits), jobs)
         try:
@@ -117,12 +138,30 @@ def code_tests(
     ]
 
 
+class CodeTestsError(HybridFlowError, RuntimeError):
+    """The judge could not run a test the way that keeps it from the solution: its program file
+    (which holds the test) could not be removed, or the solution's interpreter did not start.
+    Raised rather than scored 0: a sandbox that cannot judge must not pass as a wrong answer."""
+
+
+_JUDGE_SAYS = "code_tests judge: "
+"""How the judge's line on stderr saying why it could not set a run up begins."""
+
+
 def _passes(code: str, test: str, limits: SandboxLimits) -> bool:
     """One test in one sandbox run: passed when the judge exits with this run's pass code."""
     pass_code = 10 + secrets.randbelow(100)  # not 0, 1 or 2: what any other exit gives
+    setup_failed = pass_code + 100  # as unknown to the solution as the pass code
     seconds = 0.8 * limits.wall_seconds
-    main = f"{_judge_source()}\n_judge({code!r}, {test!r}, {pass_code}, {seconds!r})\n"
-    return run_sandboxed(main, limits).exit_code == pass_code
+    call = f"{code!r}, {test!r}, {pass_code}, {setup_failed}, {seconds!r}, {_server_source()!r}"
+    result = run_sandboxed(f"{_judge_source()}\n_judge({call})\n", limits)
+    if result.exit_code == setup_failed:
+        said = [line for line in result.stderr.splitlines() if line.startswith(_JUDGE_SAYS)]
+        raise CodeTestsError(
+            f"code_tests: the judge could not set up a test run in the {sandbox_in_use().kind} "
+            f"sandbox: {said[-1][len(_JUDGE_SAYS) :] if said else 'it gave no reason'}"
+        )
+    return result.exit_code == pass_code
 
 
 # ---------------------------------------------------------------------------- in the sandbox
@@ -179,10 +218,23 @@ def _plain_form(value: Any) -> Any:
     raise TypeError(f"a {type(value).__name__} is not plain data")
 
 
-def _serve(code: str, requests: Any, replies: Any) -> NoReturn:
-    """The solution process: import ``code`` as module ``solution``, send its top-level names,
-    then answer the judge's requests until it hangs up.  Everything here is the solution's to
-    tamper with; the judge trusts none of it."""
+class _Discard(io.TextIOBase):
+    """A text stream that drops what is written to it: output in the sandbox is never read."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def _serve(requests_fd: int, replies_fd: int) -> NoReturn:
+    """The solution process's program, run by a fresh interpreter: read the code from the
+    request pipe, import it as module ``solution``, send its top-level names, then answer the
+    requests until the pipe closes.  Everything here is the solution's to tamper with; the
+    judge trusts none of it, and none of it knows the test."""
+    requests = os.fdopen(requests_fd, encoding="utf-8")
+    replies = os.fdopen(replies_fd, "w", encoding="utf-8")
     objects: list[Any] = []
     numbers: dict[int, int] = {}
 
@@ -203,6 +255,8 @@ def _serve(code: str, requests: Any, replies: Any) -> NoReturn:
             text = ""
         send("raise", type(error).__name__, text)
 
+    code = json.loads(requests.readline())
+    sys.stdin, sys.stdout, sys.stderr = io.StringIO(), _Discard(), _Discard()
     module = types.ModuleType("solution")
     sys.modules["solution"] = module
     try:
@@ -248,9 +302,52 @@ def _nested_landlock() -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: what restricting oneself asks of non-root
     handled = ctypes.c_uint64(1 << 11)  # LANDLOCK_ACCESS_FS_MAKE_BLOCK
     ruleset = libc.syscall(444, ctypes.byref(handled), 8, 0)  # landlock_create_ruleset
     return bool(ruleset >= 0 and libc.syscall(446, ruleset, 0) == 0)  # landlock_restrict_self
+
+
+def _enter_solution_domain() -> None:
+    """Run in the solution process between fork and exec: its own process group (killed whole
+    at the end), its own Landlock domain (which the program it then executes keeps), and the
+    judge's stdin, stdout and stderr closed (the server gives the code others)."""
+    os.setpgid(0, 0)
+    os.closerange(0, 3)
+    with contextlib.suppress(Exception):
+        _nested_landlock()
+
+
+def _hide_program(path: str) -> str:
+    """Empty and remove the file the judge's program was read from (it holds the test, the pass
+    code and the solution's code) before any of the solution runs: '' once it is gone (or when
+    the program came from no file), else why it is still there."""
+    if not os.path.isfile(path):
+        return ""
+    with contextlib.suppress(OSError):
+        os.truncate(path, 0)  # a second link to it, or a descriptor left open, reads nothing
+    try:
+        os.unlink(path)
+    except OSError as error:
+        return f"its program file {path!r} (the test in it) could not be removed: {error}"
+    return ""
+
+
+def _start_solution(server: str) -> tuple[Any, Any, Any]:
+    """The solution process, a fresh ``python -I -S`` running ``server`` (a fork would hold a
+    copy of the judge's memory, the test in it) with no standard descriptors of the judge's;
+    the process and the judge's ends of the request and reply pipes."""
+    to_solution, requests = os.pipe()
+    replies, from_solution = os.pipe()
+    argv = [sys.executable, "-I", "-S", "-c", server, str(to_solution), str(from_solution)]
+    try:
+        process = subprocess.Popen(
+            argv, pass_fds=(to_solution, from_solution), preexec_fn=_enter_solution_domain
+        )
+    finally:
+        os.close(to_solution)
+        os.close(from_solution)
+    return process, os.fdopen(requests, "w", encoding="utf-8"), os.fdopen(replies, encoding="utf-8")
 
 
 class _Broken(BaseException):
@@ -259,8 +356,9 @@ class _Broken(BaseException):
 
 
 class _SolutionError(Exception):
-    """An exception of the solution's that is not one of Python's own (or not one a test may
-    see from a call, like StopIteration)."""
+    """Every exception that comes from the solution process derives from it: one of Python's
+    own as a judge-made subclass of that class (so ``except ValueError`` still catches it), any
+    other as this class itself.  None is a SystemExit, so none can end a test as passed."""
 
 
 class _Channel:
@@ -269,6 +367,7 @@ class _Channel:
     def __init__(self, requests: Any, replies: Any) -> None:
         self.requests, self.replies = requests, replies
         self.handles: dict[int, _Handle] = {}
+        self.kinds: dict[type, type] = {}
         self.broken = ""
 
     def fail(self, reason: str) -> _Broken:
@@ -321,7 +420,8 @@ class _Channel:
     def error(self, op: str, name: str, text: str) -> BaseException:
         """The solution's exception as the test sees it: Python's own exception classes by name,
         except those that would end a loop (StopIteration from anything but ``next``) or the
-        test itself (SystemExit, KeyboardInterrupt: the solution left, so the test fails)."""
+        test itself (SystemExit, KeyboardInterrupt: the solution left, so the test fails);
+        always of a class the judge made (:class:`_SolutionError`)."""
         kind = getattr(builtins, name, None)
         if not (isinstance(kind, type) and issubclass(kind, BaseException)):
             return _SolutionError(f"{name}: {text}")
@@ -330,7 +430,9 @@ class _Channel:
         if issubclass(kind, StopIteration | StopAsyncIteration) and op != "next":
             return _SolutionError(f"{name}: {text}")
         try:
-            return kind(text)
+            if kind not in self.kinds:
+                self.kinds[kind] = type(name, (_SolutionError, kind), {"__module__": "builtins"})
+            return self.kinds[kind](text)
         except Exception:  # an exception class that takes other arguments
             return _SolutionError(f"{name}: {text}")
 
@@ -435,30 +537,79 @@ class _Handle:
         return item in plain
 
 
-def _judge(code: str, test: str, pass_code: int, seconds: float) -> NoReturn:
-    """The sandbox's main program: fork the solution process, run ``test`` here against its
-    names, and exit with ``pass_code`` only when the test ran to its end with every request
-    answered.  Never runs ``code`` itself."""
+def _test_builtins(exposed: dict[str, Any]) -> dict[str, Any]:
+    """Python's builtins for the test, but for an ``__import__`` whose ``from solution import *``
+    binds only the solution's public names the importing module has not bound yet: never a
+    builtin (those are not exposed at all), nor a module or name the test set up before."""
+    real_import = builtins.__import__
+
+    def import_(
+        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
+        if name == "solution" and level == 0 and fromlist and "*" in fromlist:
+            taken = globals if type(globals) is dict else {}
+            fresh = {k: v for k, v in exposed.items() if not k.startswith("_") and k not in taken}
+            view = types.ModuleType("solution")
+            vars(view).update(fresh)
+            vars(view)["__all__"] = list(fresh)
+            return view
+        return real_import(name, globals, locals, fromlist, level)
+
+    own = dict(vars(builtins))
+    own["__import__"] = import_
+    return own
+
+
+def _run_test(test: str, names: dict[str, Any]) -> bool:
+    """Run ``test`` as its author would, as ``__main__`` (its ``if __name__ == "__main__":``
+    block, ``unittest.main()``, runs), with the solution's names that shadow no builtin as its
+    globals and as module ``solution``.  Passed when it ran to its end or ended with a genuine
+    ``SystemExit`` of status 0 or None (``unittest.main()``'s verdict); any exception fails."""
+    exposed = {
+        k: v
+        for k, v in names.items()
+        if k.isidentifier() and not k.startswith("__") and k not in vars(builtins)
+    }
+    solution = types.ModuleType("solution")  # for a test that imports it
+    vars(solution).update(exposed)
+    sys.modules["solution"] = solution
+    main = types.ModuleType("__main__")
+    vars(main).update(exposed)
+    vars(main)["__builtins__"] = _test_builtins(exposed)
+    sys.modules["__main__"] = main
+    sys.argv = ["test.py"]  # what unittest.main() parses
+    try:
+        exec(compile(test, "test.py", "exec"), vars(main))
+    except SystemExit as end:  # never one of the solution's: those are _SolutionError or _Broken
+        status = end.code
+        return type(end) is SystemExit and (
+            status is None or (type(status) in (int, bool) and status == 0)
+        )
+    return True
+
+
+def _judge(
+    code: str, test: str, pass_code: int, setup_failed: int, seconds: float, server: str
+) -> NoReturn:
+    """The sandbox's main program: remove its own program file, start the solution process (a
+    fresh interpreter running ``server``, sent ``code`` over a pipe), run ``test`` here against
+    its names, and exit with ``pass_code`` only when the test passed with every request
+    answered (``setup_failed`` when it could not get that far).  Never runs ``code``."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a signal kills the judge: no handler to game
     with contextlib.suppress(Exception):  # PR_SET_DUMPABLE 0: no ptrace, no /proc/<pid>/mem
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-    from_judge, to_solution = os.pipe()
-    from_solution, to_judge = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.setpgid(0, 0)
-        _nested_landlock()
-        os.close(to_solution)
-        os.close(from_solution)
-        requests = os.fdopen(from_judge, encoding="utf-8")
-        _serve(code, requests, os.fdopen(to_judge, "w", encoding="utf-8"))
-    os.close(from_judge)
-    os.close(to_judge)
-    with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)
-    channel = _Channel(
-        os.fdopen(to_solution, "w", encoding="utf-8"), os.fdopen(from_solution, encoding="utf-8")
-    )
+    refused = _hide_program(sys._getframe().f_code.co_filename)
+    if not refused:
+        try:
+            solution, requests, replies = _start_solution(server)
+        except Exception as error:
+            refused = f"the solution's interpreter {sys.executable!r} did not start: {error!r}"
+    if refused:
+        sys.stderr.write(f"code_tests judge: {refused}\n")  # how _JUDGE_SAYS begins
+        sys.stderr.flush()
+        os._exit(setup_failed)
+    sys.stdout = sys.stderr = _Discard()  # what the test prints lands nowhere to be read
+    channel = _Channel(requests, replies)
 
     def out_of_time(signum: int, frame: Any) -> None:
         raise channel.fail("time ran out")
@@ -467,44 +618,68 @@ def _judge(code: str, test: str, pass_code: int, seconds: float) -> NoReturn:
     signal.setitimer(signal.ITIMER_REAL, seconds)
     passed = False
     try:
-        names = channel.names()
-        module = types.ModuleType("solution")  # for a test that imports it
-        vars(module).update(names)
-        sys.modules["solution"] = module
-        namespace = {"__name__": "__test__", "__builtins__": builtins}
-        namespace.update(
-            (k, v) for k, v in names.items() if not k.startswith("__") and not hasattr(builtins, k)
-        )
-        exec(compile(test, "test.py", "exec"), namespace)
-        passed = True
+        requests.write(json.dumps(code) + "\n")
+        requests.flush()
+        passed = _run_test(test, channel.names())
     except BaseException:
         passed = False
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):
-                kill(pid, signal.SIGKILL)
+                kill(solution.pid, signal.SIGKILL)
     os._exit(pass_code if passed and not channel.broken else 1)
 
 
-_SANDBOX_IMPORTS = ("builtins", "contextlib", "ctypes", "json", "os", "signal", "sys", "types")
+_SANDBOX_IMPORTS = (
+    "builtins",
+    "contextlib",
+    "ctypes",
+    "io",
+    "json",
+    "os",
+    "signal",
+    "subprocess",
+    "sys",
+    "types",
+)
 _SANDBOX_PARTS = (
     _encode,
     _decode,
     _plain_form,
-    _serve,
+    _Discard,
     _nested_landlock,
+    _enter_solution_domain,
+    _hide_program,
+    _start_solution,
     _Broken,
     _SolutionError,
     _Channel,
     _Handle,
+    _test_builtins,
+    _run_test,
     _judge,
 )
+_SERVER_IMPORTS = ("builtins", "io", "json", "os", "sys", "types")
+_SERVER_PARTS = (_encode, _decode, _plain_form, _Discard, _serve)
+
+
+def _program(imports: tuple[str, ...], parts: tuple[Any, ...]) -> str:
+    """Definitions of this module as a program's source (ahead of the call that starts it)."""
+    lines = "".join(f"import {name}\n" for name in imports)
+    body = "\n\n\n".join(inspect.getsource(part) for part in parts)
+    return f"from __future__ import annotations\n\n{lines}\n\n{body}"
 
 
 @functools.cache
 def _judge_source() -> str:
     """The judge's program: the sandbox-side definitions above, as source."""
-    imports = "".join(f"import {name}\n" for name in _SANDBOX_IMPORTS)
-    body = "\n\n\n".join(inspect.getsource(part) for part in _SANDBOX_PARTS)
-    return f"from __future__ import annotations\n\n{imports}\n\n{body}"
+    return _program(_SANDBOX_IMPORTS, _SANDBOX_PARTS)
+
+
+@functools.cache
+def _server_source() -> str:
+    """The solution process's program (``_serve`` with what it uses, and the call that runs
+    it on the pipes named by its arguments): nothing of the judge, nothing of a test."""
+    call = "\n_serve(int(sys.argv[1]), int(sys.argv[2]))\n"
+    return _program(_SERVER_IMPORTS, _SERVER_PARTS) + call

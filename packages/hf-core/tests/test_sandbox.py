@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from hf_core.agents.sandbox import SandboxLimits, run_python, run_python_async
+from hf_core.agents import sandbox as sandbox_module
+from hf_core.agents.sandbox import SandboxLimits, _pump, _Stream, run_python, run_python_async
+from hf_core.agents.sandbox_isolation import IsolationPlan
 from hf_testing.kernel import landlock_expected
 
 FAST = SandboxLimits(cpu_seconds=1, memory_mb=256, wall_seconds=2.0, output_kb=4)
@@ -81,3 +87,76 @@ def test_async_calls_run_concurrently() -> None:
     start = time.monotonic()
     asyncio.run(many())
     assert time.monotonic() - start < 1.8
+
+
+def test_reading_the_output_never_waits_past_the_deadline_nor_past_the_cap() -> None:
+    """The caller's reader: a writer that holds a pipe open and writes nothing (a survivor, a
+    hijacked waiter) cannot hold it past the deadline, one that writes without end is kept
+    only up to its cap (and one byte, to know it was passed), and a closed pipe ends it."""
+    read, write = os.pipe()
+    try:
+        stream = _Stream(read, cap=16)
+        began = time.monotonic()
+        assert _pump([stream], began + 0.3, None) == "deadline"
+        assert 0.25 <= time.monotonic() - began < 1.0
+        os.write(write, b"x" * 10)
+        assert _pump([stream], time.monotonic() + 0.1, None) == "deadline"
+        assert stream.data == b"x" * 10 and not stream.over
+        os.write(write, b"y" * 1000)
+        assert _pump([stream], time.monotonic() + 5, None) == "cap"
+        assert stream.over and stream.data == b"x" * 10 + b"y" * 7
+        os.write(write, b"z" * 5)
+        os.close(write)
+        write = -1
+        rest = _Stream(read, cap=2000)
+        assert _pump([rest], time.monotonic() + 5, None) == "closed"
+        assert not rest.open and set(rest.data) <= set(b"yz") and rest.data.endswith(b"zzzzz")
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
+
+
+def _pids_with(mark: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_without_namespaces_a_survivor_holding_the_output_does_not_hold_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where no PID namespace or cgroup ends everything with the call (no root), a descendant
+    that left the session outlives it and keeps the output pipe open: the caller still returns
+    (a short grace after the snippet's end) with what was printed."""
+    if sys.platform != "linux":
+        pytest.skip("the sandbox's layers are Linux's")
+    bare = IsolationPlan(unshare=None, interpreter=sys.executable, uid=None, cgroup_version=None)
+    monkeypatch.setattr(sandbox_module, "isolation_plan", lambda: bare)
+    mark = f"hf-survivor-{uuid.uuid4().hex}"
+    code = f"""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(30)"
+    os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", sleeper, {mark!r}])
+time.sleep(0.5)
+print("parent done", flush=True)
+"""
+    began = time.monotonic()
+    try:
+        result = run_python(code, FAST.model_copy(update={"wall_seconds": 10.0}))
+        took = time.monotonic() - began
+    finally:
+        for pid in _pids_with(mark):
+            os.kill(pid, signal.SIGKILL)
+    assert "parent done" in result.stdout and result.exit_code == 0, result
+    assert any(word.isdigit() for word in result.stdout.split()), "no survivor shared the pipe"
+    assert took < 3.0, f"the caller waited {took:.1f} s for a survivor"
+    assert not {"pid-namespace", "cgroup", "disk-quota"} & set(result.isolation)

@@ -18,14 +18,23 @@ Why each layer (an attacker's snippet, run with the sandbox's own API, showed ea
   storm across processes stops, which ``RLIMIT_AS`` per process cannot do), and a sweep that
   kills every member at the end.
 
-Each layer is used where the machine offers it (namespaces and cgroups need root here) and
-:attr:`~hf_core.agents.sandbox.SandboxResult.isolation` says which were in force; Landlock
-(file system, TCP and signal scoping) and the rlimits are applied inside the child by
-:mod:`hf_core.agents.sandbox` whatever else is available.
+* **A disk quota per call** (:class:`DiskQuota`): the call's working directory is a tmpfs of
+  its own, capped in bytes and in inodes, mounted in a mount namespace of the call's own.
+  Small files are cheap to write and can be slow to delete: without it a snippet wrote
+  hundreds of MB of them within its output and memory caps, and deleting them afterwards could
+  hold the caller for many seconds past the wall limit.  The tmpfs vanishes with the call's
+  last process (nothing to delete, no mount left on the host even if the caller dies), and its
+  pages count in the call's cgroup memory.
+
+Each layer is used where the machine offers it (namespaces, cgroups and mounts need root here)
+and :attr:`~hf_core.agents.sandbox.SandboxResult.isolation` says which were in force; Landlock
+(file system, TCP and signal scoping), the syscall filter (seccomp) and the rlimits are applied
+inside the child by :mod:`hf_core.agents.sandbox` whatever else is available.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import shutil
@@ -46,6 +55,10 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PREFIX = "hybridflow-sandbox-"
+
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x4000, 0x80000
+_MNT_DETACH = 0x2
 
 
 def _world_usable(path: Path, *, directory: bool = False) -> bool:
@@ -89,6 +102,8 @@ class IsolationPlan:
     uid: int | None
     cgroup_version: int | None
     """1 (``pids`` and ``memory`` hierarchies writable), 2 (a delegated unified tree), None."""
+    disk_quota: bool = False
+    """A tmpfs can be mounted over the call's directory (:class:`DiskQuota`; root)."""
 
     def command(self, argv: list[str], *, network: bool) -> list[str]:
         """``argv`` wrapped in the namespaces (and user) this plan has."""
@@ -155,7 +170,98 @@ def isolation_plan() -> IsolationPlan:
     unshare = binary if binary and _unshare_works(binary) else None
     interpreter, uid = _interpreter_for(SANDBOX_UID if unshare is not None else None)
     cgroups = _cgroup_version() if root and sys.platform == "linux" else None
-    return IsolationPlan(unshare, interpreter, uid, cgroups)
+    quota = root and sys.platform == "linux" and _disk_quota_works(interpreter)
+    return IsolationPlan(unshare, interpreter, uid, cgroups, quota)
+
+
+def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded in the parent: the child between fork and exec only calls it."""
+    if sys.platform != "linux":
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_char_p,
+    ]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    libc.unshare.argtypes = [ctypes.c_int]
+    return libc
+
+
+_LIBC = _libc()
+
+
+@dataclass(frozen=True)
+class DiskQuota:
+    """One call's disk quota: a tmpfs of ``size_mb`` MiB and ``files`` inodes over its working
+    directory, in a mount namespace of the call's own, holding a fresh copy of ``main.py``.
+
+    :meth:`mount` runs in the child between fork and exec (as root, before the namespaces and
+    the user switch): the mount is never seen outside the call, and it vanishes with the
+    call's last process, so there is nothing to unmount or delete afterwards."""
+
+    directory: Path
+    size_mb: int
+    files: int
+    uid: int
+    gid: int
+    main: bytes
+    """``main.py``'s content (the copy the parent wrote is hidden under the mount)."""
+
+    def options(self) -> bytes:
+        # two inodes more than the snippet's files: the root directory and main.py
+        return (
+            f"size={self.size_mb}m,nr_inodes={self.files + 2},mode=0700,"
+            f"uid={self.uid},gid={self.gid}"
+        ).encode()
+
+    def mount(self) -> None:
+        """Enter a mount namespace of the call's own and mount the tmpfs over the directory
+        (then the working directory).  Any step that fails leaves the call without the quota
+        -- it runs in the plain directory, and the bootstrap reports no ``disk-quota`` -- never
+        with a mount that could propagate to the host."""
+        libc, target = _LIBC, bytes(self.directory)
+        if libc is None or libc.unshare(_CLONE_NEWNS) != 0:
+            return
+        # slave: the host's mounts and unmounts still reach the namespace, none goes back
+        if libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+            return
+        if libc.mount(b"tmpfs", target, b"tmpfs", _MS_NOSUID | _MS_NODEV, self.options()) != 0:
+            return
+        try:
+            os.chdir(target)  # into the mount: the working directory was the folder below it
+            fd = os.open("main.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, self.main)
+            finally:
+                os.close(fd)
+        except OSError:  # main.py larger than the quota, say: run without it
+            libc.umount2(target, _MNT_DETACH)
+            os.chdir(target)
+
+
+def _disk_quota_works(interpreter: str) -> bool:
+    """Whether :class:`DiskQuota` mounts here (root, mount namespaces, tmpfs): try once."""
+    import subprocess
+    import tempfile
+
+    probe = "import os, sys; sys.exit(os.stat('.').st_dev == os.stat('..').st_dev)"
+    with tempfile.TemporaryDirectory(prefix="hf-sandbox-probe-") as folder:
+        quota = DiskQuota(Path(folder), 1, 16, os.getuid(), os.getgid(), b"")
+        try:
+            done = subprocess.run(
+                [interpreter, "-I", "-S", "-c", probe],
+                cwd=folder,
+                preexec_fn=quota.mount,
+                capture_output=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return done.returncode == 0
 
 
 class CallCgroup:

@@ -616,3 +616,28 @@ def test_a_request_changes_its_trajectory_only_once_the_engine_answered(tokenize
     assert late.status_code == 409, late.text
     assert (trajectory.prompt, trajectory.tokens, trajectory.requests) == ([], [], 0)
     assert len(engine.contexts) == 2  # the engine did sample: nothing of it was kept
+
+
+def test_workers_give_the_endpoint_the_models_positions(tokenizer: Any, tmp_path: Any) -> None:
+    """build_agent_loop (what every rollout worker runs) bounds contexts by what the rollout
+    can hold: here the model's positions, read from the recipe's model folder."""
+    from hf_core.config import TrainerConfig
+    from hf_core.roles.common import build_agent_loop
+
+    tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen2", "max_position_embeddings": 48})
+    )
+    config = TrainerConfig.model_validate(
+        {
+            "model": {"path": str(tmp_path)},
+            "reward": {"function": "digits_reverse"},
+            "agent": {"function": f"{__name__}:long_prompt_agent", "max_total_tokens": 64},
+        }
+    )
+    loop = build_agent_loop(config, EmbeddingEngine(tokenizer))  # type: ignore[arg-type]
+    try:
+        assert isinstance(loop, FunctionAgentLoop)
+        assert loop.endpoint.limits.capacity == 48
+    finally:
+        loop.close()

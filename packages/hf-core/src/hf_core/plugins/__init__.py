@@ -16,6 +16,7 @@ from hf_core.plugins.manager import (
     plugin_manager,
     registry,
     reset,
+    validated_engine_settings,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "plugin_manager",
     "registry",
     "reset",
+    "validated_engine_settings",
 ]

@@ -490,6 +490,19 @@ def get_engine_config(kind: Literal["training", "rollout"], name: str) -> type[B
     return ref if isinstance(ref, type) else _import_config(ref, configs.owner(name), name)
 
 
+def validated_engine_settings(
+    kind: Literal["training", "rollout"], backend: str, block: Callable[[], dict[str, Any]]
+) -> Any:
+    """Engine ``backend``'s settings validated from ``block()``, or None when the engine is
+    not installed here (building the workers will say so) or registered no settings model.
+    ``block`` is called only then: core's engine arguments ask the registry too."""
+    try:
+        model = get_engine_config(kind, backend)
+        return None if model is None else model.model_validate(block())
+    except UnknownEngineError:
+        return None
+
+
 def get_engine_parallelism(kind: Literal["training", "rollout"], name: str) -> frozenset[str]:
     """The parallel axes engine ``name`` declared (``tp``, ``pp``, ``sp``); empty: data
     parallel only.

@@ -45,8 +45,10 @@ def build_agent_loop(
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)
     if config.agent.function is not None:  # needs the 'serve' extra (FastAPI, openai)
         from hf_core.agents.function_agents import FunctionAgentLoop
+        from hf_core.roles.sequence_capacity import sequence_bounds  # it imports this module
 
-        return FunctionAgentLoop(engine, tokenizer, config.agent, version)
+        capacity = sequence_bounds(config).capacity  # longer prompts are refused, not batched
+        return FunctionAgentLoop(engine, tokenizer, config.agent, version, capacity)
     return AgentLoop(engine, tokenizer, config.agent, resolve_tools(config.agent.tools))
 
 

@@ -18,8 +18,7 @@ GPU memory and other machines are not visible from here.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from hf_core.config import TrainerConfig
 from hf_core.config.layout import resolve_layout
@@ -40,7 +39,7 @@ from hf_core.engines.memory_fit import (
 )
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import ModelSpec, from_hf_config
-from hf_core.plugins import UnknownEngineError, get_engine_config
+from hf_core.plugins import validated_engine_settings
 from hf_core.roles.common import rollout_engine_args, training_engine_args
 
 
@@ -56,19 +55,6 @@ def _bytes(engine: dict[str, Any], *keys: str) -> int:
 def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
     folder = config.role_model(role)
     return from_hf_config(read_model_config(folder, key=key), name=str(folder))
-
-
-def validated_engine_settings(
-    kind: Literal["training", "rollout"], backend: str, block: Callable[[], dict[str, Any]]
-) -> Any:
-    """Engine ``backend``'s settings validated from ``block()``, or None when the engine is
-    not installed here (building the workers will say so) or registered no settings model.
-    ``block`` is called only then: core's engine arguments ask the registry too."""
-    try:
-        model = get_engine_config(kind, backend)
-        return None if model is None else model.model_validate(block())
-    except UnknownEngineError:
-        return None
 
 
 def _training_settings(config: TrainerConfig, role: Any, *, trainable: bool) -> Any:

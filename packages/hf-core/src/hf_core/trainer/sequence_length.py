@@ -11,14 +11,11 @@ error naming the keys; responses cut at ``rollout.max_new_tokens`` are reported 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from hf_core.config import ConfigError, TrainerConfig
-from hf_core.engines.capabilities import DeclaresSequenceCapacity
-from hf_core.engines.hf_folder import read_model_config
-from hf_core.planner.models import from_hf_config
-from hf_core.roles.common import rollout_engine_args
-from hf_core.trainer.memory_check import validated_engine_settings
+from hf_core.roles.sequence_capacity import model_positions, sequence_bounds
+
+__all__ = ["LongestSequence", "check_sequence_length", "longest_sequence", "model_positions"]
 
 
 @dataclass(frozen=True)
@@ -52,43 +49,19 @@ def longest_sequence(config: TrainerConfig) -> LongestSequence:
     )
 
 
-def model_positions(text: dict[str, Any]) -> int | None:
-    """The positions a (text) model config covers: ``max_position_embeddings``, times a
-    RoPE scaling ``factor`` when it extends them (YaRN, linear, dynamic)."""
-    positions = text.get("max_position_embeddings")
-    if not isinstance(positions, int):
-        return None
-    scaling = text.get("rope_scaling") or {}
-    factor = scaling.get("factor") if isinstance(scaling, dict) else None
-    if isinstance(factor, (int, float)) and factor > 1:
-        original = scaling.get("original_max_position_embeddings") or positions
-        return max(positions, int(original * factor))
-    return positions
-
-
 def check_sequence_length(config: TrainerConfig) -> None:
     """Raise :class:`ConfigError` when the longest sequence cannot be generated whole."""
     longest = longest_sequence(config)
-    folder = config.role_model(config.actor)
-    hf = read_model_config(folder, key="model.path")
-    text = hf.get("text_config") or hf
-    positions = model_positions(text)
-    if positions is not None and longest.tokens > positions:
+    bounds = sequence_bounds(config)
+    if bounds.positions is not None and longest.tokens > bounds.positions:
+        folder = config.role_model(config.actor)
         raise longest.refusal(
-            f"the model has {positions} positions (max_position_embeddings in "
+            f"the model has {bounds.positions} positions (max_position_embeddings in "
             f"{folder / 'config.json'})"
         )
-    rollout = config.rollout
-    settings = validated_engine_settings(
-        "rollout", rollout.backend, lambda: {**rollout_engine_args(config), **rollout.engine}
-    )
-    if not isinstance(settings, DeclaresSequenceCapacity):
-        return
-    spec = from_hf_config(hf, name=str(folder))
-    capacity = settings.sequence_capacity(2 * spec.num_layers * spec.kv_dim)
-    if capacity is not None and longest.tokens > capacity[0]:
-        limit, source = capacity
+    if bounds.engine is not None and longest.tokens > bounds.engine[0]:
+        limit, source = bounds.engine
         raise longest.refusal(
-            f"the {rollout.backend!r} rollout engine holds at most {limit:,} tokens a "
+            f"the {config.rollout.backend!r} rollout engine holds at most {limit:,} tokens a "
             f"sequence ({source}): raise that"
         )

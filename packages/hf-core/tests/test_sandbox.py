@@ -72,6 +72,22 @@ def test_the_snippet_sees_only_its_own_directory(tmp_path: Path) -> None:
     assert "PermissionError" in result.stderr and "run data" not in result.stdout
 
 
+def test_the_devices_it_is_given_work_under_the_lock() -> None:
+    """``/dev/null`` (writable) and ``/dev/urandom`` (readable) are files: Landlock takes only
+    file rights on them, and a rule asking for directory rights was refused whole, which
+    left ``subprocess.DEVNULL`` failing with EACCES inside the sandbox."""
+    code = (
+        "import subprocess\n"
+        "open('/dev/null', 'w').write('x')\n"
+        "print(len(open('/dev/urandom', 'rb').read(8)))\n"
+        "print(subprocess.run([__import__('sys').executable, '-c', 'print(1)'],"
+        " stdout=subprocess.DEVNULL).returncode)"
+    )
+    result = run_python(code, FAST)
+    assert result.ok, result.stderr
+    assert result.stdout.split() == ["8", "0"]
+
+
 def test_the_environment_is_clean(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_SECRET_TOKEN", "s3cret")
     result = run_python("import os, sys\nprint(os.environ.get('HF_SECRET_TOKEN'), sys.path)", FAST)

@@ -113,7 +113,10 @@ def _landlock(read_dirs, write_dirs, deny_network):
                 fd = os.open(d, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue
-            rule = Beneath(rights, fd)
+            allowed = rights
+            if not os.path.isdir(d):  # a file takes file rights only (else EINVAL: no rule)
+                allowed &= (1 << 0) | (1 << 1) | (1 << 2)  # execute, write, read file
+            rule = Beneath(allowed, fd)
             libc.syscall(nr_add, ruleset, 1, ctypes.byref(rule), 0)
             os.close(fd)
     ok = libc.syscall(nr_restrict, ruleset, 0) == 0

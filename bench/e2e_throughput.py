@@ -19,11 +19,17 @@ response tokens over the step's wall time), each stage's share of the step; and 
 generation time of the same batch alone (the rollout engine called directly, on the same
 layout, no trainer around it).  With ``--baseline REV`` the same runs are repeated on that
 commit (a temporary git worktree, imported ahead of the installed packages), so the speed-up
-is measured side by side in one run.
+is measured side by side in one run.  With ``--variant LABEL:OVERRIDE[,OVERRIDE...]`` (repeated)
+the current tree runs once per variant, each with its own dotted overrides (e.g. the actor's
+data-parallel strategy), side by side in the same way; the raw update then takes the
+variant's ``actor.engine.*`` settings.
 
     python bench/e2e_throughput.py                       # current tree only
     python bench/e2e_throughput.py --baseline 1c772fe --write
     python bench/e2e_throughput.py --backends vllm --configs small
+    python bench/e2e_throughput.py --layouts 2x1 \
+        --variant fsdp:actor.engine.cpu_data_parallel=fsdp \
+        --variant pool:actor.engine.cpu_data_parallel=pool
 """
 
 from __future__ import annotations
@@ -233,8 +239,9 @@ def timed_calls(call: Any, repeats: int) -> list[float]:
 
 def update_child(args: argparse.Namespace) -> None:
     """One rank of the raw-update measurement (``--child-update``): the FSDP actor engine
-    alone, default settings, trained on this rank's share of a batch the rollout engine
-    generated (the loop's shapes), one optimizer step per call as the loop takes."""
+    alone, default settings (the variant's ``--engine`` settings on top), trained on this
+    rank's share of a batch the rollout engine generated (the loop's shapes), one optimizer
+    step per call as the loop takes."""
     import torch
 
     from hf_core.engines import SamplingParams
@@ -256,14 +263,15 @@ def update_child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     from hf_fsdp.engine import FSDPEngine
 
-    engine = FSDPEngine({"model_path": args.model, "lr": 1e-4})
+    engine = FSDPEngine({"model_path": args.model, "lr": 1e-4, **json.loads(args.engine or "{}")})
     # the warm-up call also creates Adam's state and makes the micro-batch fit
     seconds = timed_calls(lambda: engine.train_step(batch, policy_loss), args.repeats)
     print_result({"seconds": seconds})
 
 
 def _children(kind: str, model: Path, data: Path, config: str, layout: tuple[int, int],
-              repeats: int, backend: str) -> float:  # fmt: skip
+              repeats: int, backend: str,
+              engine: dict[str, Any] | None = None) -> float:  # fmt: skip
     """Run one ``--child-<kind>`` per rank of ``layout`` at once; the median over repeats of
     the slowest rank's seconds."""
     procs, threads = layout
@@ -271,7 +279,7 @@ def _children(kind: str, model: Path, data: Path, config: str, layout: tuple[int
     cmd = [sys.executable, __file__, f"--child-{kind}", "--model", str(model)]
     cmd += ["--data", str(data), "--config", config, "--procs", str(procs)]
     cmd += ["--threads", str(threads), "--repeats", str(repeats), "--backend", backend]
-    cmd += ["--port", str(free_port())]
+    cmd += ["--port", str(free_port()), "--engine", json.dumps(engine or {})]
     children = [
         subprocess.Popen([*cmd, "--rank", str(rank)], stdout=subprocess.PIPE, text=True, env=env)
         for rank in range(procs)
@@ -287,12 +295,31 @@ def _children(kind: str, model: Path, data: Path, config: str, layout: tuple[int
 
 
 def raw_update(
-    model: Path, data: Path, config: str, layout: tuple[int, int], repeats: int
+    model: Path,
+    data: Path,
+    config: str,
+    layout: tuple[int, int],
+    repeats: int,
+    engine: dict[str, Any] | None = None,
 ) -> float:
     """Seconds of one actor update of a step's batch by the training engine alone on
-    ``layout`` (each process its share; the slowest counts): with raw generation, the
-    step's in-process floor."""
-    return _children("update", model, data, config, layout, repeats, "transformers")
+    ``layout`` (each process its share; the slowest counts), with ``engine`` settings on top
+    of the defaults: with raw generation, the step's in-process floor."""
+    return _children("update", model, data, config, layout, repeats, "transformers", engine)
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``LABEL:OVERRIDE[,OVERRIDE...]`` -> (label, dotted overrides)."""
+    label, sep, overrides = text.partition(":")
+    if not sep or not label or not overrides:
+        raise argparse.ArgumentTypeError(f"expected LABEL:KEY=VALUE[,KEY=VALUE...], got {text!r}")
+    return label, overrides.split(",")
+
+
+def actor_engine_settings(overrides: list[str]) -> dict[str, Any]:
+    """The ``actor.engine.*`` overrides as engine settings (the raw update's)."""
+    prefix = "actor.engine."
+    return dict(o[len(prefix) :].split("=", 1) for o in overrides if o.startswith(prefix))
 
 
 def raw_generation(
@@ -354,7 +381,7 @@ RunKey = tuple[str, str, str, tuple[int, int]]
 """(config, rollout backend, side, layout)"""
 
 
-def table(results: dict[RunKey, dict[str, Any]], baseline: str | None) -> str:
+def table(results: dict[RunKey, dict[str, Any]], sides: list[str]) -> str:
     head = "| config | rollout | side | layout | s/step | tokens/s | raw generate s |"
     head += " raw update s | step / floor | " + " | ".join(f"{s} %" for s in STAGES) + " |"
     lines = [head, "|" + "---|" * (9 + len(STAGES))]
@@ -370,7 +397,7 @@ def table(results: dict[RunKey, dict[str, Any]], baseline: str | None) -> str:
     backends = list(dict.fromkeys(key[1] for key in results))
     for config in CONFIGS:
         for backend in backends:
-            summary = best_line(results, config, backend, baseline)
+            summary = best_line(results, config, backend, sides)
             if summary:
                 lines.append(summary)
     return "\n".join(lines)
@@ -383,27 +410,29 @@ def over_floor(res: dict[str, Any]) -> float:
 
 
 def best_line(
-    results: dict[RunKey, dict[str, Any]], config: str, backend: str, baseline: str | None
+    results: dict[RunKey, dict[str, Any]], config: str, backend: str, sides: list[str]
 ) -> str | None:
-    """The summary of one configuration and rollout backend: each side's best layout, and
-    whether two processes beat one."""
+    """The summary of one configuration and rollout backend: each side's best layout against
+    the first side's, and whether two processes beat one on the first side."""
     best = {}
-    for side in ("current", baseline):
+    for side in sides:
         runs = [r for (c, b, s, _), r in results.items() if (c, b, s) == (config, backend, side)]
         if runs:
             best[side] = max(runs, key=lambda r: r["tokens_per_s"])
-    if "current" not in best:
+    first = sides[0]
+    if first not in best:
         return None
-    cur = best["current"]
-    line = f"- {config}, {backend}: best current {rate(cur['tokens_per_s'])} tokens/s, step = "
+    cur = best[first]
+    line = f"- {config}, {backend}: best {first} {rate(cur['tokens_per_s'])} tokens/s, step = "
     line += f"{over_floor(cur):.2f} x its floor (raw generation + raw update)"
-    if baseline in best:
-        speedup = cur["tokens_per_s"] / best[baseline]["tokens_per_s"]
-        line += f"; best {baseline} {rate(best[baseline]['tokens_per_s'])} tokens/s "
-        line += f"-> {speedup:.2f}x"
+    for other in sides[1:]:
+        if other in best:
+            speedup = cur["tokens_per_s"] / best[other]["tokens_per_s"]
+            line += f"; best {other} {rate(best[other]['tokens_per_s'])} tokens/s "
+            line += f"-> {first} {speedup:.2f}x"
     by_procs: dict[int, float] = {}
     for (c, b, s, layout), r in results.items():
-        if (c, b, s) == (config, backend, "current"):
+        if (c, b, s) == (config, backend, first):
             by_procs[layout[0]] = max(by_procs.get(layout[0], 0.0), r["tokens_per_s"])
     if 1 in by_procs and 2 in by_procs:
         line += f"; two processes / one: {by_procs[2] / by_procs[1]:.2f}"
@@ -434,10 +463,18 @@ def main() -> None:
         help="repeat every run this many times, alternating which side goes first; each "
         "figure is the median over rounds (the shared VM drifts between runs)",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        default=[],
+        help="LABEL:KEY=VALUE[,KEY=VALUE...]: run the current tree once per variant with these "
+        "overrides (repeat the flag), side by side",
+    )
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     parser.add_argument("--child-generate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-update", action="store_true", help=argparse.SUPPRESS)
-    for name in ("--model", "--data", "--config", "--backend"):
+    for name in ("--model", "--data", "--config", "--backend", "--engine"):
         parser.add_argument(name, help=argparse.SUPPRESS)
     for name in ("--procs", "--threads", "--rank", "--port"):
         parser.add_argument(name, type=int, default=0, help=argparse.SUPPRESS)
@@ -456,37 +493,44 @@ def main() -> None:
     if unknown:
         parser.error(f"--backends: unknown {unknown}; known: {sorted(ROLLOUT_SETTINGS)}")
     rounds: dict[RunKey, list[dict[str, Any]]] = {}
-    raw_updates: dict[tuple[str, tuple[int, int]], float] = {}
+    raw_updates: dict[tuple[str, tuple[int, int], str], float] = {}
     with tempfile.TemporaryDirectory(prefix="hf-e2e-bench-") as tmp_name:
         tmp = Path(tmp_name)
         configs = args.configs.split(",")
         models = {c: bench_model(CONFIG_MODELS[c]) for c in configs}
         data = write_task(tmp / "train.jsonl", rows=4096)
-        sides: list[tuple[str, Path | None]] = [("current", None)]
+        # (label, source tree or None for this one, extra overrides)
+        sides: list[tuple[str, Path | None, list[str]]] = [
+            (label, None, extra) for label, extra in args.variant
+        ] or [("current", None, [])]
         with contextmanager_or_none(args.baseline) as tree:
             if tree is not None:
-                sides.append((args.baseline, tree))
+                sides.append((args.baseline, tree, []))
             for round_index in range(args.rounds):
                 order = sides if round_index % 2 == 0 else sides[::-1]
                 for config, backend, layout in itertools.product(configs, backends, layouts):
                     model = models[config]
                     raw = raw_generation(model, data, config, layout, args.repeats, backend)
-                    update = raw_updates.get((config, layout))
-                    if update is None:  # the same for every rollout backend
-                        update = raw_update(model, data, config, layout, args.repeats)
-                        raw_updates[(config, layout)] = update
-                    for side, src in order:
+                    for side, src, extra in order:
+                        update = raw_updates.get((config, layout, side))
+                        if update is None:  # the same for every rollout backend
+                            engine = actor_engine_settings(extra)
+                            update = raw_update(model, data, config, layout, args.repeats, engine)
+                            raw_updates[(config, layout, side)] = update
                         name = f"{config}-{backend}-{side}-{layout[0]}x{layout[1]}-{round_index}"
-                        overrides = recipe_overrides(
-                            model,
-                            data,
-                            tmp / name,
-                            config,
-                            layout,
-                            args.steps,
-                            backend,
-                            baseline=src is not None,
-                            registered_as=registered_name(src, backend),
+                        overrides = (
+                            recipe_overrides(
+                                model,
+                                data,
+                                tmp / name,
+                                config,
+                                layout,
+                                args.steps,
+                                backend,
+                                baseline=src is not None,
+                                registered_as=registered_name(src, backend),
+                            )
+                            + extra
                         )
                         res = run_trainer(src, overrides, tmp / name, args.warmup)
                         res["raw_generate_s"] = raw
@@ -496,6 +540,7 @@ def main() -> None:
                             round_index, config, backend, layout, side, json.dumps(res), flush=True
                         )
     results = {key: over_rounds(runs) for key, runs in rounds.items()}
+    labels = [side for side, _, _ in sides]
 
     prompts = ", ".join(
         f"{c}: the {CONFIG_MODELS[c]} model, {p} prompts x {n} samples, {t} new tokens"
@@ -517,7 +562,13 @@ def main() -> None:
         f"{VLLM_KV_CACHE_BYTES // 2**20} MiB KV cache, its default of 1 torch thread while "
         "generating."
     )
-    text = section(TITLE, description, table(results, args.baseline))
+    if args.variant:
+        description += (
+            " Variants (the current tree with these overrides): "
+            + "; ".join(f"{label}: `{' '.join(extra)}`" for label, extra in args.variant)
+            + "."
+        )
+    text = section(TITLE, description, table(results, labels))
     publish(TITLE, text, args.write)
 
 

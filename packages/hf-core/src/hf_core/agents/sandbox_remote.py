@@ -15,7 +15,7 @@ or dropped before an answer is retried, a few times; an answer (an HTTP error in
 request the service is still busy with (the request timeout) are not.
 
 Isolation is the service's: of :class:`SandboxLimits` only the wall limit and the memory limit
-travel (SandboxFusion has no CPU, output, process or network setting per request); the output
+travel (SandboxFusion has no CPU, output, process, disk or network setting per request); the output
 is cut to ``output_kb`` here.  Plain :mod:`urllib` (one request per call, thread-safe), no
 HTTP dependency.
 """

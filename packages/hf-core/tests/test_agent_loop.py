@@ -15,11 +15,11 @@ import torch
 
 from hf_core.agents.config import AgentConfig
 from hf_core.agents.loop import AgentLoop, agent_metrics
-from hf_core.agents.tool_calls import format_tool_call
 from hf_core.batch import Batch
 from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.engines.decoding import pack_responses, strip_left_padding
 from hf_core.plugins.tools import resolve_tools
+from hf_core.tool_calls import format_tool_call
 
 TEMPLATE = "\n<tool_response>{result}</tool_response>\n"
 

@@ -24,7 +24,6 @@ from hf_core.agents.loop import AgentLoop
 from hf_core.agents.sandbox import SandboxLimits, run_python
 from hf_core.agents.sandbox_choice import run_sandboxed, sandbox_in_use, use_sandbox
 from hf_core.agents.sandbox_remote import RemoteSandbox, SandboxServiceError
-from hf_core.agents.tool_calls import format_tool_call
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, assemble_rollout
@@ -33,6 +32,7 @@ from hf_core.plugins.tools import get_tool, resolve_tools
 from hf_core.rewards import RuleReward
 from hf_core.rewards import code as code_reward
 from hf_core.rewards.scorer import RewardFunctionError
+from hf_core.tool_calls import format_tool_call
 
 # ------------------------------------------------------------------------ the service double
 

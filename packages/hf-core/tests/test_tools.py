@@ -10,11 +10,11 @@ import pytest
 
 from hf_core import plugins
 from hf_core.agents import tools as tools_mod
-from hf_core.agents.tool_calls import MalformedCall, ToolCall, format_tool_call, parse_tool_calls
 from hf_core.agents.tools import ToolError, UnknownToolError, calculator
 from hf_core.errors import ConfigError
 from hf_core.plugins import hookimpl
 from hf_core.plugins.tools import get_tool, resolve_tools, tool_names
+from hf_core.tool_calls import MalformedCall, ToolCall, format_tool_call, parse_tool_calls
 
 
 def shout(text: str) -> str:

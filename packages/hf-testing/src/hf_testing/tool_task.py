@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from hf_core.agents.config import QWEN_TOOL_RESPONSE
-from hf_core.agents.tool_calls import CLOSE, format_tool_call
 from hf_core.agents.tools import CALCULATOR_PARAMETERS, ToolError, calculator
 from hf_core.data.io import write_jsonl
+from hf_core.tool_calls import CLOSE, format_tool_call
 from hf_testing.tiny import EOS
 
 

@@ -8,7 +8,7 @@ contexts (``n=1``), so the engine batches them as it batches prompts: by default
 tools run in the background and each engine call takes every sample that is ready, whatever
 its turn, so a slow tool holds back only its own sample.  After a turn the sample's new text
 is parsed for
-``<tool_call>`` blocks (:mod:`hf_core.agents.tool_calls`); the calls of every sample run
+``<tool_call>`` blocks (:mod:`hf_core.tool_calls`); the calls of every sample run
 concurrently, and their answers are appended as a tool message
 (``agent.tool_response_template``) with loss mask 0.  A turn without calls ends the sample,
 unless a per-sample environment answers it (``step`` returns an observation).  Limits: turns
@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from hf_core.agents.config import AgentConfig
-from hf_core.agents.tool_calls import MalformedCall, parse_tool_calls
 from hf_core.agents.tools import Tool, ToolResult
 from hf_core.batch import Batch
 from hf_core.engines.capabilities import PoolsGenerateCalls
@@ -44,6 +43,7 @@ from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.errors import ConfigError
 from hf_core.imports import import_object
+from hf_core.tool_calls import MalformedCall, parse_tool_calls
 
 COUNTERS = ("agent_turns", "agent_tool_calls", "agent_tool_errors", "agent_tool_timeouts")
 """Per-sample counters the loop adds (int tensors [B])."""

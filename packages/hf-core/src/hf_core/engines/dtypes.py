@@ -9,7 +9,7 @@ import torch
 
 from hf_core.device import inference_dtype
 from hf_core.engines.hf_folder import read_model_config
-from hf_core.planner.models import from_hf_config
+from hf_core.model_shapes import from_hf_config
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 
@@ -39,8 +39,8 @@ def rollout_dtype(name: str, model_folder: Path, device: torch.device) -> torch.
 
 
 def _num_params(folder: Path) -> int | None:
-    """The model's parameter count from its ``config.json`` (``None`` where the planner's
-    estimate does not know the architecture)."""
+    """The model's parameter count from its ``config.json`` (``None`` where the shape count,
+    :mod:`hf_core.model_shapes`, does not know the architecture)."""
     try:
         return from_hf_config(read_model_config(folder)).num_params
     except (KeyError, ValueError, TypeError, OSError):

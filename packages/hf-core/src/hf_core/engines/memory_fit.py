@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from hf_core.planner.models import ModelSpec
+from hf_core.model_shapes import ModelSpec
 
 GIB = 1024**3
 RUNTIME_BYTES = GIB

@@ -1,131 +1,21 @@
-"""Model shapes for the cost model: parameter counts, FLOPs per token and KV-cache bytes.
+"""Models for the cost model by name, path or config: presets of the paper's models and
+:func:`load_model`.
 
-The planner needs sizes, not weights, so a model is its HuggingFace ``config.json`` fields.
-Counts follow the Llama architecture (gated MLP with three matrices, grouped-query attention,
-two RMSNorms per layer), which is what every preset here is.
+The shape itself (:class:`ModelSpec`, :func:`from_hf_config`) lives in
+:mod:`hf_core.model_shapes`, below the engines that count with it too; it is re-exported here
+for the planner's callers.  Every preset is a Llama-architecture shape.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-BF16_BYTES = 2
-"""Bytes per weight and per KV-cache element: training and generation run in bf16."""
+from hf_core.model_shapes import BF16_BYTES, ModelSpec, from_hf_config
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The shape of a decoder-only transformer, enough to count parameters, FLOPs and memory.
-
-    ``value_head`` replaces the vocabulary LM head with a ``hidden -> 1`` projection: that is
-    what critics, reward and cost models are, and it changes both size and logits memory.
-    """
-
-    name: str
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    value_head: bool = False
-
-    def __post_init__(self) -> None:
-        """Reject shapes the formulas below would silently mis-count."""
-        for field in (
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "vocab_size",
-        ):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"model {self.name!r}: {field} must be an integer >= 1, got {value!r}"
-                )
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"model {self.name!r}: hidden_size={self.hidden_size} is not divisible by "
-                f"num_attention_heads={self.num_heads}"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"model {self.name!r}: num_attention_heads={self.num_heads} is not divisible by "
-                f"num_key_value_heads={self.num_kv_heads}"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        """Per-head width; K/V projections are ``num_kv_heads * head_dim`` wide."""
-        return self.hidden_size // self.num_heads
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of the K (and of the V) projection under grouped-query attention."""
-        return self.num_kv_heads * self.head_dim
-
-    @property
-    def layer_matmul_params(self) -> int:
-        """Weights of one layer that take part in matmuls: q, o, k, v and the gated MLP."""
-        h = self.hidden_size
-        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.intermediate_size
-
-    @property
-    def head_params(self) -> int:
-        """The output head: a value projection, nothing (tied) or a vocabulary matrix."""
-        if self.value_head:
-            return self.hidden_size
-        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-
-    @property
-    def num_params(self) -> int:
-        """All parameters: layers (with their two norms), embeddings, head and final norm."""
-        h = self.hidden_size
-        layers = self.num_layers * (self.layer_matmul_params + 2 * h)
-        return layers + self.vocab_size * h + self.head_params + h
-
-    @property
-    def matmul_params(self) -> int:
-        """Parameters that cost FLOPs per token: layers plus the head (the embedding lookup is
-        free; a tied head still multiplies by the embedding matrix)."""
-        head = self.hidden_size if self.value_head else self.vocab_size * self.hidden_size
-        return self.num_layers * self.layer_matmul_params + head
-
-    @property
-    def weight_bytes(self) -> int:
-        """bf16 size of the weights: the ``M`` of Table 2."""
-        return BF16_BYTES * self.num_params
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV cache for one token over all layers (K and V, bf16), before any TP split."""
-        return 2 * self.num_layers * self.kv_dim * BF16_BYTES
-
-    @property
-    def logits_width(self) -> int:
-        """Columns of the output: the vocabulary, or 1 for a value head."""
-        return 1 if self.value_head else self.vocab_size
-
-    def forward_flops_per_token(self, attended: float) -> float:
-        """Forward FLOPs for one token that attends to ``attended`` keys on average.
-
-        ``2 * matmul_params`` for the dense matmuls plus ``4 * layers * hidden * attended`` for
-        QK^T and AV; a causal pass over ``S`` tokens attends to ``S / 2`` keys on average.
-        """
-        return 2.0 * self.matmul_params + 4.0 * self.num_layers * self.hidden_size * attended
-
-    def with_value_head(self) -> ModelSpec:
-        """The same trunk with a scalar head: how a critic or reward model is built from it."""
-        if self.value_head:
-            return self
-        return replace(self, name=f"{self.name}+value", value_head=True)
+__all__ = ["BF16_BYTES", "PRESETS", "ModelSpec", "from_hf_config", "load_model", "preset"]
 
 
 def _llama(name: str, h: int, inter: int, layers: int, heads: int, kv: int) -> ModelSpec:
@@ -164,35 +54,6 @@ def preset(name: str) -> ModelSpec:
     if key not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
     return PRESETS[key]
-
-
-def from_hf_config(config: Mapping[str, Any], name: str = "model") -> ModelSpec:
-    """Build a spec from HuggingFace config fields; missing required keys are named.  A
-    vision-language config's language model sits under ``text_config`` (its vision tower,
-    a few percent of the parameters, is not counted)."""
-    text = config.get("text_config")
-    if isinstance(text, Mapping):
-        config = {**config, **text}
-    required = (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "vocab_size",
-    )
-    missing = [key for key in required if key not in config]
-    if missing:
-        raise ValueError(f"model {name!r}: HF config lacks {missing}")
-    return ModelSpec(
-        name=str(config.get("_name_or_path") or name),
-        hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=config["num_attention_heads"],
-        num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-        vocab_size=config["vocab_size"],
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-    )
 
 
 def load_model(

@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_core.agents.tool_calls import MalformedCall, parse_tool_calls
+from hf_core.tool_calls import MalformedCall, parse_tool_calls
 
 
 class ConversationEdited(ValueError):

@@ -8,6 +8,10 @@ A call is a JSON object between tags, anywhere in the assistant's turn::
 write it).  A block that is not valid JSON, lacks ``name``, has non-object arguments or is
 never closed is returned as a :class:`MalformedCall` whose message goes back to the model as
 the tool's answer: the rollout never fails on what the model wrote.
+
+Both the agent loop (:mod:`hf_core.agents.loop`) and the policy endpoint
+(:mod:`hf_core.serving`, which returns a completion's calls as OpenAI ``tool_calls``) read
+calls this way, so the parser sits below both: serving never imports the agents.
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ def _backends(_: argparse.Namespace) -> int:
         "training engines",
         "rollout engines",
         "protocols",
-        "estimators / losses",
-        "rewards / tools",
+        "algorithms",
+        "rewards / tools / environments",
     ):
         table.add_column(column)
     for info in list_backends():
@@ -72,8 +72,8 @@ def _backends(_: argparse.Namespace) -> int:
             ", ".join(info.training_engines) or "-",
             ", ".join(info.rollout_engines) or "-",
             ", ".join(info.protocols) or "-",
-            ", ".join(info.advantage_estimators + info.policy_losses) or "-",
-            ", ".join(info.reward_functions + info.tools) or "-",
+            ", ".join(info.algorithms) or "-",
+            ", ".join(info.rewards_and_agents) or "-",
         )
     Console(width=240).print(table)
     return 0

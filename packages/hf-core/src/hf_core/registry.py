@@ -123,6 +123,11 @@ class NamedRegistry(Generic[T]):
         twin._values, twin._owners = dict(self._values), dict(self._owners)
         return twin
 
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (the plugin manager forgets a plugin's entries when it resets)."""
+        self._values.pop(name, None)
+        self._owners.pop(name, None)
+
     def clear(self) -> None:
         self._values.clear()
         self._owners.clear()

@@ -11,14 +11,25 @@ from pathlib import Path
 from hf_core.plugins import ENTRY_POINT_GROUP
 
 
-def install_plugin_package(tmp: Path, dist: str, module: str, source: str, target: Path) -> Path:
+def install_plugin_package(
+    tmp: Path,
+    dist: str,
+    module: str,
+    source: str,
+    target: Path,
+    groups: tuple[str, ...] = (ENTRY_POINT_GROUP,),
+) -> Path:
     """Build distribution ``dist`` whose package ``module`` holds ``plugin.py`` = ``source``
-    and whose entry point (group ``hybridflow.backends``) names it, and ``pip install`` it
-    into ``target`` (a folder to put on ``sys.path`` / ``PYTHONPATH``).  Returns ``target``."""
+    and whose entry point, in each of ``groups`` (``hybridflow.plugins``; the deprecated old
+    name to test its warning), names it, and ``pip install`` it into ``target`` (a folder to
+    put on ``sys.path`` / ``PYTHONPATH``).  Returns ``target``."""
     project = tmp / dist
     (project / module).mkdir(parents=True)
     (project / module / "__init__.py").write_text("")
     (project / module / "plugin.py").write_text(source)
+    entry_points = "".join(
+        f'[project.entry-points."{group}"]\n{module} = "{module}.plugin"\n\n' for group in groups
+    )
     (project / "pyproject.toml").write_text(
         textwrap.dedent(
             f"""
@@ -30,13 +41,12 @@ def install_plugin_package(tmp: Path, dist: str, module: str, source: str, targe
             name = "{dist}"
             version = "0.3.1"
 
-            [project.entry-points."{ENTRY_POINT_GROUP}"]
-            {module} = "{module}.plugin"
-
             [tool.setuptools]
             packages = ["{module}"]
             """
         )
+        + "\n"
+        + entry_points
     )
     subprocess.run(
         [

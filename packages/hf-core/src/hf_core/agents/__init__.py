@@ -1,1 +1,2 @@
-"""Multi-turn, tool-using rollouts: the sandbox, tools, the tool-call parser and the agent loop."""
+"""Multi-turn, tool-using rollouts: the sandbox, tools, environments, the agent loop and agent
+functions run against the policy endpoint (the tool-call parser is :mod:`hf_core.tool_calls`)."""

@@ -64,9 +64,10 @@ class AgentConfig(BaseModel):
     )
     environment: str | None = Field(
         None,
-        description="'package.module:Class' of a per-sample environment with "
-        "reset(prompt: str) and step(turn_text: str) -> str | None (an observation for the "
-        "model, None: done); called after turns without tool calls",
+        description="a per-sample environment by registered name (a plugin's "
+        "register_environments) or 'package.module:Class', with reset(prompt: str) and "
+        "step(turn_text: str) -> str | None (an observation for the model, None: done); "
+        "called after turns without tool calls",
     )
 
 

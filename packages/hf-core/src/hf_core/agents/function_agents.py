@@ -34,7 +34,7 @@ from hf_core.engines import token_ids
 from hf_core.engines.decoding import left_padded, strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.errors import ConfigError
-from hf_core.imports import import_object
+from hf_core.imports import resolve
 from hf_core.serving import (
     ChatRenderer,
     EndpointLimits,
@@ -68,19 +68,18 @@ AgentFunction = Callable[[Any, dict[str, Any]], Any]
 log = logging.getLogger(__name__)
 
 
-def load_agent_function(spec: str) -> AgentFunction:
-    """The coroutine function named ``package.module:function``."""
-    if ":" not in spec:
-        raise ConfigError(f"agent.function {spec!r} must look like 'package.module:function'")
-    try:
-        fn = import_object(spec)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"agent.function {spec!r}: cannot import it: {exc}") from exc
-    if not inspect.iscoroutinefunction(fn):
-        raise ConfigError(
-            f"agent.function {spec!r} must be an 'async def run(client, sample)' function"
-        )
-    return fn  # type: ignore[no-any-return]
+def load_agent_function(spec: str, key: str = "agent.function") -> AgentFunction:
+    """The coroutine function named ``package.module:function``; agent functions have no
+    registry, so a recipe names them by path (:func:`hf_core.imports.resolve`)."""
+    found = resolve(
+        spec,
+        key=key,
+        error=ConfigError,
+        accept=inspect.iscoroutinefunction,
+        expected="an 'async def run(client, sample)' function",
+        form="'package.module:function'",
+    )
+    return found.value  # type: ignore[no-any-return]
 
 
 class FunctionAgentLoop:

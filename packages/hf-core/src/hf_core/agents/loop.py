@@ -30,19 +30,19 @@ import asyncio
 import concurrent.futures
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
 from hf_core.agents.config import AgentConfig
+from hf_core.agents.environment import Environment, load_environment
 from hf_core.agents.tools import Tool, ToolResult
 from hf_core.batch import Batch
 from hf_core.engines.capabilities import PoolsGenerateCalls
 from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.errors import ConfigError
-from hf_core.imports import import_object
 from hf_core.tool_calls import MalformedCall, parse_tool_calls
 
 COUNTERS = ("agent_turns", "agent_tool_calls", "agent_tool_errors", "agent_tool_timeouts")
@@ -52,14 +52,6 @@ COUNTERS = ("agent_turns", "agent_tool_calls", "agent_tool_errors", "agent_tool_
 GATHER_WINDOW_S = 0.02
 """Continuous mode: once a tool answers, how long to wait for others that are about to, so
 they share the next engine call instead of each making its own."""
-
-
-class Environment(Protocol):
-    """A per-sample environment that answers the model in turns."""
-
-    def reset(self, prompt: str) -> None: ...
-
-    def step(self, turn_text: str) -> str | None: ...
 
 
 @dataclass
@@ -79,20 +71,6 @@ class _Sample:
         self.tokens += tokens
         self.model_mask += [1 if log_probs is not None else 0] * len(tokens)
         self.log_probs += log_probs if log_probs is not None else [0.0] * len(tokens)
-
-
-def load_environment(spec: str) -> type:
-    """The environment class named ``package.module:Class``."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"agent.environment {spec!r} must look like 'package.module:Class'")
-    try:
-        obj: Any = import_object(spec)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"agent.environment {spec!r}: cannot import it: {e}") from e
-    if not callable(obj):
-        raise ConfigError(f"agent.environment {spec!r} is not a class")
-    return obj  # type: ignore[no-any-return]
 
 
 class AgentLoop:

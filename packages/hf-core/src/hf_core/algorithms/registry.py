@@ -2,7 +2,8 @@
 
 Recipes and YAML name an algorithm ("gae", "grpo", "dual_clip", "k3", "token-mean"); the trainer
 looks the name up here instead of growing an ``if``/``elif`` ladder, and a plugin adds its own
-estimator or loss with the same decorator the built-ins use.  A lookup miss raises
+estimator, loss, KL estimator or aggregation mode through its plugin hook
+(:mod:`hf_core.plugins.hookspecs`), which fills the same tables.  A lookup miss raises
 :class:`UnknownAlgorithmError` listing every registered name (and the closest match), so a typo in
 a config fails at start-up with the fix in the message.
 
@@ -128,6 +129,18 @@ def add_policy_loss(name: str, fn: PolicyLoss, *, owner: str) -> None:
     """Register one policy loss for ``owner`` (a plugin's ``register``)."""
     if not POLICY_LOSSES.holds(name, fn):
         POLICY_LOSSES.add(name, fn, owner=owner)
+
+
+def add_kl_estimator(name: str, fn: KLEstimator, *, owner: str) -> None:
+    """Register one KL estimator for ``owner`` (a plugin's ``register``)."""
+    if not KL_ESTIMATORS.holds(name, fn):
+        KL_ESTIMATORS.add(name, fn, owner=owner)
+
+
+def add_aggregation_mode(name: str, fn: AggregationFn, *, owner: str) -> None:
+    """Register one loss aggregation mode for ``owner`` (a plugin's ``register``)."""
+    if not AGGREGATION_MODES.holds(name, fn):
+        AGGREGATION_MODES.add(name, fn, owner=owner)
 
 
 def policy_loss(*names: str, override: bool = False) -> Callable[[Fn], Fn]:

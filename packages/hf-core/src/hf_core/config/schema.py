@@ -126,7 +126,9 @@ class DataConfig(_Strict):
 
 class KLConfig(_Strict):
     mode: Literal["none", "in_reward", "in_loss"] = "none"
-    estimator: Literal["k1", "k2", "k3", "abs"] = "k3"
+    estimator: str = Field(
+        "k3", description="a registered KL estimator (built in: k1, k2, k3, abs; or a plugin's)"
+    )
     coef: float = Field(0.001, ge=0.0)
     controller: Literal["fixed", "adaptive"] = "fixed"
     target: float = Field(6.0, gt=0.0, description="adaptive controller's target KL")

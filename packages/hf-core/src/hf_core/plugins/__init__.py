@@ -1,9 +1,14 @@
 """Plugins: hook specifications, entry-point loading and registries (pluggy)."""
 
-from hf_core.plugins.hookspecs import ENTRY_POINT_GROUP, hookimpl, hookspec
+from hf_core.plugins.backend_info import BackendInfo
+from hf_core.plugins.entry_points import PluginLoadError
+from hf_core.plugins.hookspecs import (
+    DEPRECATED_ENTRY_POINT_GROUP,
+    ENTRY_POINT_GROUP,
+    hookimpl,
+    hookspec,
+)
 from hf_core.plugins.manager import (
-    BackendInfo,
-    PluginLoadError,
     UnknownEngineError,
     UnknownNameError,
     add_plugin,
@@ -20,6 +25,7 @@ from hf_core.plugins.manager import (
 )
 
 __all__ = [
+    "DEPRECATED_ENTRY_POINT_GROUP",
     "ENTRY_POINT_GROUP",
     "BackendInfo",
     "PluginLoadError",

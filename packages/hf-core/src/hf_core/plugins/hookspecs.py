@@ -1,10 +1,12 @@
 """The hooks a HybridFlow plugin implements: the one way to extend HybridFlow.
 
-A plugin (a backend, or any package adding an estimator, a loss, a reward or a tool) is a
-distribution with an entry point in the ``hybridflow.backends`` group whose value is a module
-(or object) carrying ``@hookimpl`` functions.  Each hook receives a ``register`` callable;
-calling it adds one thing to the registry, so a plugin declares what it provides without
-import-time side effects.
+A plugin (a backend, or any package adding an estimator, a loss, a KL estimator, an
+aggregation mode, a reward, a tool or an environment) is a distribution with an entry point
+in the ``hybridflow.plugins`` group whose value is a module (or object) carrying
+``@hookimpl`` functions.  Each hook receives a ``register`` callable; calling it adds one
+thing to the registry, so a plugin declares what it provides without import-time side
+effects.  The group was named ``hybridflow.backends`` before it carried more than backends:
+that name is still read, with a DeprecationWarning, until :data:`DEPRECATED_GROUP_REMOVED_IN`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from typing import Any
 import pluggy
 
 PROJECT = "hybridflow"
-ENTRY_POINT_GROUP = "hybridflow.backends"
+ENTRY_POINT_GROUP = "hybridflow.plugins"
+DEPRECATED_ENTRY_POINT_GROUP = "hybridflow.backends"
+"""The group's old name: its entry points still load, each with a DeprecationWarning."""
+DEPRECATED_GROUP_REMOVED_IN = "0.3"
+"""The release that stops reading :data:`DEPRECATED_ENTRY_POINT_GROUP`."""
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -89,6 +95,38 @@ def register_policy_losses(register: Callable[..., None]) -> None:
     metrics)`` as the built-ins (:mod:`hf_core.algorithms.losses`).  A recipe uses it as
     ``algorithm.policy_loss: <name>``; it runs in the actor's workers, which load the same
     plugins.
+    """
+
+
+@hookspec
+def register_kl_estimators(register: Callable[..., None]) -> None:
+    """Register per-token KL estimators: ``register(name, fn)``.
+
+    ``fn(log_prob, ref_log_prob) -> tensor`` of the inputs' shape, as the built-ins ``k1``,
+    ``k2``, ``k3``, ``abs`` (:mod:`hf_core.algorithms.kl`).  A recipe uses it as
+    ``algorithm.kl.estimator: <name>`` (or ``algorithm.distill.estimator``).
+    """
+
+
+@hookspec
+def register_aggregation_modes(register: Callable[..., None]) -> None:
+    """Register loss aggregation modes: ``register(name, fn)``.
+
+    ``fn(loss_mat, mask, *, group_ids=None, norm_length=None) -> scalar`` reduces a per-token
+    loss [B, T] under a mask whose values are token weights, as the built-ins
+    (:mod:`hf_core.algorithms.aggregation`).  A recipe uses it as
+    ``algorithm.loss_agg_mode: <name>``; a mode core does not know is split over micro-batches
+    and ranks as a mean over the mini-batch's rows.
+    """
+
+
+@hookspec
+def register_environments(register: Callable[..., None]) -> None:
+    """Register agent environments: ``register(name, factory)``.
+
+    ``factory()`` (a class, usually) makes one environment per sample with ``reset(prompt)``
+    and ``step(turn_text) -> str | None`` (:class:`hf_core.agents.environment.Environment`).
+    A recipe uses it as ``agent.environment: <name>`` (or names ``module:Class`` directly).
     """
 
 

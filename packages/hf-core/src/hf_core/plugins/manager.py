@@ -1,17 +1,18 @@
 """Plugin manager: entry-point loading and the registries of everything plugins provide.
 
-Plugins are found through the ``hybridflow.backends`` entry-point group; ``HYBRIDFLOW_PLUGINS``
-(a comma-separated list of entry-point names) limits which load.  A plugin that fails to
-import is reported once (a warning naming its distribution, entry point and error) and
-skipped, so one broken third-party package does not stop runs that do not use it; a recipe
-that names something only it would have provided fails on the lookup, whose message lists the
-skipped plugins and why.  A plugin that imports but registers something invalid is a loud
-:class:`PluginLoadError`.
+Plugins are found through the ``hybridflow.plugins`` entry-point group (and its deprecated
+old name, :mod:`hf_core.plugins.entry_points`); ``HYBRIDFLOW_PLUGINS`` (a comma-separated list
+of entry-point names) limits which load.  A plugin that fails to import is reported once (a
+warning naming its distribution, entry point and error) and skipped, so one broken
+third-party package does not stop runs that do not use it; a recipe that names something only
+it would have provided fails on the lookup, whose message lists the skipped plugins and why.
+A plugin that imports but registers something invalid is a loud :class:`PluginLoadError`.
 
 Engines, engine settings and protocols live in :class:`Registry` (rebuilt with the manager);
-advantage estimators, policy losses, reward functions and tools live in their own modules'
-tables, which this module fills from the hooks and asks to load the plugins before a lookup
-misses (:meth:`hf_core.registry.NamedRegistry.set_loader`), so the dependency points one way.
+advantage estimators, policy losses, KL estimators, aggregation modes, reward functions, tools
+and environments live in their own modules' tables, which :mod:`hf_core.plugins.extensions`
+fills from the hooks and asks to load the plugins before a lookup misses, so the dependency
+points one way.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,53 +27,29 @@ from typing import Any, Literal
 import pluggy
 from pydantic import BaseModel
 
-from hf_core.agents.tools import TOOLS, register_tool
-from hf_core.algorithms.registry import (
-    ADVANTAGE_ESTIMATORS,
-    ESTIMATOR_TRAITS,
-    POLICY_LOSSES,
-    EstimatorTraits,
-    add_advantage_estimator,
-    add_policy_loss,
-)
-from hf_core.imports import import_object
+from hf_core.imports import resolve
 from hf_core.plugins import builtin, hookspecs
+from hf_core.plugins.backend_info import BackendInfo
+from hf_core.plugins.entry_points import (
+    CORE_PLUGIN,
+    PluginLoadError,
+    plugin_entry_points,
+)
+from hf_core.plugins.extensions import (
+    TABLES_WITH_PLUGINS,
+    call_hook,
+    forget_plugin_entries,
+    list_core_builtins,
+    register_extensions,
+)
 from hf_core.protocols.transfer import TransferProtocol
 from hf_core.registry import DuplicateNameError, NamedRegistry, UnknownNameError
-from hf_core.rewards.registry import REWARD_FUNCTIONS, add_reward_function
 
 log = logging.getLogger(__name__)
-
-CORE_PLUGIN = "hf-core"
-PLUGINS_ENV = "HYBRIDFLOW_PLUGINS"
-"""Comma-separated entry-point names: only these plugins load (hf-core's own always does)."""
-
-
-class PluginLoadError(RuntimeError):
-    """A backend plugin could not be imported or registered something invalid."""
 
 
 class UnknownEngineError(UnknownNameError):
     """A name asked for (engine, protocol) is not provided by any installed plugin."""
-
-
-@dataclass
-class BackendInfo:
-    """What ``hybridflow backends`` prints for one plugin."""
-
-    plugin: str
-    distribution: str
-    version: str
-    entry_point: str
-    training_engines: list[str] = field(default_factory=list)
-    rollout_engines: list[str] = field(default_factory=list)
-    protocols: list[str] = field(default_factory=list)
-    advantage_estimators: list[str] = field(default_factory=list)
-    policy_losses: list[str] = field(default_factory=list)
-    reward_functions: list[str] = field(default_factory=list)
-    tools: list[str] = field(default_factory=list)
-    error: str = ""
-    """Why the plugin was skipped (it failed to import); empty when it loaded."""
 
 
 ConfigRef = type[BaseModel] | str
@@ -117,39 +93,22 @@ class Registry:
     backends: dict[str, BackendInfo] = field(default_factory=dict)
 
 
-def _selected(names: list[str]) -> set[str] | None:
-    """The entry-point names ``HYBRIDFLOW_PLUGINS`` allows (None: all)."""
-    raw = os.environ.get(PLUGINS_ENV, "").strip()
-    if not raw:
-        return None
-    wanted = {n.strip() for n in raw.split(",") if n.strip()} - {CORE_PLUGIN}
-    if unknown := sorted(wanted - set(names)):
-        raise PluginLoadError(
-            f"{PLUGINS_ENV} names {', '.join(unknown)}, which no installed distribution "
-            f"provides; installed plugins: {', '.join(sorted(names)) or '(none)'}"
-        )
-    return wanted
-
-
 def _load_entry_points(pm: pluggy.PluginManager, registry: Registry) -> None:
-    points = list(md.entry_points(group=hookspecs.ENTRY_POINT_GROUP))
-    selected = _selected([ep.name for ep in points])
-    for ep in points:
-        if selected is not None and ep.name not in selected:
-            continue
-        dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
-        version = ep.dist.version if ep.dist is not None else "?"
+    for entry in plugin_entry_points():
+        ep, dist, version = entry.entry_point, entry.distribution, entry.version
         try:
             plugin = ep.load()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            registry.backends[ep.name] = BackendInfo(ep.name, dist, version, ep.value, error=error)
+            registry.backends[ep.name] = BackendInfo(
+                ep.name, dist, version, ep.value, error=error, group=entry.group
+            )
             log.warning(
                 "HybridFlow plugin %r (entry point %r in group %r) from distribution %s %s "
                 "failed to import and is skipped: %s",
                 ep.name,
                 ep.value,
-                hookspecs.ENTRY_POINT_GROUP,
+                entry.group,
                 dist,
                 version,
                 error,
@@ -161,10 +120,12 @@ def _load_entry_points(pm: pluggy.PluginManager, registry: Registry) -> None:
             pm.register(plugin, name=ep.name)
         except Exception as exc:
             raise PluginLoadError(
-                f"HybridFlow backend plugin {ep.name!r} from distribution {dist} {version} "
+                f"HybridFlow plugin {ep.name!r} from distribution {dist} {version} "
                 f"has invalid hooks: {exc}"
             ) from exc
-        registry.backends[ep.name] = BackendInfo(ep.name, dist, version, ep.value)
+        registry.backends[ep.name] = BackendInfo(
+            ep.name, dist, version, ep.value, group=entry.group
+        )
 
 
 def skipped_plugins_note() -> str:
@@ -176,89 +137,6 @@ def skipped_plugins_note() -> str:
         f"{b.plugin!r} from {b.distribution} {b.version} ({b.entry_point}): {b.error}"
         for b in broken
     )
-
-
-def _call_hook(impl: Any, register: Callable[..., None], hook_name: str) -> None:
-    """One plugin's implementation of a hook; what it raises becomes a
-    :class:`PluginLoadError` naming the plugin and the hook."""
-    try:
-        impl.function(register=register)
-    except PluginLoadError:
-        raise
-    except Exception as exc:
-        raise PluginLoadError(
-            f"plugin {impl.plugin_name!r} failed in hook {hook_name}: {type(exc).__name__}: {exc}"
-        ) from exc
-
-
-def _register_extensions(
-    pm: pluggy.PluginManager, registry: Registry, only: str | None = None
-) -> None:
-    """The hooks whose entries live in their own modules' tables (estimators, losses,
-    rewards, tools): each plugin's ``register`` adds to them under the plugin's name."""
-
-    def estimator(
-        plugin: str,
-        name: str,
-        fn: Any,
-        needs_critic: bool = False,
-        needs_groups: bool = False,
-        needs_greedy_baseline: bool = False,
-    ) -> None:
-        traits = EstimatorTraits(needs_critic, needs_groups, needs_greedy_baseline)
-        add_advantage_estimator(name, fn, traits, owner=plugin)
-
-    def loss(plugin: str, name: str, fn: Any) -> None:
-        add_policy_loss(name, fn, owner=plugin)
-
-    def reward(plugin: str, name: str, fn: Any, batched: bool = True) -> None:
-        add_reward_function(name, fn, batched=batched, owner=plugin)
-
-    def tool(
-        plugin: str,
-        name: str,
-        fn: Any,
-        description: str = "",
-        parameters: dict[str, Any] | None = None,
-    ) -> None:
-        if name in TOOLS and TOOLS.get(name).fn is fn:
-            return
-        register_tool(name, fn, description, parameters, owner=plugin)
-
-    hooks: list[tuple[str, Callable[..., None], str]] = [
-        ("register_advantage_estimators", estimator, "advantage_estimators"),
-        ("register_policy_losses", loss, "policy_losses"),
-        ("register_reward_functions", reward, "reward_functions"),
-        ("register_tools", tool, "tools"),
-    ]
-    for hook_name, add, listing in hooks:
-        for impl in getattr(pm.hook, hook_name).get_hookimpls():
-            plugin = impl.plugin_name
-            if only is not None and plugin != only:
-                continue
-            names: list[str] = []
-
-            def register(
-                name: str,
-                fn: Any,
-                *args: Any,
-                _plugin: str = plugin,
-                _add: Callable[..., None] = add,
-                _names: list[str] = names,
-                **kwargs: Any,
-            ) -> None:
-                if not callable(fn):
-                    raise PluginLoadError(f"plugin {_plugin!r} registered {name!r} as {fn!r}")
-                try:
-                    _add(_plugin, name, fn, *args, **kwargs)
-                except (DuplicateNameError, ValueError) as exc:
-                    raise PluginLoadError(f"plugin {_plugin!r}: {exc}") from None
-                _names.append(name)
-
-            _call_hook(impl, register, hook_name)
-            info = registry.backends.get(plugin)
-            if info is not None:
-                getattr(info, listing).extend(names)
 
 
 def _collect(
@@ -313,7 +191,7 @@ def _collect(
                 axes_table[name] = _parallel_axes(parallel, _plugin, name)
             by_plugin.setdefault(_plugin, []).append(name)
 
-        _call_hook(impl, register, hook_name)
+        call_hook(impl, register, hook_name)
     return by_plugin
 
 
@@ -349,7 +227,7 @@ def _build() -> tuple[pluggy.PluginManager, Registry]:
     )
     _load_entry_points(pm, registry)
     _collect_hooks(pm, registry)
-    _list_core_builtins(registry.backends[CORE_PLUGIN])
+    list_core_builtins(registry.backends[CORE_PLUGIN])
     return pm, registry
 
 
@@ -377,7 +255,7 @@ def _collect_hooks(pm: pluggy.PluginManager, registry: Registry, only: str | Non
         ),
         ("register_protocols", registry.protocols, None, None),
     ]
-    _register_extensions(pm, registry, only)
+    register_extensions(pm, registry.backends, only)
     for hook_name, table, configs, axes in hooks:
         for plugin, names in _collect(pm, hook_name, table, configs, axes, only).items():
             info = registry.backends.get(plugin)
@@ -388,17 +266,6 @@ def _collect_hooks(pm: pluggy.PluginManager, registry: Registry, only: str | Non
                     "register_protocols": info.protocols,
                 }[hook_name]
                 listing.extend(names)
-
-
-def _list_core_builtins(info: BackendInfo) -> None:
-    """hf-core's own estimators, losses and rewards (registered where they are defined) in
-    its row of ``hybridflow backends``."""
-    for table, listing in (
-        (ADVANTAGE_ESTIMATORS, info.advantage_estimators),
-        (POLICY_LOSSES, info.policy_losses),
-        (REWARD_FUNCTIONS, info.reward_functions),
-    ):
-        listing.extend(n for n in table.names() if table.owner(n).startswith("hf_core."))
 
 
 def _installed(dist: str) -> bool:
@@ -423,7 +290,7 @@ def _state() -> tuple[pluggy.PluginManager, Registry]:
 
 
 def _load_plugins() -> None:
-    """What the estimator, loss, reward and tool tables call before a lookup misses."""
+    """What the tables plugins fill (:data:`TABLES_WITH_PLUGINS`) call before a lookup misses."""
     if not _building:
         _state()
 
@@ -432,13 +299,7 @@ def _skipped_note() -> str:
     return "" if _building else skipped_plugins_note()
 
 
-for _table_with_plugins in (
-    ADVANTAGE_ESTIMATORS,
-    ESTIMATOR_TRAITS,
-    POLICY_LOSSES,
-    REWARD_FUNCTIONS,
-    TOOLS,
-):
+for _table_with_plugins in TABLES_WITH_PLUGINS:
     _table_with_plugins.set_loader(_load_plugins, _skipped_note)
 
 
@@ -460,8 +321,10 @@ def add_plugin(plugin: object, name: str) -> None:
 
 
 def reset() -> None:
-    """Forget loaded plugins (tests that install a plugin at run time call this)."""
+    """Forget loaded plugins and what they registered (tests that install a plugin at run
+    time call this); the next lookup loads the installed ones again."""
     _state.cache_clear()
+    forget_plugin_entries()
 
 
 def get_protocol(name: str) -> TransferProtocol:
@@ -519,18 +382,16 @@ def get_engine_parallelism(kind: Literal["training", "rollout"], name: str) -> f
 
 
 def _import_config(path: str, plugin: str, engine: str) -> type[BaseModel]:
-    try:
-        model = import_object(path)
-    except (ImportError, AttributeError) as exc:
-        raise PluginLoadError(
-            f"plugin {plugin!r}: the config model {path!r} of engine {engine!r} cannot be "
-            f"imported: {type(exc).__name__}: {exc}"
-        ) from exc
-    if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise PluginLoadError(
-            f"plugin {plugin!r}: {path!r} (config of engine {engine!r}) is not a pydantic model"
-        )
-    return model
+    """A settings model a plugin named as ``module:Class``, imported on first use."""
+    found = resolve(
+        path,
+        key=f"the settings model of engine {engine!r} (plugin {plugin!r})",
+        error=PluginLoadError,
+        accept=lambda obj: isinstance(obj, type) and issubclass(obj, BaseModel),
+        expected="a pydantic model class",
+        form="'package.module:Class'",
+    )
+    return found.value  # type: ignore[no-any-return]
 
 
 def list_backends() -> list[BackendInfo]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
 
-from hf_core.agents.tools import Tool, UnknownToolError, registered_names, registered_tool
+from hf_core.agents.tools import TOOLS, Tool, UnknownToolError, registered_names
 from hf_core.errors import ConfigError
-from hf_core.imports import import_object
+from hf_core.imports import resolve
 from hf_core.plugins import manager as _manager  # noqa: F401  (installs the tables' loader)
 
 
@@ -22,20 +21,21 @@ def tool_names() -> list[str]:
     return registered_names()
 
 
-def get_tool(spec: str) -> Tool:
+def get_tool(spec: str, key: str = "agent.tools") -> Tool:
     """A registered tool by name, or ``package.module:function`` imported (named after the
-    function)."""
-    if ":" not in spec:
-        return registered_tool(spec)
-    try:
-        obj: Any = import_object(spec)
-    except (ImportError, AttributeError) as e:
-        raise UnknownToolError(f"tool {spec!r}: cannot import it: {e}") from e
-    if isinstance(obj, Tool):
-        return obj
-    if not callable(obj):
-        raise UnknownToolError(f"tool {spec!r} is a {type(obj).__name__}, not a callable")
-    return Tool(spec.rpartition(":")[2].split(".")[-1], obj, inspect.getdoc(obj) or "")
+    function): :func:`hf_core.imports.resolve`."""
+    found = resolve(
+        spec,
+        key=key,
+        table=TOOLS,
+        error=UnknownToolError,
+        accept=callable,
+        expected="a callable",
+        form="'package.module:function'",
+    )
+    if not found.imported or isinstance(found.value, Tool):
+        return found.value  # type: ignore[no-any-return]
+    return Tool(found.name, found.value, inspect.getdoc(found.value) or "")
 
 
 def resolve_tools(specs: Sequence[str]) -> dict[str, Tool]:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hf_core.imports import import_object
+from hf_core.imports import resolve
 from hf_core.registry import NamedRegistry, UnknownNameError
 
 BatchedRewardFn = Callable[[list[str], list[Any], dict[str, list[Any]]], Sequence[float]]
@@ -126,49 +126,11 @@ def reward_function_names() -> list[str]:
     return REWARD_FUNCTIONS.names()
 
 
-def _import_path(spec: str) -> RewardFunction:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise UnknownRewardFunctionError(
-            f"reward function import path {spec!r} must look like 'package.module:function'"
-        )
-    try:
-        obj: Any = import_object(spec)
-    except ModuleNotFoundError as e:
-        hint = ""
-        if e.name and module_name.split(".")[0] == e.name.split(".")[0]:
-            hint = " (the driver imports it: is its folder on PYTHONPATH?)"
-        raise UnknownRewardFunctionError(
-            f"reward function {spec!r}: cannot import module {module_name!r}: {e}{hint}"
-        ) from e
-    except AttributeError as e:
-        raise UnknownRewardFunctionError(
-            f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
-        ) from e
-    except Exception as e:  # the module itself raised while being imported
-        # a module that raises while it is imported (a syntax error, a missing dependency)
-        # is as much a bad setting as a typo
-        where = ""
-        if isinstance(e, SyntaxError) and e.filename:
-            where = f" ({e.filename}, line {e.lineno})"
-        raise UnknownRewardFunctionError(
-            f"reward function {spec!r}: cannot import module {module_name!r}: importing it "
-            f"raised {type(e).__name__}: {e}{where}"
-        ) from e
-    if not callable(obj):
-        raise UnknownRewardFunctionError(
-            f"reward function {spec!r} is a {type(obj).__name__}, not a callable"
-        )
-    registered = getattr(obj, _ATTR, None)
-    if isinstance(registered, RewardFunction):
-        return RewardFunction(spec, registered.fn, registered.batched)
-    if isinstance(obj, RewardFunction):
-        return obj
-    return RewardFunction(spec, obj)
-
-
-def get_reward_function(spec: str | Callable[..., Any] | RewardFunction) -> RewardFunction:
-    """Resolve a registered name, a ``"module:function"`` path or a callable (taken as batched)."""
+def get_reward_function(
+    spec: str | Callable[..., Any] | RewardFunction, key: str = "reward function"
+) -> RewardFunction:
+    """Resolve a registered name, a ``"module:function"`` path (:func:`hf_core.imports.resolve`,
+    errors worded for ``key``) or a callable (taken as batched)."""
     if isinstance(spec, RewardFunction):
         return spec
     if callable(spec):
@@ -178,6 +140,20 @@ def get_reward_function(spec: str | Callable[..., Any] | RewardFunction) -> Rewa
         return RewardFunction(getattr(spec, "__qualname__", repr(spec)), spec)
     if not isinstance(spec, str):
         raise TypeError(f"a reward function is a name, an import path or a callable, got {spec!r}")
-    if ":" in spec:
-        return _import_path(spec)
-    return REWARD_FUNCTIONS.get(spec)
+    found = resolve(
+        spec,
+        key=key,
+        table=REWARD_FUNCTIONS,
+        error=UnknownRewardFunctionError,
+        accept=callable,
+        expected="a callable",
+        form="'package.module:function'",
+    )
+    if not found.imported:
+        return found.value
+    registered = getattr(found.value, _ATTR, None)
+    if isinstance(registered, RewardFunction):  # decorated there: keeps its batch adapter
+        return RewardFunction(spec, registered.fn, registered.batched)
+    if isinstance(found.value, RewardFunction):
+        return found.value
+    return RewardFunction(spec, found.value)

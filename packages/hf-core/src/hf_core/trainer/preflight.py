@@ -275,6 +275,7 @@ def _check_algorithm(config: TrainerConfig) -> None:
         ("algorithm.cost_advantage", algo.cost_advantage, get_estimator_traits),
         ("algorithm.policy_loss", algo.policy_loss, get_policy_loss),
         ("algorithm.loss_agg_mode", algo.loss_agg_mode, get_aggregation_mode),
+        ("algorithm.kl.estimator", algo.kl.estimator, get_kl_estimator),
     ):
         try:
             lookup(name)

@@ -11,6 +11,10 @@ Exit codes of ``hybridflow run``, so a launcher or a shell script can tell what 
   checkpoint), reported in one message naming the key and the file -- before any process
   starts and before anything is written to the run's output folder.
 * 130: interrupted (Ctrl-C): one line naming the last checkpoint.
+
+Parsing, ``--help`` and the checks of a recipe up to its tokenizer import neither torch,
+tensordict nor Ray, so the command answers at once; what a command needs beyond that is
+imported where it is used.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from rich.text import Text
 from hf_core.data.cli import add_data_command
 from hf_core.errors import CheckpointError, DiskFullError, HybridFlowError
 from hf_core.planner.cli import add_plan_command
-from hf_core.plugins import PluginLoadError, list_backends
 
 if TYPE_CHECKING:
     from hf_core.config import TrainerConfig
@@ -44,6 +47,8 @@ ERROR_LOG = "error.log"
 
 
 def _backends(_: argparse.Namespace) -> int:
+    from hf_core.plugins import list_backends
+
     table = Table(title="HybridFlow plugins")
     for column in (
         "plugin",
@@ -297,15 +302,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.handler(args))
-    except PluginLoadError as exc:
-        _say("plugin error", exc)
-        return EXIT_BAD_INPUT
-    except (HybridFlowError, FileNotFoundError) as exc:
-        _say("error", exc)
-        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         _say("interrupted", "stopped before the run started", "bold yellow")
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        # imported here: the plugins load only for commands that need them
+        from hf_core.plugins import PluginLoadError
+
+        if isinstance(exc, PluginLoadError):
+            _say("plugin error", exc)
+        elif isinstance(exc, HybridFlowError | FileNotFoundError):
+            _say("error", exc)
+        else:
+            raise
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

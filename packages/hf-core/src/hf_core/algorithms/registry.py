@@ -67,18 +67,20 @@ class Registry(NamedRegistry[F]):
         """Decorator registering the function under every name in ``names`` (aliases allowed).
 
         Registering a taken name is an error unless ``override=True``, so two plugins cannot
-        silently shadow each other.
+        silently shadow each other; a name declared for the function's own module (a
+        built-in, :meth:`~hf_core.registry.NamedRegistry.declare`) is not taken.
         """
         if not names:
             raise ValueError(f"register a {self.kind} under at least one name")
-        for name in names:
-            if name in self and not override:
-                raise ValueError(
-                    f"{self.kind} {name!r} is already registered (by {self.owner(name)}); "
-                    "pass override=True to replace it"
-                )
 
         def decorator(fn: Fn) -> Fn:
+            for name in names:
+                own = self.declared(name) == getattr(fn, "__module__", None)
+                if name in self and not override and not own:
+                    raise ValueError(
+                        f"{self.kind} {name!r} is already registered (by {self.owner(name)}); "
+                        "pass override=True to replace it"
+                    )
             for name in names:
                 self.add(name, cast(F, fn), override=True)
             return fn

@@ -8,18 +8,27 @@
 
     val = PromptLoader.for_validation(PromptDataset.from_files("val.jsonl", tokenizer), 64)
 
-Imports torch, numpy and :mod:`hf_core.batch` only (pyarrow lazily, for Parquet).
+The datasets and loaders import torch, numpy and :mod:`hf_core.batch` (pyarrow lazily, for
+Parquet); this package imports each module on first use, so :mod:`hf_core.data.io` (file checks,
+JSONL) and the ``prepare`` command load without torch.
 """
 
-from hf_core.data.dataset import RESERVED_KEYS, PromptDataset, PromptItem
-from hf_core.data.io import (
-    DataError,
-    RecordLocation,
-    check_dataset_file,
-    read_records,
-    write_jsonl,
-)
-from hf_core.data.loader import PromptLoader
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hf_core.lazy_imports import lazy_exports
+
+if TYPE_CHECKING:
+    from hf_core.data.dataset import RESERVED_KEYS, PromptDataset, PromptItem
+    from hf_core.data.io import (
+        DataError,
+        RecordLocation,
+        check_dataset_file,
+        read_records,
+        write_jsonl,
+    )
+    from hf_core.data.loader import PromptLoader
 
 __all__ = [
     "RESERVED_KEYS",
@@ -32,3 +41,12 @@ __all__ = [
     "read_records",
     "write_jsonl",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "dataset": ("RESERVED_KEYS", "PromptDataset", "PromptItem"),
+        "io": ("DataError", "RecordLocation", "check_dataset_file", "read_records", "write_jsonl"),
+        "loader": ("PromptLoader",),
+    },
+)

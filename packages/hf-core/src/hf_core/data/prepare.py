@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hf_core.atomic import replaced_atomically
 from hf_core.data.answers import gsm8k_final_answer, last_boxed
@@ -51,7 +51,9 @@ from hf_core.data.io import read_records, write_jsonl
 from hf_core.data.prepare_images import DECODED, check_images, row_images, write_images
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.errors import DataError
-from hf_core.multimodal import VisionProcessor, is_vision_model
+
+if TYPE_CHECKING:
+    from hf_core.multimodal.vision import VisionProcessor
 
 Format = Literal["gsm8k", "math", "hf", "jsonl", "vlm"]
 Extract = Literal["none", "gsm8k", "boxed"]
@@ -357,6 +359,8 @@ def _vision(options: PrepareOptions, tokenizer: Any) -> VisionProcessor | None:
     """The image checks of a vision-language ``--tokenizer`` folder (``vlm`` format only)."""
     if options.fmt != "vlm" or options.tokenizer is None:
         return None
+    from hf_core.multimodal.vision import VisionProcessor, is_vision_model  # torch
+
     if not (options.tokenizer / "config.json").is_file():
         return None
     if not is_vision_model(read_model_config(options.tokenizer, key="--tokenizer")):

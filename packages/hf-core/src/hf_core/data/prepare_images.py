@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hf_core.atomic import replaced_atomically
 from hf_core.errors import DataError
-from hf_core.multimodal import IMAGE_PLACEHOLDER, VisionProcessor, load_image
+from hf_core.multimodal.images import load_image
+
+if TYPE_CHECKING:
+    from hf_core.multimodal.vision import VisionProcessor
 
 IMAGES_FOLDER = "images"
 DECODED = "_decoded_images"
@@ -41,6 +44,8 @@ def check_images(
     vision: VisionProcessor | None,
 ) -> list[Any]:
     """The row's images decoded, after the checks of the module doc."""
+    from hf_core.multimodal.vision import IMAGE_PLACEHOLDER  # torch: only for image rows
+
     decoded = [load_image(value, f"{where}: image {i}", base) for i, value in enumerate(images)]
     placeholders = question.count(IMAGE_PLACEHOLDER)
     if placeholders != len(decoded):

@@ -5,6 +5,9 @@ Every backend reads and writes the same folder layout (``config.json``, optional
 ``generation_config.json``, ``model.safetensors`` or shards with an index), so these live here
 once: engines of different backends built from one folder agree on stop and pad ids, and an
 export from any training engine looks the same.
+
+Checking a folder reads JSON and file headers only: the pre-start checks run it before torch
+is imported, so torch (and the tensor helpers) are imported where a folder is written.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
-
-from hf_core.engines.weights import NamedTensor, iter_buckets, tensor_nbytes
 from hf_core.errors import ModelFolderError
+
+if TYPE_CHECKING:
+    from hf_core.engines.weights import NamedTensor
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -294,6 +297,8 @@ def _write_shards(buckets: Iterable[list[NamedTensor]], folder: Path, write: boo
     """Write each bucket as one safetensors file (plus an index when there are several)."""
     from safetensors.torch import save_file
 
+    from hf_core.engines.weights import tensor_nbytes
+
     files: list[tuple[Path, list[str]]] = []
     total = 0
     for i, bucket in enumerate(buckets):
@@ -337,6 +342,10 @@ def save_hf_folder(
     folder or a tokenizer object) is saved alongside; ``source_folder``'s
     ``generation_config.json`` is copied.
     """
+    import torch.distributed as dist
+
+    from hf_core.engines.weights import iter_buckets
+
     path = Path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
     tmp = path.parent / f".{path.name}.tmp-export"

@@ -10,17 +10,24 @@ A sample's pixel patches and grid sizes stay one per-sample value (a batch non-t
 every transfer protocol, split, pad and micro-batch moves them with their tokens.
 """
 
-from hf_core.multimodal.images import load_image
-from hf_core.multimodal.inputs import (
-    IMAGES_KEY,
-    MULTI_MODAL_KEY,
-    ImageFeatures,
-    has_images,
-    images_in_prompt_only,
-    multimodal_model_inputs,
-    next_text_positions,
-)
-from hf_core.multimodal.vision import IMAGE_PLACEHOLDER, VisionProcessor, is_vision_model
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hf_core.lazy_imports import lazy_exports
+
+if TYPE_CHECKING:
+    from hf_core.multimodal.images import load_image
+    from hf_core.multimodal.inputs import (
+        IMAGES_KEY,
+        MULTI_MODAL_KEY,
+        ImageFeatures,
+        has_images,
+        images_in_prompt_only,
+        multimodal_model_inputs,
+        next_text_positions,
+    )
+    from hf_core.multimodal.vision import IMAGE_PLACEHOLDER, VisionProcessor, is_vision_model
 
 __all__ = [
     "IMAGES_KEY",
@@ -35,3 +42,20 @@ __all__ = [
     "multimodal_model_inputs",
     "next_text_positions",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "images": ("load_image",),
+        "inputs": (
+            "IMAGES_KEY",
+            "MULTI_MODAL_KEY",
+            "ImageFeatures",
+            "has_images",
+            "images_in_prompt_only",
+            "multimodal_model_inputs",
+            "next_text_positions",
+        ),
+        "vision": ("IMAGE_PLACEHOLDER", "VisionProcessor", "is_vision_model"),
+    },
+)

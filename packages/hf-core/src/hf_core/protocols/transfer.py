@@ -10,6 +10,10 @@ A protocol is declarative (HybridFlow §4.2, Table 3): it says
 Because chunks and collected outputs are explicit, the runtime can hand one group's collected
 chunks straight to another group's ranks (Ray object references, no round trip through the
 driver) whenever the two protocols agree on the number of chunks.
+
+Protocols are registered by every plugin, so loading the plugins (which the pre-start checks
+of a recipe do) imports this module: :class:`~hf_core.batch.Batch` (tensordict, torch) is
+imported only where data is split or combined.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hf_core.batch import Batch
 from hf_core.protocols.mesh import WorkerMesh
 
 
@@ -42,6 +45,8 @@ def broadcast(value: Any, chunks: int) -> list[Any]:
 
 def split_batches(value: Any, chunks: int) -> list[Any]:
     """Cut a :class:`Batch` into equal chunks; other values are broadcast unchanged."""
+    from hf_core.batch import Batch
+
     if isinstance(value, Batch):
         return value.chunk(chunks)
     return broadcast(value, chunks)
@@ -57,6 +62,8 @@ def split_per_rank(value: Any, chunks: int) -> list[Any]:
 
 def concat_outputs(outputs: list[Any]) -> Any:
     """Concatenate batches; anything else is returned as the list of outputs."""
+    from hf_core.batch import Batch
+
     if outputs and all(isinstance(o, Batch) for o in outputs):
         return Batch.concat(outputs)
     return outputs

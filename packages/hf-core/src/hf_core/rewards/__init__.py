@@ -17,6 +17,11 @@ generative judge (a model scoring responses through a prompt) is a role, not a f
 :mod:`hf_core.roles.judge_worker`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hf_core.lazy_imports import lazy_exports
 from hf_core.rewards import builtin as _builtin  # noqa: F401  (registers the built-ins)
 from hf_core.rewards import code as _code  # noqa: F401  (registers code_tests)
 from hf_core.rewards import format as _format  # noqa: F401
@@ -31,7 +36,9 @@ from hf_core.rewards.registry import (
     reward_function,
     reward_function_names,
 )
-from hf_core.rewards.scorer import RewardFunctionError, RuleReward
+
+if TYPE_CHECKING:
+    from hf_core.rewards.scorer import RewardFunctionError, RuleReward
 
 __all__ = [
     "LENGTH_TOLERANCE",
@@ -46,3 +53,6 @@ __all__ = [
     "reward_function",
     "reward_function_names",
 ]
+
+# The scorer decodes batches (torch); naming and checking reward functions does not need it.
+__getattr__, __dir__ = lazy_exports(__name__, {"scorer": ("RewardFunctionError", "RuleReward")})

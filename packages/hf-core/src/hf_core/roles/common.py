@@ -1,4 +1,9 @@
-"""Pieces every role worker shares: building engines by name, the PPO epoch/mini-batch loop."""
+"""Pieces every role worker shares: building engines by name, the PPO epoch/mini-batch loop.
+
+The engine arguments are also what the pre-start checks validate a recipe's ``engine:``
+blocks against, before torch is imported: torch, the engines and the agent loop are imported
+where they are used.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
-from hf_core.agents.loop import AgentLoop
-from hf_core.agents.sandbox_choice import use_sandbox
-from hf_core.batch import Batch
 from hf_core.config import ModelRoleConfig, TrainerConfig
 from hf_core.config.layout import ENGINE_LAYOUT_SETTINGS, resolve_layout, training_layout
-from hf_core.engines import (
-    HasWorkerMesh,
-    LossFn,
-    RolloutEngine,
-    TrainingEngine,
-    combine_metric_rows,
-)
 from hf_core.plugins import get_engine_parallelism, get_training_engine
-from hf_core.plugins.tools import resolve_tools
-from hf_core.protocols import WorkerMesh
 
 if TYPE_CHECKING:
     from hf_core.agents.function_agents import FunctionAgentLoop
+    from hf_core.agents.loop import AgentLoop
+    from hf_core.batch import Batch
+    from hf_core.engines import LossFn, RolloutEngine, TrainingEngine
+    from hf_core.protocols import WorkerMesh
 
 
 def build_agent_loop(
@@ -39,8 +34,13 @@ def build_agent_loop(
     ``sandbox:`` section (the ``python`` tool runs there)."""
     if config.agent is None:
         return None
-    use_sandbox(config.sandbox)
     from transformers import AutoTokenizer
+
+    from hf_core.agents.loop import AgentLoop
+    from hf_core.agents.sandbox_choice import use_sandbox
+    from hf_core.plugins.tools import resolve_tools
+
+    use_sandbox(config.sandbox)
 
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)
     if config.agent.function is not None:  # needs the 'serve' extra (FastAPI, openai)
@@ -113,6 +113,10 @@ def mini_batch_updates(
     The order inside an epoch is a seeded permutation (same on every run, so resumed runs
     repeat it); metrics are combined over all optimizer steps (means; maxima for ``*_max``).
     """
+    import torch
+
+    from hf_core.engines.metric_rows import combine_metric_rows
+
     rows: list[dict[str, float]] = []
     for epoch in range(epochs):
         generator = torch.Generator().manual_seed(seed * 1000 + epoch)
@@ -124,6 +128,8 @@ def mini_batch_updates(
 
 def training_mesh(engine: TrainingEngine, default: WorkerMesh) -> WorkerMesh:
     """The engine's own TP/PP/DP coordinates if it has model parallelism, else ``default``."""
+    from hf_core.engines.capabilities import HasWorkerMesh
+
     return engine.worker_mesh() if isinstance(engine, HasWorkerMesh) else default
 
 

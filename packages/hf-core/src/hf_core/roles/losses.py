@@ -39,6 +39,7 @@ from hf_core.algorithms import (
 from hf_core.batch import Batch
 from hf_core.config import AlgorithmConfig, TrainerConfig
 from hf_core.engines.loss_totals import GROUP_KEY
+from hf_core.roles.loss_advice import loss_agg_mode_advice
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +55,6 @@ SEQUENCE_IS_MODES = ("seq_truncated", "seq_masked")
 
 SEQUENCE_MEAN_MODES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 GROUP_MEAN_MODE = "group-mean-token-mean"
-
-RECOMMENDED_LOSS_AGG_MODE = {
-    "gspo": "seq-mean-token-mean",
-    "gspo_token": "seq-mean-token-mean",
-}
-"""Policy losses whose source fixes the aggregation: GSPO's objective (and GSPO-token's) is
-1/G sum_i of the per-response losses (arXiv 2507.18071 §4.1, §4.3), as the gspo recipe sets."""
 
 
 def _meta_count(micro_batch: Batch, key: str, mode: str) -> Any:
@@ -168,18 +162,6 @@ def micro_batch_scaling(
             norm_length = float(_meta_count(micro_batch, key, loss_agg_mode))
         return MicroBatchScaling(share, norm_length=norm_length)
     return MicroBatchScaling(share)
-
-
-def loss_agg_mode_advice(algo: AlgorithmConfig) -> str | None:
-    """A one-line warning when ``algo`` pairs a policy loss with an aggregation its source does
-    not use, else ``None``."""
-    wanted = RECOMMENDED_LOSS_AGG_MODE.get(algo.policy_loss)
-    if wanted is None or algo.loss_agg_mode == wanted:
-        return None
-    return (
-        f"algorithm.policy_loss={algo.policy_loss} is defined with loss_agg_mode={wanted} (a "
-        f"mean over responses); loss_agg_mode={algo.loss_agg_mode} weighs responses otherwise"
-    )
 
 
 HALF_PRECISION = ("bfloat16", "float16", "bf16", "fp16", "half")

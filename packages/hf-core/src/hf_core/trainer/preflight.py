@@ -12,6 +12,10 @@ the checkpoint, and that the actor's processes fit this machine's memory
 (:mod:`hf_core.trainer.memory_check`).  Each failure is a
 :class:`~hf_core.errors.HybridFlowError` naming the recipe key and the file, or the estimate
 and the budget.  Neither writes anything, so a bad run leaves its output folder untouched.
+
+Everything up to the tokenizer runs without importing torch, tensordict or Ray, so a bad
+recipe is reported in about a second; loading the tokenizer imports torch (transformers), and
+what needs it is imported from there on.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hf_core.algorithms import (
-    get_aggregation_mode,
+    AGGREGATION_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
     get_estimator_traits,
-    get_kl_estimator,
-    get_policy_loss,
 )
 from hf_core.config import ConfigError, ModelRoleConfig, TrainerConfig, load_config, validate
 from hf_core.config.layout import (
@@ -41,10 +45,7 @@ from hf_core.errors import CheckpointError, EngineConfigError, ModelFolderError
 from hf_core.plugins import UnknownNameError, get_engine_config, get_engine_parallelism
 from hf_core.rewards import UnknownRewardFunctionError, get_reward_function
 from hf_core.roles.common import rollout_engine_args, training_engine_args
-from hf_core.roles.losses import loss_agg_mode_advice
-from hf_core.trainer.checkpoint import latest_checkpoint
-from hf_core.trainer.memory_check import check_memory_fit
-from hf_core.trainer.sequence_length import check_sequence_length
+from hf_core.roles.loss_advice import loss_agg_mode_advice
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
         _check_resume(config)
     tokenizer_key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
     check_tokenizer(config.tokenizer_path, key=tokenizer_key)
+    from hf_core.trainer.memory_check import check_memory_fit  # torch, as the tokenizer
+    from hf_core.trainer.sequence_length import check_sequence_length
+
     check_sequence_length(config)
     check_memory_fit(config)
 
@@ -131,6 +135,8 @@ def _check_data_files(config: TrainerConfig) -> None:
 
 def _check_resume(config: TrainerConfig) -> None:
     """``--resume`` needs a complete checkpoint in ``run.output_dir``."""
+    from hf_core.trainer.checkpoint import latest_checkpoint  # its module imports torch
+
     out = config.run.output_dir
     fresh = "run without --resume to start a new run"
     if not out.is_dir():
@@ -269,13 +275,15 @@ def _check_generation_layout(config: TrainerConfig, layout: RunLayout) -> None:
 
 
 def _check_algorithm(config: TrainerConfig) -> None:
+    """Every algorithm name is registered (checked by name: the built-ins' torch modules are
+    not imported), and the dataflow has what the estimator needs."""
     algo = config.algorithm
     for key, name, lookup in (
         ("algorithm.advantage", algo.advantage, get_estimator_traits),
         ("algorithm.cost_advantage", algo.cost_advantage, get_estimator_traits),
-        ("algorithm.policy_loss", algo.policy_loss, get_policy_loss),
-        ("algorithm.loss_agg_mode", algo.loss_agg_mode, get_aggregation_mode),
-        ("algorithm.kl.estimator", algo.kl.estimator, get_kl_estimator),
+        ("algorithm.policy_loss", algo.policy_loss, POLICY_LOSSES.require),
+        ("algorithm.loss_agg_mode", algo.loss_agg_mode, AGGREGATION_MODES.require),
+        ("algorithm.kl.estimator", algo.kl.estimator, KL_ESTIMATORS.require),
     ):
         try:
             lookup(name)
@@ -294,7 +302,7 @@ def _check_algorithm(config: TrainerConfig) -> None:
         )
     if config.teacher is not None:
         try:
-            get_kl_estimator(algo.distill.estimator)
+            KL_ESTIMATORS.require(algo.distill.estimator)
         except UnknownNameError as exc:
             raise ConfigError(
                 f"invalid configuration:\n  algorithm.distill.estimator: {exc}"

@@ -1,6 +1,7 @@
 """A package outside the repository extends HybridFlow through its entry point, as a user's
-would: built and pip-installed here, it registers an advantage estimator, a policy loss and
-a reward function, and a GRPO recipe uses all three by name for two steps.  A second
+would: built and pip-installed here, it registers an advantage estimator, a policy loss, a KL
+estimator, a loss aggregation mode, a reward function and an agent environment, and a GRPO
+recipe uses all six by name for two steps (the environment through the agent loop).  A second
 package whose entry point raises on import is installed beside it: it is reported and
 skipped, and the run (which does not use it) goes on."""
 
@@ -36,6 +37,29 @@ def shortness(response, ground_truth, extra):
     return 1.0 / (1.0 + len(response))
 
 
+def quarter_kl(log_prob, ref_log_prob):
+    """0.25 on every token whatever the policies: a value the KL loss reports back."""
+    return log_prob.new_full(log_prob.shape, 0.25)
+
+
+def half_token_mean(loss_mat, mask, *, group_ids=None, norm_length=None):
+    """Half the token mean: with quarter_kl the logged KL loss is 0.125 only if both ran."""
+    return 0.5 * (loss_mat * mask).sum() / mask.sum().clamp(min=1)
+
+
+class AnswerOnce:
+    """Answers a sample's first turn, then ends it: every sample takes exactly two turns."""
+
+    def reset(self, prompt):
+        self.answered = False
+
+    def step(self, turn_text):
+        if self.answered:
+            return None
+        self.answered = True
+        return "once more"
+
+
 @hookimpl
 def register_advantage_estimators(register):
     register("half_adv", half_advantage, needs_groups=True)
@@ -47,8 +71,23 @@ def register_policy_losses(register):
 
 
 @hookimpl
+def register_kl_estimators(register):
+    register("quarter_kl", quarter_kl)
+
+
+@hookimpl
+def register_aggregation_modes(register):
+    register("half-token-mean", half_token_mean)
+
+
+@hookimpl
 def register_reward_functions(register):
     register("shortness", shortness, batched=False)
+
+
+@hookimpl
+def register_environments(register):
+    register("answer_once", AnswerOnce)
 '''
 
 
@@ -63,6 +102,19 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+def _table_row(table: str, plugin: str) -> str:
+    """The text of ``plugin``'s row of the ``hybridflow backends`` table: its line and the
+    lines its cells wrap onto (whose first cell is empty)."""
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"│ {plugin} "))
+    row = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith("│") or line.split("│")[1].strip():
+            break
+        row.append(line)
+    return " ".join(row)
+
+
 def test_the_cli_lists_the_extensions_with_their_distribution(site: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "hf_core.cli", "backends"],
@@ -72,13 +124,21 @@ def test_the_cli_lists_the_extensions_with_their_distribution(site: Path) -> Non
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    row = next(line for line in done.stdout.splitlines() if "hf_ext " in line)
-    for name in ("hf-extensions-example", "half_adv", "plain_pg", "shortness"):
+    row = _table_row(done.stdout, "hf_ext")
+    for name in (
+        "hf-extensions-example",
+        "half_adv",
+        "plain_pg",
+        "quarter_kl",
+        "half-token-mean",
+        "shortness",
+        "answer_once",
+    ):
         assert name in row
     assert "hf-broken-example" in done.stdout and "broken on purpose" in done.stderr
 
 
-def test_a_recipe_uses_the_third_party_estimator_loss_and_reward(
+def test_a_recipe_uses_every_third_party_extension_by_name(
     site: Path, in_workdir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
@@ -97,6 +157,10 @@ def test_a_recipe_uses_the_third_party_estimator_loss_and_reward(
             "algorithm.advantage=half_adv",
             "algorithm.policy_loss=plain_pg",
             "reward.function=shortness",
+            "algorithm.kl.estimator=quarter_kl",
+            "algorithm.loss_agg_mode=half-token-mean",
+            "agent.environment=answer_once",
+            "agent.tools=[]",
         ],
         capture_output=True,
         text=True,
@@ -113,3 +177,6 @@ def test_a_recipe_uses_the_third_party_estimator_loss_and_reward(
         # the plugin's loss ran in the actor on the plugin's estimator's advantages
         assert row["actor/third_party_advantage_max"] == 0.5
         assert 0.0 < row["reward/mean"] < 1.0  # shortness: 1 / (1 + characters)
+        # the KL term of the actor's loss: quarter_kl aggregated by half-token-mean
+        assert row["actor/kl_loss"] == 0.125
+        assert row["agent/turns_mean"] == 2.0  # answer_once answered every first turn

@@ -1,6 +1,6 @@
 """HybridFlow plugin: registers the "fsdp" training engine and the "transformers" rollout engine.
 
-Loaded through the ``hybridflow.backends`` entry point.  Importing this module is cheap: the
+Loaded through the ``hybridflow.plugins`` entry point.  Importing this module is cheap: the
 factories import torch.distributed / transformers only when an engine is built.
 """
 

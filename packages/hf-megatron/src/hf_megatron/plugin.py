@@ -1,6 +1,6 @@
 """HybridFlow plugin: registers the "megatron" training engine and rollout engine.
 
-Loaded through the ``hybridflow.backends`` entry point.  Importing this module is cheap: the
+Loaded through the ``hybridflow.plugins`` entry point.  Importing this module is cheap: the
 factories import megatron-core only when an engine is built.
 """
 

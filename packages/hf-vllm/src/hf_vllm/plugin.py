@@ -1,6 +1,6 @@
 """HybridFlow plugin: registers the "vllm" rollout engine.
 
-Loaded through the ``hybridflow.backends`` entry point.  Importing this module never imports
+Loaded through the ``hybridflow.plugins`` entry point.  Importing this module never imports
 vLLM (``hybridflow backends`` lists the plugin on machines without it); the factory imports it
 when an engine is built and says which extra to install when it is missing.
 """

@@ -92,8 +92,8 @@ def main() -> None:
         "--data-parallel",
         default="auto",
         choices=("auto", "pool", "replicate", "fsdp"),
-        help="the engine's cpu_data_parallel (auto: pooled from 8M parameters, replicas "
-        "below where they fit; pool; replicate; fsdp)",
+        help="the engine's cpu_data_parallel (auto and fsdp: FSDP2 shards on several "
+        "processes, auto a plain module on one; pool; replicate)",
     )
     parser.add_argument("--layouts", default="1x2,2x1", help="processes x threads, comma-separated")
     parser.add_argument("--top", type=int, default=20)

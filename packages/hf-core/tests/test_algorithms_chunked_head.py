@@ -65,10 +65,13 @@ def test_without_entropy_returns_none() -> None:
 
 
 def test_an_engine_linear_computes_every_chunk_forward_and_recompute() -> None:
-    """The engine's kernel (``linear``) makes each chunk's logits, in the forward and in the
-    backward's recompute, except the last full chunk's, which the backward reuses; values and
-    gradients are the default kernel's."""
+    """The engine's kernel (``kernel``, here :func:`linear_kernel` over a counting linear)
+    makes each chunk's logits, in the forward and in the backward's recompute, except the
+    last full chunk's, which the backward reuses; values and gradients are the default
+    kernel's."""
     import torch.nn.functional as F
+
+    from hf_core.algorithms.chunked_head import linear_kernel
 
     calls: list[int] = []
 
@@ -83,7 +86,7 @@ def test_an_engine_linear_computes_every_chunk_forward_and_recompute() -> None:
     for kernel in (F.linear, counting):
         hidden, weight = (t.clone().requires_grad_() for t in base)
         log_probs, entropy = chunked_head_log_probs_and_entropy(
-            hidden, weight, tokens, chunk=4, linear=kernel
+            hidden, weight, tokens, chunk=4, kernel=linear_kernel(kernel)
         )
         assert entropy is not None
         (log_probs.sum() + entropy.sum()).backward()

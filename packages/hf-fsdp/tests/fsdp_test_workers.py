@@ -14,6 +14,25 @@ from hf_core.protocols import register
 from hf_testing.workers import engine_worker_base
 
 
+def _step_with_gradients(engine: Any, batch: Batch, loss: Any) -> tuple[dict[str, float], dict]:
+    """``engine.train_step(batch, loss)``'s metrics and the full gradients its optimizer
+    applied (gathered from FSDP's shards; none on a rank without an optimizer)."""
+    grads: dict[str, Any] = {}
+
+    def capture(*_args: object) -> None:
+        for key, param in engine.model.named_parameters():
+            grad = param.grad
+            if grad is not None:
+                full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+                grads[key] = full.clone()
+
+    handle = engine.optimizer.register_step_pre_hook(capture) if engine.optimizer else None
+    metrics = engine.train_step(batch, loss)
+    if handle is not None:
+        handle.remove()
+    return metrics, grads
+
+
 class EngineWorker(engine_worker_base("DP_PROTO")):
     """Hosts named FSDP training engines and HF rollout engines on each rank."""
 
@@ -27,8 +46,8 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
         return {
             "initialized": report.initialized,
             "unused": report.unused,
-            "collectives": engine.collectives,
-            "sharded": engine.sharded,
+            "collectives": engine.data_parallel.collectives,
+            "strategy": engine.data_parallel_strategy(),
         }
 
     @register("ONE_TO_ALL")
@@ -58,19 +77,33 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
             "score": engine.compute_scores,
         }[engine.config.head]
         outputs = forward(batch)
-        grads: dict[str, Any] = {}
-
-        def capture(*_args: object) -> None:
-            for key, param in engine.model.named_parameters():
-                grad = param.grad
-                if grad is not None:
-                    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
-                    grads[key] = full.clone()
-
-        handle = engine.optimizer.register_step_pre_hook(capture)
-        metrics = engine.train_step(batch, LOSSES[loss])
-        handle.remove()
+        metrics, grads = _step_with_gradients(engine, batch, LOSSES[loss])
         return {"outputs": outputs, "metrics": metrics, "grads": grads}
+
+    @register("DP_PROTO")
+    def captured_step(
+        self, batch: Batch, name: str, loss: str, grad_scale: float = 1.0
+    ) -> dict[str, Any]:
+        """One update of this rank's share of ``batch``: its metrics, the full gradients the
+        optimizer applied (on the ranks holding one) and the updated weights.
+        ``grad_scale`` != 1 multiplies the gradients after the strategy reduced them: a
+        deliberately wrong scale, which an equality check must catch."""
+        from hf_testing.workers import LOSSES
+
+        engine = self.engines[name]
+        if grad_scale != 1.0:
+            reduce = engine.data_parallel.reduce_gradients
+
+            def wrong(params: list[Any]) -> None:
+                reduce(params)
+                for param in params:
+                    if param.grad is not None:
+                        param.grad.mul_(grad_scale)
+
+            engine.data_parallel.reduce_gradients = wrong
+        metrics, grads = _step_with_gradients(engine, batch, LOSSES[loss])
+        weights = {k: v for bucket in engine.export_weights(1 << 20) for k, v in bucket}
+        return {"metrics": metrics, "grads": grads, "weights": weights}
 
     @register("DP_PROTO")
     def train_widened(self, batch: Batch, name: str, loss: str) -> dict[str, float]:
@@ -134,19 +167,26 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
         return {"buckets": buckets, "tensors": tensors, "largest_bucket": largest}
 
     @register("ONE_TO_ALL")
-    def hybrid_sync(self, name: str, rollout: str, bucket_bytes: int) -> str:
-        """Core's in-process sync (as the actor worker runs it); this rank's pooled-decoding
-        mode (``off`` / ``here`` / ``elsewhere``)."""
+    def hybrid_sync(self, name: str, rollout: str, bucket_bytes: int) -> int:
+        """Core's in-process sync (as the actor worker runs it); the tensors this rank's
+        rollout engine loaded."""
         from hf_core.sync.hybrid import HybridSync
 
         target = self.rollouts[rollout]
-        engine = self.engines[name]
-        HybridSync(engine, target, bucket_bytes=bucket_bytes, rank=self.rank).run()
-        return target.pooled_decoding()
+        loaded: list[int] = []
+        load = target.load_weights
 
-    @register("ONE_TO_ALL")
-    def decode_per_rank(self, rollout: str) -> None:
-        self.rollouts[rollout].generate_per_rank()
+        def counting(bucket: Any) -> None:
+            bucket = list(bucket)
+            loaded.append(len(bucket))
+            load(bucket)
+
+        target.load_weights = counting
+        try:
+            HybridSync(self.engines[name], target, bucket_bytes=bucket_bytes, rank=self.rank).run()
+        finally:
+            del target.load_weights
+        return sum(loaded)
 
     @register("DP_PROTO")
     def generate(self, batch: Batch, rollout: str, params: dict[str, Any]) -> Batch:

@@ -1,8 +1,9 @@
 """Pooled CPU generation (hf_fsdp.cpu_host_rollout) on two real processes: each rank gets back
 exactly the rows it would have decoded alone (greedy, float32: the same tokens, log-probs
 equal up to float rounding), with its own prompt width when the ranks' prompts differ in
-padding; rank 0 decodes with both ranks' threads; and an engine switched to per-rank calls
-(the agent loop) decodes alone, with ranks calling different numbers of times."""
+padding; rank 0 decodes with both ranks' threads; and the pooled engine's token streams decode
+per rank, with ranks advancing different numbers of times (a stream's calls are never
+collective)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch.multiprocessing as mp
 
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
+from hf_core.engines.streaming import StreamRequest
 
 
 def _free_port() -> int:
@@ -44,18 +46,19 @@ def _run(rank: int, world: int, port: int, model: str, result: Any) -> None:
     from hf_fsdp.rollout import HFRolloutEngine
 
     settings = {"model_path": model, "dtype": "float32", "device": "cpu"}
-    pooled = HFRolloutEngine({**settings, "cpu_host_generation": True})  # auto: from 8M
-    alone = HFRolloutEngine({**settings, "cpu_host_generation": False})
+    # transformers' forward: its streams run in chunks through the engine's own generation
+    pooled = HFRolloutEngine({**settings, "cpu_host_generation": True, "decoder": "transformers"})
+    alone = HFRolloutEngine({**settings, "decoder": "transformers"})  # off by default
     params = SamplingParams(temperature=0.0, max_new_tokens=6, n=2)
     prompts = _prompts(rank, width=8 + 3 * rank)  # the ranks' prompt widths differ
     threads: list[int] = []
-    decode = pooled._generate
+    decode = pooled.generate_here
 
     def counting(batch: Batch, params: SamplingParams) -> Batch:
         threads.append(torch.get_num_threads())
         return decode(batch, params)
 
-    pooled._generate = counting  # type: ignore[method-assign]
+    pooled.generate_here = counting  # type: ignore[method-assign]
     got = pooled.generate(prompts, params)
     want = alone.generate(prompts, params)
     result[("pooled", rank)] = {
@@ -69,9 +72,12 @@ def _run(rank: int, world: int, port: int, model: str, result: Any) -> None:
         "log_prob_diff": float((got["rollout_log_probs"] - want["rollout_log_probs"]).abs().max()),
         "decoded_here_with": threads,
     }
-    pooled.generate_per_rank()
+    pooled.eos_token_ids = []  # every advance then has a chunk to decode
+    stream = pooled.open_stream(capacity=4, chunk_tokens=2)
+    prompt = prompts["input_ids"][0][prompts["attention_mask"][0].bool()].tolist()
+    stream.admit([StreamRequest((0, 0, 0), prompt, SamplingParams(max_new_tokens=6))])
     for _ in range(rank + 1):  # unequal call counts: would hang if they were collective
-        pooled.generate(prompts, params)
+        stream.advance(version=0)
     result[("per_rank", rank)] = threads[len(result[("pooled", rank)]["decoded_here_with"]) :]
     dist.barrier()
 
@@ -98,6 +104,6 @@ def test_rank_zero_decodes_for_both_with_both_ranks_threads(outcome: dict) -> No
     assert outcome[("pooled", 1)]["decoded_here_with"] == []
 
 
-def test_per_rank_calls_decode_alone(outcome: dict) -> None:
+def test_streams_decode_alone(outcome: dict) -> None:
     assert outcome[("per_rank", 0)] == [1]
     assert outcome[("per_rank", 1)] == [1, 1]

@@ -1,8 +1,9 @@
 """FSDP's shared-memory collectives (hf_fsdp.cpu_shared_memory) against gloo's, on real
 processes: the same bytes for every size, dtype and rank count, tensors far larger than a
 slot, the file gone once mapped, gloo kept when a rank cannot map it, and a dead peer failing
-the call instead of hanging it.  The replicas' gradient average (hf_fsdp.cpu_replicas) over
-the same file: gloo's mean, and the same bytes on every rank.  The host pool (hf_fsdp.cpu_host)
+the call instead of hanging it.  The replicas' gradient average
+(hf_fsdp.data_parallel.cpu_replicas) over the same file: gloo's mean, and the same bytes on
+every rank.  The host pool (hf_fsdp.cpu_host)
 that pooled generation and training share: a failure on its computing rank raises on every
 rank."""
 
@@ -89,7 +90,7 @@ def _replica_average(rank: int, world: int) -> tuple[float, str]:
     one, one missing) averaged through the file, against gloo's all-reduce."""
     import hashlib
 
-    from hf_fsdp.cpu_replicas import ReplicaGradients
+    from hf_fsdp.data_parallel.cpu_replicas import ReplicaGradients
 
     _, exchange = _exchange(SMALL_BUDGET)
     shapes = [(1,), (2,), (40_000,), (333, 7), (7, 333), (5,)]

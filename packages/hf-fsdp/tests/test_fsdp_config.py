@@ -157,45 +157,56 @@ def test_rollout_dtype_auto_loads_bfloat16_weights_where_the_cpu_computes_them(
     assert pinned.compute_dtype == torch.float32
 
 
-def test_replicas_only_where_they_fit_on_a_cpu_host() -> None:
-    """hf_fsdp.cpu_replicas's rule, which the engine and the pre-start memory check share."""
-    from hf_fsdp.cpu_replicas import REPLICA_MEMORY_SHARE, replica_state_bytes, replicas_fit
+def test_the_data_parallel_rule_shards_by_default() -> None:
+    """hf_fsdp.data_parallel.choice's rule, which the engine and the pre-start memory check
+    share: FSDP2 on GPUs and, by default, on CPU ranks; replicas where asked and they fit;
+    the pooled host where asked; one CPU process a plain module."""
+    from hf_fsdp.data_parallel.choice import (
+        REPLICA_MEMORY_SHARE,
+        replica_state_bytes,
+        strategy_for,
+    )
 
-    cfg = FSDPEngineConfig(model_path="m", cpu_data_parallel="replicate")
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     params = 25_000_000
-    state = replica_state_bytes(cfg, params)
+    replicate = FSDPEngineConfig(model_path="m", cpu_data_parallel="replicate")
+    state = replica_state_bytes(replicate, params)
     assert state == 16 * params  # float32 weights, gradients, Adam's two moments
     roomy = int(2 * state / REPLICA_MEMORY_SHARE)
-    assert replicas_fit(cfg, cpu, params, 2, host_bytes=roomy)
-    assert not replicas_fit(cfg, cpu, params, 2, host_bytes=roomy - 1)
-    assert replicas_fit(cfg, cpu, params, 1, host_bytes=1)  # one process: FSDP holds as much
-    assert not replicas_fit(cfg, gpu, params, 1, host_bytes=roomy)  # GPUs always shard
+    assert strategy_for(replicate, cpu, params, 2, host_bytes=roomy) == "cpu_replicas"
+    assert strategy_for(replicate, cpu, params, 2, host_bytes=roomy - 1) == "fsdp2"
+    assert strategy_for(replicate, gpu, params, 2, host_bytes=roomy) == "fsdp2"  # GPUs shard
+    for mode, two_ranks in (("auto", "fsdp2"), ("fsdp", "fsdp2"), ("pool", "cpu_host_pool")):
+        cfg = FSDPEngineConfig(model_path="m", cpu_data_parallel=mode)
+        for size in (1_000_000, params):  # the model's size does not change the default
+            assert strategy_for(cfg, cpu, size, 2, host_bytes=roomy) == two_ranks, (mode, size)
+            assert strategy_for(cfg, gpu, size, 2, host_bytes=roomy) == "fsdp2"
+        one = "fsdp2" if mode == "fsdp" else "cpu_replicas"  # one process: a plain module
+        assert strategy_for(cfg, cpu, params, 1, host_bytes=1) == one, mode
     for overrides in (
-        {"cpu_data_parallel": "fsdp"},
-        {"cpu_data_parallel": "replicate", "cpu_collectives": "process_group"},
-        {},  # auto pools a 25M model instead (hf_fsdp.cpu_host_training)
-        {"cpu_data_parallel": "pool"},
+        {"cpu_collectives": "process_group"},  # both CPU strategies exchange through the file
+        {"mixed_precision": "bfloat16"},  # FSDP's policy casts the weights
     ):
-        other = FSDPEngineConfig(model_path="m", **overrides)
-        assert not replicas_fit(other, cpu, params, 2, host_bytes=roomy)
-    assert replicas_fit(FSDPEngineConfig(model_path="m"), cpu, params, 1, host_bytes=1)  # plain
-    tiny = 1_000_000  # under POOL_MIN_PARAMS: auto replicates
-    assert replicas_fit(FSDPEngineConfig(model_path="m"), cpu, tiny, 2, host_bytes=roomy)
+        for mode in ("replicate", "pool"):
+            other = FSDPEngineConfig(model_path="m", cpu_data_parallel=mode, **overrides)
+            assert strategy_for(other, cpu, params, 2, host_bytes=roomy) == "fsdp2"
+    pooled_sp = FSDPEngineConfig(model_path="m", cpu_data_parallel="pool", sequence_parallel_size=2)
+    assert strategy_for(pooled_sp, cpu, params, 2, host_bytes=roomy) == "fsdp2"
     lora = FSDPEngineConfig(model_path="m", lora={"rank": 4})
     assert replica_state_bytes(lora, params) == 4 * params  # frozen weights only
 
 
-def test_training_state_declared_per_rank_follows_the_replica_rule() -> None:
-    cfg = FSDPEngineConfig(model_path="m", device="cpu")  # auto
+def test_training_state_declared_per_rank_follows_the_data_parallel_rule() -> None:
     small, huge = 1_000_000, 10**12
-    assert cfg.state_bytes_per_rank(small, 2, True) == 16 * small  # replicas: all of it
-    pooled = 25_000_000  # auto pools from 8M parameters: one state a host and a weight mirror
-    assert cfg.state_bytes_per_rank(pooled, 2, True) == (16 + 4) * pooled // 2
-    assert cfg.state_bytes_per_rank(pooled, 1, True) == 16 * pooled  # one process: no mirror
-    assert cfg.state_bytes_per_rank(huge, 2, True) == (16 + 4) * huge // 2
-    assert cfg.state_bytes_per_rank(huge, 4, False) == (4 + 4) * huge // 4
-    fsdp = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="fsdp")
-    assert fsdp.state_bytes_per_rank(huge, 2, True) == 16 * huge // 2  # FSDP shards
-    sharded = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="fsdp")
-    assert sharded.state_bytes_per_rank(small, 2, True) == 16 * small // 2
+    default = FSDPEngineConfig(model_path="m", device="cpu")  # auto: FSDP2 shards
+    assert default.state_bytes_per_rank(small, 2, True) == 16 * small // 2
+    assert default.state_bytes_per_rank(huge, 4, False) == 4 * huge // 4
+    assert default.state_bytes_per_rank(small, 1, True) == 16 * small  # one plain module
+    replicate = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="replicate")
+    assert replicate.state_bytes_per_rank(small, 2, True) == 16 * small  # replicas: all of it
+    assert replicate.state_bytes_per_rank(huge, 2, True) == 16 * huge // 2  # too big: FSDP2
+    pool = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="pool")
+    # one state a host and a weight mirror, as equal shares of the ranks
+    assert pool.state_bytes_per_rank(huge, 2, True) == (16 + 4) * huge // 2
+    assert pool.state_bytes_per_rank(huge, 4, False) == (4 + 4) * huge // 4
+    assert pool.state_bytes_per_rank(small, 1, True) == 16 * small  # one process: no mirror

@@ -151,30 +151,32 @@ def _assert_same_weights(got: dict[str, torch.Tensor], model: torch.nn.Module) -
     assert diffs[worst] < ATOL, (worst, diffs[worst])
 
 
-FSDP = {"cpu_data_parallel": "fsdp"}  # tiny models default to replicas (hf_fsdp.cpu_replicas)
-POOL = {"cpu_data_parallel": "pool"}  # the default from 8M parameters (hf_fsdp.cpu_host_training)
+FSDP = {"cpu_data_parallel": "fsdp"}  # the default (auto) too: FSDP2 shards
+REPLICATE = {"cpu_data_parallel": "replicate"}  # hf_fsdp.data_parallel.cpu_replicas
+POOL = {"cpu_data_parallel": "pool"}  # hf_fsdp.data_parallel.cpu_host_pool
+STRATEGY = {"fsdp": "fsdp2", "replicate": "cpu_replicas", "pool": "cpu_host_pool"}
+"""cpu_data_parallel -> the strategy two CPU ranks of one host run (auto: FSDP2)"""
 MICRO_BATCHING = {
     "fixed-chunks": {"max_tokens_per_micro_batch": None},
     "token-budget": {},  # the default budget, samples capped by TRAIN's micro_batch_size
     # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
     "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
-    "fsdp": FSDP,
+    "replicas": REPLICATE,
     "pooled": POOL,
     "pooled-small-token-budget": {**POOL, "micro_batch_size": None,
                                   "max_tokens_per_micro_batch": 2 * (P + R)},
     "pooled-chunked-head": {**POOL, **CHUNKED_HEAD},
-    "fsdp-small-token-budget": {**FSDP, "micro_batch_size": None,
-                                "max_tokens_per_micro_batch": 2 * (P + R)},
+    "replicas-small-token-budget": {**REPLICATE, "micro_batch_size": None,
+                                    "max_tokens_per_micro_batch": 2 * (P + R)},
     "per-layer-units": {**FSDP, "fsdp_unit": "layer"},  # tiny models default to one unit
     # log-probs from the hidden states in token chunks; with one FSDP unit, the root's
     # gradients are reduced only if the head's output still reaches FSDP's backward hooks
     "chunked-head": CHUNKED_HEAD,
-    "fsdp-chunked-head": {**FSDP, **CHUNKED_HEAD},
+    "replicas-chunked-head": {**REPLICATE, **CHUNKED_HEAD},
     "chunked-head-per-layer": {**FSDP, **CHUNKED_HEAD, "fsdp_unit": "layer"},
     # recomputed activations (what gradient_checkpointing: auto turns on at real sizes)
     "gradient-checkpointing": {**FSDP, "gradient_checkpointing": True, "fsdp_unit": "layer"},
-    # FSDP's collectives on gloo instead of the default shared-memory copies (replicas
-    # need the shared file, so this shards)
+    # FSDP's collectives on gloo instead of the default shared-memory copies
     "process-group-collectives": {"cpu_collectives": "process_group", "fsdp_unit": "layer"},
 }  # fmt: skip
 
@@ -187,10 +189,8 @@ def test_actor_update_matches_single_process(
     built = group.build("actor", {"model_path": str(path), **TRAIN, **micro_batching})
     expected_collectives = micro_batching.get("cpu_collectives", "shared_memory")
     assert [b["collectives"] for b in built] == [expected_collectives] * 2
-    sharded = (
-        micro_batching.get("cpu_data_parallel") == "fsdp" or "cpu_collectives" in micro_batching
-    )
-    assert [b["sharded"] for b in built] == [sharded] * 2
+    strategy = STRATEGY[micro_batching.get("cpu_data_parallel", "fsdp")]
+    assert [b["strategy"] for b in built] == [strategy] * 2
     before = group.weights("actor")[0]
     batch = rollout_batch(B, P, R, _vocab(path), seed=21)
     metrics = group.train(batch, name="actor", loss="policy")
@@ -202,10 +202,11 @@ def test_actor_update_matches_single_process(
     assert norm > TRAIN["grad_clip"]  # the clip was active, so it was tested
     assert metrics[0]["loss"] == pytest.approx(loss_value, rel=1e-5, abs=1e-6)
     assert metrics[0]["lr"] == TRAIN["lr"] and metrics[0]["step"] == 1.0
+    assert metrics[0][f"data_parallel/{strategy}"] == 1.0
     moved = max(float((got[k] - before[k]).abs().max()) for k in got)
     assert moved > 100 * ATOL  # the step changed the weights by far more than the tolerance
     _assert_same_weights(got, model)
-    if not sharded:  # one shared model, or replicas that took the same averaged step
+    if strategy != "fsdp2":  # one shared model, or replicas that took the same averaged step
         digests = group.local_digest("actor")
         assert digests[0] == digests[1]
     group.drop("actor")
@@ -228,12 +229,11 @@ def _single_process_update(path: Path, batch: Batch) -> tuple[torch.nn.Module, f
 def test_pooled_ranks_with_batches_of_different_widths_match_single_process(
     group: WorkerGroup, models: dict
 ) -> None:
-    """Pooled training (the CPU default from 8M parameters) joins the ranks' batches when
-    they have one width; otherwise it runs each rank's share as that rank would and averages
-    (this path)."""
+    """Pooled training joins the ranks' batches when they have one width; otherwise it runs
+    each rank's share as that rank would and averages (this path)."""
     path = models["qwen2_tied"]
     built = group.build("actor_widths", {"model_path": str(path), **TRAIN, **POOL})
-    assert [b["sharded"] for b in built] == [False, False]
+    assert [b["strategy"] for b in built] == ["cpu_host_pool"] * 2
     batch = rollout_batch(B, P, R, _vocab(path), seed=25)
     metrics = group.train_widened(batch, name="actor_widths", loss="policy")
     got = group.weights("actor_widths")[0]
@@ -280,6 +280,33 @@ def test_critic_update_matches_single_process(group: WorkerGroup, models: dict) 
     assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
     _assert_same_weights(got, model)
     group.drop("critic")
+
+
+@pytest.mark.parametrize("unit", ["auto", "layer"], ids=["one-unit", "per-layer-units"])
+def test_score_model_update_matches_single_process(
+    group: WorkerGroup, models: dict, unit: str
+) -> None:
+    """A score head's loss reads the head's per-token output captured inside the forward:
+    it must still reach FSDP's backward hooks (on the model's outputs), or with the whole
+    model as one unit the gradients are never reduced over the ranks."""
+    from hf_testing.workers import score_loss
+
+    path = models["score"]
+    group.build("scorer", {"model_path": str(path), "head": "score", **TRAIN, "fsdp_unit": unit})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=24)
+    metrics = group.train(batch, name="scorer", loss="score")
+    got = group.weights("scorer")[0]
+
+    model = AutoModelForSequenceClassification.from_pretrained(path)
+    one = Batch(dict(batch.tensors.items()))
+    one.meta.update(dp_size=1, global_batch_size=B)
+    scores = model(**_inputs(batch)).logits[:, 0]  # the last real token: HF pools there too
+    loss, _ = score_loss({"scores": scores}, one)
+    norm = _reference_step(model, loss)
+    assert metrics[0]["data_parallel/fsdp2"] == 1.0
+    assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    _assert_same_weights(got, model)
+    group.drop("scorer")
 
 
 # --------------------------------------------------------------- weight sync, rollout
@@ -342,12 +369,12 @@ def test_weight_sync_then_rollout_matches_exported_model(
     group.drop("rollout")
 
 
-def test_pooled_ranks_sync_only_the_rank_that_decodes(
+def test_pooled_ranks_sync_as_any_engine_then_decode_as_the_trained_model(
     group: WorkerGroup, models: dict, tmp_path: Path
 ) -> None:
-    """Pooled training with pooled decoding (the CPU defaults from 8M parameters): core's
-    sync runs on rank 0 alone, from its own weights, and the pool then decodes as the
-    trained model does; the skipped rank refuses to start decoding on its own."""
+    """Pooled training with pooled decoding (both CPU-only, asked for): core's standard
+    sync, every rank exporting its weights (the others read the first rank's mirror) into
+    its rollout engine, after which the pool decodes as the trained model does."""
     path = models["qwen2_tied"]
     group.build("actor_pool", {"model_path": str(path), **POOL, **TRAIN, "lr": 1e-2})
     group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor_pool", loss="policy")
@@ -355,13 +382,11 @@ def test_pooled_ranks_sync_only_the_rank_that_decodes(
     rollout = {"model_path": str(path), "dtype": "float32", "cpu_host_generation": True}
     group.build_rollout("rollout_pool", rollout)
     before = group.generate(prompts, rollout="rollout_pool", params=GREEDY)
-    modes = group.hybrid_sync("actor_pool", rollout="rollout_pool", bucket_bytes=8 * 1024)
-    assert modes == ["here", "elsewhere"]
+    loaded = group.hybrid_sync("actor_pool", rollout="rollout_pool", bucket_bytes=8 * 1024)
+    assert loaded[0] > 0 and loaded == [loaded[0]] * 2  # every rank loaded every weight
     after = group.generate(prompts, rollout="rollout_pool", params=GREEDY)
     assert not torch.equal(before["responses"], after["responses"])  # the sync did something
     _assert_decodes_as_exported(group, "actor_pool", after, path, tmp_path / "pool_hf")
-    with pytest.raises(Exception, match="generate_per_rank after a weight sync"):
-        group.decode_per_rank("rollout_pool")
     group.drop("actor_pool")
     group.drop("rollout_pool")
 
@@ -393,7 +418,7 @@ def test_resume_from_checkpoint_is_identical(
         assert torch.equal(tensor, run_b.weights[name]), name
 
 
-@pytest.mark.parametrize("data_parallel", [{}, FSDP], ids=["default", "fsdp"])
+@pytest.mark.parametrize("data_parallel", [{}, REPLICATE], ids=["default", "replicas"])
 def test_vlm_update_on_images_of_different_sizes_matches_single_process(
     group: WorkerGroup, vlm: dict, data_parallel: dict
 ) -> None:

@@ -99,7 +99,7 @@ def test_fsdp_units_per_layer_or_whole_model(models: dict) -> None:
         )
         for unit in ("auto", "layer", "model")
     }
-    # one CPU process trains a plain module by default (hf_fsdp.cpu_replicas)
+    # one CPU process trains a plain module by default (hf_fsdp.data_parallel.cpu_replicas)
     engines["plain"] = FSDPEngine({"model_path": path, "trainable": False})
     units = {
         k: sum(isinstance(m, FSDPModule) for m in e.model.modules()) for k, e in engines.items()
@@ -122,7 +122,10 @@ def test_a_plain_single_process_engine_trains_and_resumes_as_fsdp_does(
         FSDPEngine({"model_path": path, "lr": 1e-3, "cpu_data_parallel": mode})
         for mode in ("replicate", "fsdp")
     )
-    assert not plain.sharded and wrapped.sharded
+    assert (plain.data_parallel_strategy(), wrapped.data_parallel_strategy()) == (
+        "cpu_replicas",
+        "fsdp2",
+    )
     head = plain.model.get_output_embeddings().weight
     assert head is plain.model.get_input_embeddings().weight  # the tie survived loading
     steps = [e.train_step(batch, policy_loss) for e in (plain, wrapped)]

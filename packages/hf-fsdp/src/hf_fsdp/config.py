@@ -22,6 +22,7 @@ from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
     TrainingEngineConfig,
     to_dtype,
 )
+from hf_fsdp.data_parallel import choice
 
 CPULinear = Annotated[
     Literal["onednn", "aten"],
@@ -109,17 +110,16 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "a /dev/shm file (hf_fsdp.cpu_shared_memory; gloo where ranks cannot share one), or "
         "process_group: always gloo.  GPUs use NCCL either way",
     )
-    cpu_data_parallel: Literal["auto", "pool", "replicate", "fsdp"] = Field(
+    cpu_data_parallel: Literal["auto", "fsdp", "replicate", "pool"] = Field(
         "auto",
-        description="CPU ranks on one host: auto: pool for models of 8M parameters and "
-        "more (hf_fsdp.cpu_host.POOL_MIN_PARAMS), replicate below; pool: the host's first "
-        "rank trains for every rank (forwards, backwards and the optimizer, with every "
-        "rank's threads) and the others read a shared-memory mirror of its weights "
-        "(hf_fsdp.cpu_host_training); replicate: plain "
-        "replicas averaging their gradients through shared memory (hf_fsdp.cpu_replicas) "
-        "when they fit in a quarter of the host's memory; fsdp: always shard.  Where pool or "
-        "replicate cannot run, FSDP shards; one process trains a plain model either way, "
-        "and GPUs always use FSDP",
+        description="CPU ranks' data-parallel strategy (hf_fsdp.data_parallel): auto and fsdp: "
+        "FSDP2 shards, the path GPU runs take; replicate: plain replicas averaging their "
+        "gradients through shared memory (hf_fsdp.data_parallel.cpu_replicas) when they fit "
+        "in a quarter of the host's memory; pool: the host's first rank trains for every "
+        "rank with every rank's threads, the others reading a shared-memory mirror of its "
+        "weights (hf_fsdp.data_parallel.cpu_host_pool).  Where replicate or pool cannot run, "
+        "FSDP2 shards; one CPU process trains a plain module unless fsdp is set; GPUs always "
+        "use FSDP2",
     )
     lora: LoRAConfig | None = Field(
         None,
@@ -128,21 +128,21 @@ class FSDPEngineConfig(TrainingEngineConfig):
     )
 
     def state_bytes_per_rank(self, num_params: int, ranks: int, trainable: bool) -> int:
-        """One rank's weights, gradients and Adam moments (``DeclaresTrainingState``): its
-        shard under FSDP, the whole state where CPU ranks train replicas
-        (:mod:`hf_fsdp.cpu_replicas`, the rule the engine applies); under pooled training the
-        host holds one state (on its first rank) and a mirror of the weights for the others
-        (:mod:`hf_fsdp.cpu_host_training`), counted here as equal shares of the ranks."""
+        """One rank's weights, gradients and Adam moments (``DeclaresTrainingState``) under
+        the data-parallel strategy these settings resolve to
+        (:func:`hf_fsdp.data_parallel.choice.state_bytes_per_rank`)."""
         from hf_core.device import resolve_device
-        from hf_fsdp.cpu_host_training import pooling_wanted
-        from hf_fsdp.cpu_replicas import replicas_fit, training_state_bytes
 
         device = resolve_device(self.device)
-        holders = 1 if replicas_fit(self, device, num_params, ranks) else ranks
-        total = training_state_bytes(self, num_params, trainable)
-        if holders > 1 and pooling_wanted(self, device, num_params):
-            total += num_params * self.torch_param_dtype.itemsize  # the weights' mirror
-        return total // holders
+        return choice.state_bytes_per_rank(self, device, num_params, ranks, trainable)
+
+    def mixed_precision_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The compute dtype of FSDP's mixed-precision policy, or ``None`` for none
+        (``auto``: bfloat16 on GPU, none on CPU)."""
+        compute = self.mixed_precision
+        if compute == "auto":
+            compute = "bfloat16" if device.type == "cuda" else "none"
+        return None if compute == "none" else to_dtype(compute)
 
     def node_shared_bytes(self, ranks_per_node: int) -> int:
         """The shared-memory collectives' file at its largest, when it is used
@@ -202,12 +202,14 @@ class HFRolloutConfig(BaseModel):
         "hf_fsdp.decoder) where it applies, transformers' forward otherwise",
     )
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
-    cpu_host_generation: bool | Literal["auto"] = Field(
-        "auto",
+    cpu_host_generation: bool = Field(
+        False,
         description="CPU ranks of one process group on one host decode every rank's prompts "
         "on the host's first rank with all their threads (hf_fsdp.cpu_host_rollout): "
-        "decoding reads every weight once a step instead of once per rank; auto: for models "
-        "of 8M parameters and more (hf_fsdp.cpu_host.POOL_MIN_PARAMS)",
+        "decoding reads every weight once a step instead of once per rank.  Every rank must "
+        "then call generate together, as the single-turn rollout does: leave it off with an "
+        "agent loop or the policy endpoint, whose ranks call it their own numbers of times "
+        "(token streams always decode per rank)",
     )
 
 

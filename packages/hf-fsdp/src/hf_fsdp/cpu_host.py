@@ -7,7 +7,8 @@ one-thread GEMM over half the rows runs slower than a two-thread GEMM over all o
 the ranks' collectives copy at memory speed on the same cores (docs/performance.md).  A rank
 that hands its batch to the host's first rank and waits in a gloo receive (which takes no
 CPU) lends that rank its core.  Generation (:mod:`hf_fsdp.cpu_host_rollout`) and training
-(:mod:`hf_fsdp.cpu_host_training`) pool this way; GPUs, and groups that span hosts, never do.
+(:mod:`hf_fsdp.data_parallel.cpu_host_pool`) pool this way where asked to; GPUs, and groups
+that span hosts, never do.
 
 Every rank of the group calls the same methods in the same order, as collectives require.
 """
@@ -16,39 +17,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hf_core.batch import Batch
 from hf_core.engines import torch_threads
-
-T = TypeVar("T")
-
-POOL_MIN_PARAMS = 8_000_000
-"""Smaller models keep every rank's work on its rank under ``auto``: their weights stay in the
-caches, so pooling saves no weight reads, while each call's Python overhead, which ranks pay
-side by side, would run on one rank (the 0.85M bench model, 64 prompts x 4 samples x 64
-tokens, two processes: 1.78 s a step computing per rank against 2.07 s pooled)."""
-
-
-def pooling_chosen(setting: bool | str, num_params: int) -> bool:
-    """A ``true | false | auto`` pooling setting for a model of ``num_params``."""
-    if setting == "auto":
-        return num_params >= POOL_MIN_PARAMS
-    return bool(setting)
-
-
-def data_parallel_choice(mode: str, num_params: int) -> str:
-    """``cpu_data_parallel`` for a model of ``num_params``: ``pool``, ``replicate`` or
-    ``fsdp``, ``auto`` resolved by :data:`POOL_MIN_PARAMS` (the one place that reads it for
-    training; the engine still falls back where the ranks cannot pool or replicate)."""
-    if mode == "auto":
-        return "pool" if pooling_chosen("auto", num_params) else "replicate"
-    return mode
 
 
 def split_rows(whole: Batch, sizes: list[int]) -> list[Batch]:
@@ -136,14 +113,6 @@ class HostPool:
                 f"rank 0 failed on the host's pooled work for rank {self.rank}: {payload}"
             )
         return payload
-
-    def while_others_wait(self, items: Iterator[T]) -> Iterator[T]:
-        """``items``, produced and consumed with the pool's threads: for the leader's work
-        that no other rank does beside it (the weight sync of the rank that decodes for
-        all, whose consumer loads each bucket between two items).  On its own one thread that
-        sync was 2% of the 0.5B two-process step against 1% on one process (bench/RESULTS.md)."""
-        with torch_threads(self.threads):
-            yield from items
 
     def gather(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` in rank order on the leader; None elsewhere."""

@@ -11,11 +11,13 @@ block in a gloo receive, which takes no CPU.
 
 The ranks' prompt batches are gathered (token ids: small), decoded together, and each rank
 gets back exactly its rows, with its own prompt width.  Every rank of the group must call
-``generate`` at the same time, as core's single-turn rollout does; the agent loop, whose ranks
-run their own numbers of turns, switches pooling off
-(:class:`~hf_core.engines.PoolsGenerateCalls`).  Used only when every rank of the default
-process group is on this host and computes on the CPU; GPUs and multi-host groups decode
-per rank.
+``generate`` at the same time, equally often, as core's single-turn rollout does: so it is
+asked for (``rollout.engine.cpu_host_generation: true``), never on by default, and left off
+for an agent loop or the policy endpoint, whose ranks call ``generate`` their own numbers of
+times.  The engine's token streams decode per rank whatever the setting.  Used only when
+every rank of the default process group is on this host and computes on the CPU; GPUs and
+multi-host groups decode per rank.  Proven equal to per-rank decoding by
+``packages/hf-fsdp/tests/test_cpu_host_rollout.py``.
 """
 
 from __future__ import annotations

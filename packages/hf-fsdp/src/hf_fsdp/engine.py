@@ -15,6 +15,10 @@ every backend does), e.g. a sample mean over the global batch is
 Under sequence parallelism (``sequence_parallel_size``, :mod:`hf_fsdp.ulysses`) the ranks of
 a group hold the same batch and ``dp_size`` counts the groups (the data chunks), not the
 ranks; the same formulas then hold.
+
+How the ranks hold the model and combine their work is the engine's data-parallel strategy
+(:mod:`hf_fsdp.data_parallel`: FSDP2 shards, or on CPU ranks of one host replicas or one
+pooled model), chosen once when the engine is built; nothing below asks which one runs.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 
 from hf_core.batch import Batch
 from hf_core.device import (
@@ -55,15 +58,14 @@ from hf_core.engines import (
     save_hf_folder,
     write_peft_folder,
 )
-from hf_core.engines.loss_totals import all_reduce_over, loss_totals
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_core.protocols import WorkerMesh
-from hf_fsdp import checkpoint, cpu_replicas, cpu_shared_memory, fit, heads, lora, ulysses
+from hf_fsdp import checkpoint, fit, heads, lora, ulysses
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
-from hf_fsdp.cpu_host import split_rows
-from hf_fsdp.cpu_host_training import HostTraining, joined
-from hf_fsdp.distributed import all_gather_objects, all_reduce_int, data_parallel_mesh
+from hf_fsdp.data_parallel.base import DataParallel, Peers, Share, UpdateResult
+from hf_fsdp.data_parallel.build import build as build_data_parallel
+from hf_fsdp.distributed import data_parallel_mesh
 from hf_fsdp.export import FSDPWeightMapping, canonical_names, stream_canonical
 from hf_fsdp.loading import (
     HEAD_MODULES,
@@ -71,7 +73,6 @@ from hf_fsdp.loading import (
     load_hf_config,
     materialize_and_load,
     set_gradient_checkpointing,
-    shard_model,
 )
 from hf_fsdp.offload import DryMoveCounter, move_model, move_optimizer
 from hf_fsdp.onednn_linear import use_onednn_linear
@@ -92,7 +93,8 @@ def _longest(batch: Batch) -> int:
 
 
 class FSDPEngine(TrainingEngine):
-    """A HuggingFace model sharded with FSDP2 over all ranks of the default process group."""
+    """A HuggingFace model over all ranks of the default process group, held as its
+    data-parallel strategy says (:attr:`data_parallel`; FSDP2 shards by default)."""
 
     def __init__(self, config: FSDPEngineConfig | dict[str, Any]) -> None:
         self.config = cfg = parse_config(FSDPEngineConfig, config)
@@ -115,26 +117,9 @@ class FSDPEngine(TrainingEngine):
             lora.inject_lora(model, cfg.lora, HEAD_MODULES[cfg.head])
         names = canonical_names(model)  # before sharding: see FSDPWeightMapping
         host_shards = cfg.cpu_offload and self.device.type == "cuda"
-        self._host = HostTraining.plan(model, cfg, self.device, self.mesh.get_group())
-        """CPU ranks of one host training one shared model (:mod:`hf_fsdp.cpu_host_training`)"""
-        if self._host is not None:
-            replicated, self._replica_gradients = True, None
-        else:
-            replicated, self._replica_gradients = cpu_replicas.choose_replicas(
-                cfg, self.device, sum(p.numel() for p in model.parameters()), self.mesh.get_group()
-            )
-        self.sharded = not replicated
-        """False: a plain module per rank (pooled, or :mod:`hf_fsdp.cpu_replicas`), else FSDP2."""
-        self.collectives = "process_group"
-        if self._host is not None:
-            self.collectives = "shared_memory"
-        elif self.sharded:
-            shard_model(model, self.mesh, cfg, self.device)
-            if self.device.type == "cpu" and cfg.cpu_collectives == "shared_memory":
-                if cpu_shared_memory.attach(model, self.mesh.get_group()):
-                    self.collectives = "shared_memory"
-        elif self._replica_gradients is not None:
-            self.collectives = "shared_memory"
+        self.data_parallel: DataParallel = build_data_parallel(cfg, self.device, model, self.mesh)
+        """How the ranks hold the model and combine their work (:mod:`hf_fsdp.data_parallel`)."""
+        self.data_parallel.prepare(model)
         self.load_report = materialize_and_load(
             model,
             self.folder,
@@ -148,8 +133,7 @@ class FSDPEngine(TrainingEngine):
             use_onednn_linear(model)
         if not cfg.trainable:
             model.requires_grad_(False)
-        if self._host is not None:
-            self._host.bind(model)
+        self.data_parallel.loaded(model)
         warn_if_emulated_half(self.device, fit.compute_dtype(cfg, self.device), "the FSDP engine")
         self.model = model
         self.mapping = FSDPWeightMapping(model, names)
@@ -159,7 +143,7 @@ class FSDPEngine(TrainingEngine):
         self._adapted = lora.adapted_weights(list(self.param_shapes))
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
-        if cfg.trainable and (self._host is None or self._host.trains_here):
+        if cfg.trainable and self.data_parallel.holds_optimizer:
             self.optimizer = build_optimizer(model.parameters(), cfg)
             self.scheduler = build_scheduler(self.optimizer, cfg)
         self.step = 0
@@ -201,58 +185,41 @@ class FSDPEngine(TrainingEngine):
         if self._offloaded:
             raise RuntimeError(f"{what}: the engine is offloaded; call onload() first")
 
-    def _reshard(self) -> None:
-        """Put the sharded parameters back after a forward-only pass (the root keeps its
-        gathered parameters after forward, waiting for a backward that will not come)."""
-        for module in self.model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
+    def data_parallel_strategy(self) -> str:
+        """The data-parallel strategy this engine runs (``fsdp2``, ``cpu_replicas``,
+        ``cpu_host_pool``; :mod:`hf_fsdp.data_parallel`), also in every update's metrics
+        as ``data_parallel/<name>``."""
+        return self.data_parallel.name
 
-    def _publish(self) -> None:
-        """Under pooled training, the weights the other ranks read brought up to date with
-        the first rank's (:meth:`HostTraining.publish`)."""
-        if self._host is not None:
-            self._host.publish()
-
-    def _agreed(self, value: int, op: dist.ReduceOp) -> int:
-        """``value`` combined over the ranks that compute: all of them, or under pooled
-        training (:mod:`hf_fsdp.cpu_host_training`) the host's first rank alone."""
-        return value if self._host is not None else all_reduce_int(value, op)
-
-    def _token_budget(self, batch: Batch, training: bool) -> int | None:
+    def _token_budget(self, training: bool) -> int | None:
         """``max_tokens_per_micro_batch``, with ``auto`` resolved: for an update, what the
         process's memory affords (:mod:`hf_fsdp.fit`, decided once, at the first update, with
         gradient checkpointing); for forward-only passes (no activations kept), the default."""
         tokens = self.config.max_tokens_per_micro_batch
-        if training and self.fit is None and "auto" in (tokens, self.config.gradient_checkpointing):
-            self._choose_fit(_longest(batch))
         if tokens != "auto":
             return tokens
         return self.fit.max_tokens if training and self.fit is not None else DEFAULT_MAX_TOKENS
 
-    def _choose_fit(self, longest: int) -> None:
+    def _choose_fit(self, longest: int, peers: Peers) -> None:
+        """The ``auto`` micro-batch budget and checkpointing, at the first update: the state
+        divided as the strategy divides it, the node's memory shared by the processes that
+        grow while they update."""
         # a sequence-parallel rank holds its share of each sample's tokens
-        longest = -(-self._agreed(longest, dist.ReduceOp.MAX) // self.sp_size)
-        # Replicas hold the whole state each and FSDP shards it; the ranks of the node grow
-        # side by side.  Under pooled training the host's first rank holds the whole state and
-        # is the only one that grows while it updates (the others wait), so it may use what
-        # the node has free: budgeting it a rank's share turned recomputation on at the 0.5B
-        # shape on two processes (bench/RESULTS.md).
-        pooled = self._host is not None
-        sharded = not pooled and self._replica_gradients is None and self.world_size > 1
+        longest = -(-peers.agree(longest, dist.ReduceOp.MAX) // self.sp_size)
+        strategy = self.data_parallel
         self.fit = fit.resolve_fit(
             self.config,
             self.hf_config,
             self.model,
-            self.world_size if sharded else 1,
+            strategy.state_ranks,
             self.rank,
             longest,
-            growing_processes=1 if pooled else None,
+            growing_processes=strategy.growing_processes,
         )
         # ranks must agree: each measured its own memory
-        tokens = self._agreed(self.fit.max_tokens, dist.ReduceOp.MIN)
-        without = self._agreed(self.fit.tokens_without_checkpointing, dist.ReduceOp.MIN)
-        recompute = self._agreed(int(self.fit.gradient_checkpointing), dist.ReduceOp.MAX)
+        tokens = peers.agree(self.fit.max_tokens, dist.ReduceOp.MIN)
+        without = peers.agree(self.fit.tokens_without_checkpointing, dist.ReduceOp.MIN)
+        recompute = peers.agree(int(self.fit.gradient_checkpointing), dist.ReduceOp.MAX)
         self.fit = dataclasses.replace(
             self.fit,
             max_tokens=tokens,
@@ -260,7 +227,7 @@ class FSDPEngine(TrainingEngine):
             tokens_without_checkpointing=without,
         )
 
-    def _recompute_for(self, micro: list[MicroBatch]) -> None:
+    def _recompute_for(self, micro: list[MicroBatch], peers: Peers) -> None:
         """``gradient_checkpointing: auto``: recompute in this update only when its largest
         micro-batch (on any rank) holds more tokens than fit without it; the numbers are the
         same either way, only memory and time differ."""
@@ -269,7 +236,7 @@ class FSDPEngine(TrainingEngine):
         if not self.fit.gradient_checkpointing:  # never needed: no collective per update
             return
         largest = max((int(m.batch["attention_mask"].numel()) for m in micro), default=0)
-        largest = -(-self._agreed(largest, dist.ReduceOp.MAX) // self.sp_size)  # this rank's
+        largest = -(-peers.agree(largest, dist.ReduceOp.MAX) // self.sp_size)  # this rank's
         on = self.fit.gradient_checkpointing and largest > self.fit.tokens_without_checkpointing
         if on != self._checkpointing:
             set_gradient_checkpointing(self.model, on)
@@ -284,57 +251,36 @@ class FSDPEngine(TrainingEngine):
             groups = prompt_groups(
                 batch["input_ids"], batch["attention_mask"], int(batch["responses"].shape[1])
             )
-        budget = self._token_budget(batch, training)
+        budget = self._token_budget(training)
         if budget is not None:  # a budget is per rank: a sequence-parallel group splits tokens
             budget *= self.sp_size
         return plan_micro_batches(batch, budget, cfg.micro_batch_size, groups)
 
-    def _micro_batches(self, batch: Batch, training: bool = False) -> tuple[list[MicroBatch], int]:
-        """This rank's micro-batches and the largest count on any rank.
-
-        Ranks with fewer micro-batches run extra forward passes on a copy of their first
-        one and drop the result: FSDP's collectives need every rank in every pass.
-        """
-        micro = self._plan(batch, training)
-        count = all_reduce_int(len(micro), dist.ReduceOp.MAX)
+    def _passes(self, micro: list[MicroBatch], peers: Peers) -> int:
+        """How many forward passes this process runs over ``micro``: the largest count of any
+        rank computing beside it.  Ranks with fewer micro-batches run extra passes on a copy
+        of their first one and drop the result: FSDP's collectives need every rank in every
+        pass."""
+        count = peers.agree(len(micro), dist.ReduceOp.MAX)
         if count and not micro:
             raise ValueError(
                 f"rank {self.rank} got an empty batch while other ranks have data; "
                 "split batches evenly over the data-parallel ranks"
             )
-        return micro, count
+        return count
 
     @torch.no_grad()
     def _forward_only(self, batch: Batch, keys: tuple[str, ...], **kwargs: Any) -> Batch:
-        if self._host is None:
-            micro, count = self._micro_batches(batch)
-            return self._forward_micro_batches(batch, micro, count, keys, **kwargs)
+        def forward(batches: list[Batch], peers: Peers) -> list[Batch]:
+            return [self._forward_micro_batches(b, keys, peers, **kwargs) for b in batches]
 
-        def forward_all(parts: list[Batch]) -> list[Batch]:
-            whole = joined(parts)
-            if whole is None:
-                return [
-                    self._forward_micro_batches(
-                        part, (m := self._plan(part)), len(m), keys, **kwargs
-                    )
-                    for part in parts
-                ]
-            micro = self._plan(whole)
-            out = self._forward_micro_batches(whole, micro, len(micro), keys, **kwargs)
-            return split_rows(out, [len(part) for part in parts])
-
-        # every rank's batch through the host's first rank
-        mine: Batch = self._host.pool.lead(batch, forward_all, scatter=True)
-        return mine
+        return self.data_parallel.forward(batch, forward)
 
     def _forward_micro_batches(
-        self,
-        batch: Batch,
-        micro: list[MicroBatch],
-        count: int,
-        keys: tuple[str, ...],
-        **kwargs: Any,
+        self, batch: Batch, keys: tuple[str, ...], peers: Peers, **kwargs: Any
     ) -> Batch:
+        micro = self._plan(batch)
+        count = self._passes(micro, peers)
         self.model.eval()
         outputs: list[dict[str, torch.Tensor]] = []
         for i in range(count):
@@ -342,7 +288,7 @@ class FSDPEngine(TrainingEngine):
             out = self._head_forward(part, **kwargs)
             if i < len(micro):
                 outputs.append({k: out[k].detach().cpu() for k in keys})
-        self._reshard()
+        self.data_parallel.release(self.model)
         if not outputs:
             return Batch(batch_size=0)
         width = int(batch["responses"].shape[1]) if "responses" in batch else 0
@@ -412,12 +358,12 @@ class FSDPEngine(TrainingEngine):
         num_micro: int,
         rank: int,
         totals: dict[str, Any],
-        dp_size: int | None = None,
+        dp_size: int,
     ) -> dict[str, Any]:
         """``totals``: :func:`~hf_core.engines.loss_totals.loss_totals` of the mini-batch."""
         return {
             **totals,
-            "dp_size": self.world_size if dp_size is None else dp_size,
+            "dp_size": dp_size,
             "dp_rank": rank,
             "mini_batch_size": len(batch),
             "num_micro_batches": num_micro,
@@ -446,23 +392,21 @@ class FSDPEngine(TrainingEngine):
 
         Returns the loss function's metrics and ``loss`` combined over micro-batches and
         ranks (:func:`~hf_core.engines.combine_metric_rows`: means, maxima for ``*_max``),
-        plus ``grad_norm`` (before clipping, global), ``lr`` (used by this step), ``step``
-        and ``update_skipped`` (1.0 when the gradient norm was not finite).
+        plus ``grad_norm`` (before clipping, global), ``lr`` (used by this step), ``step``,
+        ``update_skipped`` (1.0 when the gradient norm was not finite) and
+        ``data_parallel/<strategy>`` (1.0: which strategy ran, :meth:`data_parallel_strategy`).
         """
         if not self.config.trainable:
             raise RuntimeError(
                 "train_step on a frozen engine (trainable=False: reference / reward model)"
             )
         self._require_onloaded("train_step")
-        if self._host is not None:  # the whole update on the host's first rank
-            metrics_out, self.fit, self._checkpointing = self._host.pool.lead(
-                batch, lambda parts: self._leader_step(parts, loss_fn), scatter=False
-            )
-            self._host.updated()
-        else:
-            metrics_out = self._optimizer_step(self._gradients(batch, loss_fn), True)
+        metrics_out, self.fit, self._checkpointing = self.data_parallel.train(
+            batch, lambda shares, peers: self._update(shares, peers, loss_fn)
+        )
         self.step += 1
         metrics_out["step"] = float(self.step)
+        metrics_out[f"data_parallel/{self.data_parallel.name}"] = 1.0
         if self.fit is not None:  # the choice only: its memory figures are logged once
             metrics_out.update(
                 {
@@ -497,69 +441,36 @@ class FSDPEngine(TrainingEngine):
             "update_skipped": float(skipped),
         }
 
-    def _gradients(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """This rank's gradients, averaged over the ranks; the step's metrics."""
-        micro, count = self._micro_batches(batch, training=True)
-        self._recompute_for(micro)
-        # the ranks of a sequence-parallel group share one chunk: it counts once
-        over_ranks = all_reduce_over(self._collective_device, copies=self.sp_size)
-        meta = self._loss_meta(
-            batch,
-            len(micro),
-            self.rank // self.sp_size,
-            loss_totals([batch], over_ranks),
-            self.world_size // self.sp_size,
-        )
+    def _update(self, shares: list[Share], peers: Peers, loss_fn: LossFn) -> UpdateResult:
+        """Gradients of ``shares`` (the ranks' batches this process computes: its own, or
+        under pooled training every rank's), averaged over the ranks, then the optimizer
+        step; the metrics, and the fit and checkpointing the update ran with."""
+        cfg = self.config
+        if self.fit is None and "auto" in (
+            cfg.max_tokens_per_micro_batch,
+            cfg.gradient_checkpointing,
+        ):
+            self._choose_fit(max(_longest(share.batch) for share in shares), peers)
+        plans = [self._plan(share.batch, training=True) for share in shares]
+        self._recompute_for([m for plan in plans for m in plan], peers)
+        totals = peers.loss_totals([share.batch for share in shares])
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
         tokens = heads.ForwardTokens()
-        rows = self._backward(batch, micro, count, meta, loss_fn, tokens)
-        if self._replica_gradients is not None:
-            self._replica_gradients.average([p for p in self.model.parameters() if p.requires_grad])
-        # each micro-batch's loss is its share of the global loss: they add up on a rank
+        rows = []
+        for share, micro in zip(shares, plans, strict=True):
+            meta = self._loss_meta(share.batch, len(micro), share.dp_rank, totals, share.dp_size)
+            count = self._passes(micro, peers)
+            passes = self._backward(share.batch, micro, count, meta, loss_fn, tokens, len(shares))
+            # each micro-batch's loss is its share of the global loss: they add up on a rank
+            rows.append(combine_metric_rows(passes, sums=("loss",)))
+        self.data_parallel.reduce_gradients([p for p in self.model.parameters() if p.requires_grad])
+        local = combine_metric_rows(rows)
         if tokens.rows:  # below 1 where packing saved repeated prompts or padding
-            rows.append(
-                {"forward_token_fraction": tokens.fraction, "padding_tokens_sum": tokens.padding}
-            )
-        local = combine_metric_rows(rows, sums=("loss",))
-        return combine_metric_rows(all_gather_objects(local))
-
-    def _leader_step(
-        self, parts: list[Batch], loss_fn: LossFn
-    ) -> tuple[dict[str, float], MicroBatchFit | None, bool]:
-        """Pooled training's update of every rank's batch on the host's first rank
-        (:mod:`hf_fsdp.cpu_host_training`); the metrics and the fit the ranks share."""
-        metrics = self._optimizer_step(self._leader_gradients(parts, loss_fn), False)
+            local["forward_token_fraction"] = tokens.fraction
+            local["padding_tokens_sum"] = float(tokens.padding)
+        metrics = self._optimizer_step(peers.metrics(local), peers.across_ranks)
         return metrics, self.fit, self._checkpointing
-
-    def _leader_gradients(self, parts: list[Batch], loss_fn: LossFn) -> dict[str, float]:
-        if self.fit is None and "auto" in (
-            self.config.max_tokens_per_micro_batch,
-            self.config.gradient_checkpointing,
-        ):
-            self._choose_fit(max(_longest(part) for part in parts))
-        whole = joined(parts)
-        # (batch, its rank, data-parallel size): the joined batch as one process trains it,
-        # else each rank's batch as that rank would, the ranks' gradients summed
-        shares = (
-            [(whole, 0, 1)]
-            if whole is not None
-            else [(part, rank, len(parts)) for rank, part in enumerate(parts)]
-        )
-        plans = [self._plan(share, training=True) for share, _, _ in shares]
-        self._recompute_for([m for plan in plans for m in plan])
-        totals = loss_totals(parts)  # every rank's batch is here
-        tokens = heads.ForwardTokens()
-        per_rank = []
-        for (share, rank, dp_size), micro in zip(shares, plans, strict=True):
-            meta = self._loss_meta(share, len(micro), rank, totals, dp_size)
-            rows = self._backward(share, micro, len(micro), meta, loss_fn, tokens, dp_size)
-            per_rank.append(combine_metric_rows(rows, sums=("loss",)))
-        metrics = combine_metric_rows(per_rank)
-        if tokens.rows:  # below 1 where packing saved repeated prompts or padding
-            metrics["forward_token_fraction"] = tokens.fraction
-            metrics["padding_tokens_sum"] = float(tokens.padding)
-        return metrics
 
     def _backward(
         self,
@@ -573,8 +484,9 @@ class FSDPEngine(TrainingEngine):
     ) -> list[dict[str, float]]:
         """Forward and backward over ``count`` passes of ``micro`` (extra passes repeat the
         first and add nothing: FSDP's collectives need every rank in every pass); each real
-        micro-batch's metrics.  ``ranks_summed``: how many ranks' gradients add up in one
-        process (pooled training), which scales each loss down to keep the average."""
+        micro-batch's metrics.  ``ranks_summed``: how many ranks' batches this process
+        computes one after another (pooled training of batches that cannot be joined), whose
+        gradients add up here: each loss is scaled down to keep the average."""
         temperature = float(batch.meta.get("temperature", 1.0))
         self.model.train()
         rows: list[dict[str, float]] = []
@@ -613,33 +525,19 @@ class FSDPEngine(TrainingEngine):
         self._require_onloaded("export_weights")
         return iter_buckets(self._merged(self._gathered(bucket_bytes)), bucket_bytes)
 
-    def exports_locally(self) -> bool:
-        """Under pooled training the host's first rank holds the whole current weights
-        (:class:`~hf_core.engines.ExportsLocally`)."""
-        return self._host is not None
-
-    def export_local_weights(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
-        """The first rank's own weights in buckets, no collective: the others' mirror is
-        left as it is (refreshed when they read it)."""
-        if self._host is None or not self._host.trains_here:
-            raise RuntimeError("export_local_weights: only the rank that trains holds them")
-        self._require_onloaded("export_local_weights")
-        stream = self._gathered(bucket_bytes, refresh_mirror=False)
-        # the other ranks skip this sync (their engines are not read): it runs on all threads
-        return self._host.pool.while_others_wait(iter_buckets(self._merged(stream), bucket_bytes))
+    def _readable(self) -> None:
+        """Before the ranks read the weights: nothing left gathered by a forward, every
+        rank's copy current (:meth:`DataParallel.release`, :meth:`DataParallel.publish`)."""
+        self.data_parallel.release(self.model)
+        self.data_parallel.publish()
 
     def _gathered(
-        self,
-        bucket_bytes: int,
-        only: Callable[[str], bool] | None = None,
-        refresh_mirror: bool = True,
+        self, bucket_bytes: int, only: Callable[[str], bool] | None = None
     ) -> Iterator[NamedTensor]:
         """Full canonical tensors (those ``only`` keeps), gathered from the shards in the
         export dtype.  A gather holds the ranks' pieces and the full tensors built from them:
         half a bucket each keeps a sync's extra memory at about one bucket."""
-        self._reshard()
-        if refresh_mirror:
-            self._publish()
+        self._readable()
         dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
         return stream_canonical(
             self.model,
@@ -701,8 +599,7 @@ class FSDPEngine(TrainingEngine):
         ``config.tokenizer_path``) is saved alongside.
         """
         self._require_onloaded("export_hf")
-        self._reshard()
-        self._publish()
+        self._readable()
         hf_config = copy.deepcopy(self.hf_config)
         hf_config.dtype = self.config.param_dtype
         stream = self._merged(stream_canonical(self.model, self.mapping, device=self.device))
@@ -722,8 +619,7 @@ class FSDPEngine(TrainingEngine):
 
     def save_checkpoint(self, path: str | Path) -> None:
         self._require_onloaded("save_checkpoint")
-        self._reshard()
-        self._publish()
+        self._readable()
         checkpoint.save(
             path,
             model=self.model,
@@ -739,7 +635,7 @@ class FSDPEngine(TrainingEngine):
 
     def load_checkpoint(self, path: str | Path) -> None:
         self._require_onloaded("load_checkpoint")
-        self._reshard()
+        self.data_parallel.release(self.model)
         self.step = checkpoint.load(
             path,
             model=self.model,
@@ -781,7 +677,8 @@ class FSDPEngine(TrainingEngine):
         call moves nothing and returns 0."""
         if self._offloaded:
             return 0
-        self._reshard()  # count and move the shards, not a root left gathered by a forward
+        # count and move the shards, not a root left gathered by a forward
+        self.data_parallel.release(self.model)
         moved = self._hand_over(torch.device("cpu"))
         self._offloaded = True
         return moved

@@ -27,14 +27,14 @@ from hf_core.engines.memory_fit import (
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import from_hf_config
 from hf_fsdp.config import FSDPEngineConfig
-from hf_fsdp.loading import mixed_precision, shards_per_layer
+from hf_fsdp.loading import shards_per_layer
 
 log = logging.getLogger(__name__)
 
 
 def compute_dtype(cfg: FSDPEngineConfig, device: torch.device) -> torch.dtype:
     """The dtype activations are computed in (the mixed-precision policy's)."""
-    return mixed_precision(cfg, device) or cfg.torch_param_dtype
+    return cfg.mixed_precision_dtype(device) or cfg.torch_param_dtype
 
 
 def footprint(

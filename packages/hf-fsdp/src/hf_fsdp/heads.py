@@ -43,7 +43,7 @@ from hf_core.multimodal import (
     images_in_prompt_only,
     multimodal_model_inputs,
 )
-from hf_fsdp import ulysses
+from hf_fsdp import cpu_half, ulysses
 from hf_fsdp.config import HeadKind
 from hf_fsdp.onednn_linear import OneDNNLinear
 from hf_fsdp.onednn_linear import linear as onednn_linear
@@ -242,7 +242,9 @@ def _head_as_log_probs(
             temperature=temperature,
             with_entropy=with_entropy,
             chunk=chunk,
-            linear=onednn_linear if isinstance(head, OneDNNLinear) else F.linear,
+            kernel=cpu_half.head_kernel(
+                onednn_linear if isinstance(head, OneDNNLinear) else F.linear
+            ),
             share=share,
         )
         return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1)
@@ -376,6 +378,35 @@ def _capture_output(module: nn.Module) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
+class _Anchored(torch.autograd.Function):
+    """``value`` as it is, with a forward output of the model as a second input that gets a
+    zero gradient (see :func:`_through_outputs`)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.anchor = (anchor.shape, anchor.dtype, anchor.device)
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        shape, dtype, device = ctx.anchor
+        return grad, torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _through_outputs(value: torch.Tensor, outputs: Any) -> torch.Tensor:
+    """``value`` (a tensor captured inside the model's forward) tied to the model's output
+    ``logits``, so a backward from ``value`` also reaches that output.  FSDP2 registers its
+    pre-backward hooks on a module's forward outputs; a loss on a captured intermediate
+    bypasses them, and with the whole model as one FSDP unit (the default below 100M
+    parameters) the root's gradients were then never reduced over the ranks (two ranks'
+    score-head update came out sqrt(2) off; replicas hid it until FSDP2 became the CPU
+    default).  The output gets a zero gradient: nothing changes but the hooks running."""
+    anchor = getattr(outputs, "logits", None)
+    if anchor is None or not (torch.is_grad_enabled() and anchor.requires_grad):
+        return value
+    return _Anchored.apply(value, anchor)  # type: ignore[no-any-return]
+
+
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last 1 in each row of the mask."""
     positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
@@ -390,8 +421,8 @@ def score_forward(model: nn.Module, batch: Batch, device: torch.device) -> dict[
     # HF pools at the last token that is not pad_token_id; we pool at the attention mask
     # instead (a pad id equal to eos would otherwise pick the wrong token).
     with _capture_output(head) as captured:
-        model(**inputs, use_cache=False)
-    per_token = captured[-1].squeeze(-1).float()
+        outputs = model(**inputs, use_cache=False)
+    per_token = _through_outputs(captured[-1], outputs).squeeze(-1).float()
     index = last_token_index(inputs["attention_mask"])
     return {"scores": per_token[torch.arange(per_token.shape[0], device=device), index]}
 
@@ -445,8 +476,9 @@ def sequence_parallel_forward(
     if score is None:
         raise AttributeError(f"{type(model).__name__} has no 'score' head module")
     with _capture_output(score) as captured:
-        model(**inputs, use_cache=False)
-    per_token = ulysses.gather_columns(captured[-1].squeeze(-1).float(), group).reshape(-1)
+        outputs = model(**inputs, use_cache=False)
+    local = _through_outputs(captured[-1], outputs).squeeze(-1).float()
+    per_token = ulysses.gather_columns(local, group).reshape(-1)
     return {"scores": per_token[shards.last_token.to(device)]}
 
 

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 from hf_core.engines import check_model_folder, weight_files  # noqa: F401  (re-exported)
 from hf_core.engines.model_classes import causal_lm_class
 from hf_core.errors import ModelLoadError
-from hf_fsdp.config import FSDPEngineConfig, HeadKind, to_dtype
+from hf_fsdp.config import FSDPEngineConfig, HeadKind
 from hf_fsdp.lora import init_adapter_tensor
 
 if TYPE_CHECKING:
@@ -191,15 +191,6 @@ def shards_per_layer(model: nn.Module, cfg: FSDPEngineConfig) -> bool:
     return sum(p.numel() for p in model.parameters()) >= PER_LAYER_MIN_PARAMS
 
 
-def mixed_precision(cfg: FSDPEngineConfig, device: torch.device) -> torch.dtype | None:
-    """The compute dtype of FSDP's mixed-precision policy, or ``None`` for none
-    (``auto``: bfloat16 on GPU, none on CPU)."""
-    compute = cfg.mixed_precision
-    if compute == "auto":
-        compute = "bfloat16" if device.type == "cuda" else "none"
-    return None if compute == "none" else to_dtype(compute)
-
-
 def shard_model(
     model: nn.Module, mesh: DeviceMesh, cfg: FSDPEngineConfig, device: torch.device
 ) -> None:
@@ -212,7 +203,7 @@ def shard_model(
         fully_shard,
     )
 
-    compute = mixed_precision(cfg, device)
+    compute = cfg.mixed_precision_dtype(device)
     mp = MixedPrecisionPolicy()
     if compute is not None:
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)

@@ -17,7 +17,7 @@ AVX-512 CPUs; the weight gradient (a reduction over the rows, which oneDNN's lin
 transposed copies for) stays on aten.
 
 bfloat16 / float16 calls on a CPU that lacks instructions for them (AVX2-only machines) go
-to :mod:`hf_core.engines.cpu_half` instead from 8 rows (``cpu_half.MIN_ROWS``): torch would
+to :mod:`hf_fsdp.cpu_half` instead from 8 rows (``cpu_half.MIN_ROWS``): torch would
 emulate them at a fraction of float32's speed.
 """
 
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hf_core import device
-from hf_core.engines import cpu_half
 from hf_core.engines.row_linear import row_linear
+from hf_fsdp import cpu_half
 
 log = logging.getLogger(__name__)
 

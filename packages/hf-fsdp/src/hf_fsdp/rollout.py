@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,6 @@ from hf_core.engines.model_classes import causal_lm_class, checkpoint_names
 from hf_core.engines.streaming import ChunkedStream, TokenStream
 from hf_core.multimodal import MULTI_MODAL_KEY, ImageFeatures, has_images
 from hf_fsdp.config import HFRolloutConfig, parse_config
-from hf_fsdp.cpu_host import pooling_chosen
 from hf_fsdp.cpu_host_rollout import HostGeneration
 from hf_fsdp.decoder import (
     DecodeSession,
@@ -71,6 +70,19 @@ def _own_storage(model: torch.nn.Module) -> None:
     for tensor in [*model.parameters(), *model.buffers()]:
         if tensor.device.type == "cpu":
             tensor.data = tensor.data.clone()
+
+
+class _ThisRank:
+    """An engine's generation of this rank's prompts alone, never pooled: what a chunked
+    token stream calls (each rank's stream advances on its own schedule)."""
+
+    def __init__(self, engine: HFRolloutEngine) -> None:
+        self.engine = engine
+        self.pad_token_id = engine.pad_token_id
+        self.eos_token_ids = engine.eos_token_ids
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        return self.engine.generate_here(prompts, params)
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -104,12 +116,12 @@ class HFRolloutEngine(RolloutEngine):
         self._generator = torch.Generator(self.device).manual_seed(cfg.seed)
         self.weight_version = 0
         self._tensors_this_sync = 0
-        self._weights_behind = False
         self._released = False
         self._model_bytes: int | None = None
-        size = sum(p.numel() for p in self.model.parameters())
-        pooled = pooling_chosen(cfg.cpu_host_generation, size)
-        self._host = HostGeneration.for_this_process(self.device) if pooled else None
+        self._host: HostGeneration | None = None
+        """Set with ``cpu_host_generation``: CPU ranks of one host decode on its first rank."""
+        if cfg.cpu_host_generation:
+            self._host = HostGeneration.for_this_process(self.device)
 
     def _lean_decoder(self, onednn: bool) -> LlamaFamilyDecoder | None:
         if self.config.decoder == "transformers":
@@ -140,8 +152,6 @@ class HFRolloutEngine(RolloutEngine):
 
     def finish_weight_sync(self) -> None:
         log.debug("weight sync %d: %d tensors", self.weight_version + 1, self._tensors_this_sync)
-        if self._tensors_this_sync == 0 and self.pooled_decoding() == "elsewhere":
-            self._weights_behind = True  # the sync skipped this rank (rank 0 decodes for it)
         self.weight_version += 1
         self._tensors_this_sync = 0
 
@@ -188,43 +198,30 @@ class HFRolloutEngine(RolloutEngine):
     # --------------------------------------------------------------- generation
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
-        ``max_new_tokens`` so batches from different ranks concatenate.  CPU ranks on one
-        host pool their prompts on one rank (:mod:`hf_fsdp.cpu_host_rollout`)."""
+        ``max_new_tokens`` so batches from different ranks concatenate.  With
+        ``cpu_host_generation`` CPU ranks on one host pool their prompts on one rank
+        (:mod:`hf_fsdp.cpu_host_rollout`): every rank must then call this together."""
         if self._host is not None:
-            return self._host.generate(prompts, lambda whole: self._generate(whole, params))
-        return self._generate(prompts, params)
+            return self._host.generate(prompts, lambda whole: self.generate_here(whole, params))
+        return self.generate_here(prompts, params)
 
     def open_stream(self, capacity: int, chunk_tokens: int) -> TokenStream:
         """Streaming rollouts: continuous batching on the lean decoder
         (:mod:`hf_fsdp.stream_decoder`, the KV cache kept between weight updates and
-        recomputed after one); transformers' forward or pooled CPU decoding run in chunks
-        of ``chunk_tokens`` through :meth:`generate` instead."""
+        recomputed after one); with transformers' forward, chunks of ``chunk_tokens``
+        through this rank's own generation.  Streams never pool: each rank's advances on
+        its own schedule."""
         if self._released:
             self.resume_memory()
-        if self._lean is None or self._host is not None:
-            return ChunkedStream(self, chunk_tokens)
+        if self._lean is None:
+            return ChunkedStream(_ThisRank(self), chunk_tokens)
         stops = list(self.eos_token_ids)
         return LeanTokenStream(
             self._lean, capacity, stops, self.pad_token_id, self._generator, self.device
         )
 
-    def generate_per_rank(self) -> None:
-        """From now on each rank decodes its own prompts, whenever it is called (the agent
-        loop's turns differ per rank)."""
-        if self._weights_behind:
-            raise RuntimeError(
-                "generate_per_rank after a weight sync this rank skipped while rank 0 decoded "
-                "for it: call it before the first sync (the agent loop does, when it is built)"
-            )
-        self._host = None
-
-    def pooled_decoding(self) -> Literal["off", "here", "elsewhere"]:
-        """Whether rank 0 decodes this group's prompts (:mod:`hf_fsdp.cpu_host_rollout`)."""
-        if self._host is None:
-            return "off"
-        return "here" if self._host.pool.leader else "elsewhere"
-
-    def _generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+    def generate_here(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """:meth:`generate` of this rank's ``prompts`` in this process (never pooled)."""
         batch = expand_prompts(prompts, params)
         if self._released:
             self.resume_memory()

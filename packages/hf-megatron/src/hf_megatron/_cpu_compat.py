@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from hf_core.engines import cpu_half
+from hf_core.device import cpu_lacks
 
 log = logging.getLogger(__name__)
 
@@ -171,19 +171,21 @@ def _widened_matmul_applies(args: tuple) -> bool:
         return False
     a, b = args
     recording = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
-    return not recording and a.dtype == b.dtype and cpu_half.widens(a, b)
+    on_cpu = a.device.type == "cpu" and b.device.type == "cpu"
+    return not recording and a.dtype == b.dtype and on_cpu and cpu_lacks(a.dtype)
 
 
 class _WidenedMatmuls(TorchFunctionMode):
     """``matmul`` of bfloat16 / float16 CPU tensors in float32, rounded once to the 16-bit
-    type, on CPUs without instructions for it (:mod:`hf_core.engines.cpu_half`; torch would
+    type, on CPUs without instructions for it (``hf_core.device.cpu_lacks``; torch would
     emulate the product, measured 18x slower on an update)."""
 
     def __torch_function__(
         self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         if func in _MATMULS and not kwargs and _widened_matmul_applies(args):
-            return cpu_half.matmul(*args)
+            a, b = args
+            return torch.matmul(a.float(), b.float()).to(a.dtype)
         return func(*args, **(kwargs or {}))
 
 

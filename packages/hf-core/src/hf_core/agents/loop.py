@@ -39,7 +39,6 @@ from hf_core.agents.config import AgentConfig
 from hf_core.agents.environment import Environment, load_environment
 from hf_core.agents.tools import Tool, ToolResult
 from hf_core.batch import Batch
-from hf_core.engines.capabilities import PoolsGenerateCalls
 from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
 from hf_core.errors import ConfigError
@@ -86,8 +85,6 @@ class AgentLoop:
         """``tools``: the tools the model may call, by name (``config.tools`` resolved by
         :func:`hf_core.plugins.tools.resolve_tools`)."""
         self.engine = engine
-        if isinstance(engine, PoolsGenerateCalls):  # turns differ per rank: no pooled calls
-            engine.generate_per_rank()
         self.tokenizer = tokenizer
         self.config = config
         self.tools = tools

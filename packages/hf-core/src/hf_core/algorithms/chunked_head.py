@@ -6,9 +6,8 @@ second tensor that size.  Here the head's matmul runs over ``chunk`` tokens at a
 forward keeps only per-token scalars (log-normaliser, entropy), and the backward recomputes
 each chunk's logits, turns them into the logits' gradient in place and folds it into the
 hidden states' and head weight's gradients before the next chunk.  Extra memory is about two
-chunks of logits plus the weight's gradient, whatever the token count.  (On a CPU without
-instructions for a 16-bit compute dtype, add a float32 copy of the head weight for the pass:
-see :mod:`hf_core.engines.cpu_half`.)
+chunks of logits plus the weight's gradient, whatever the token count (plus whatever the
+engine's :data:`HeadKernel` prepares for a pass, e.g. a float32 copy of a 16-bit weight).
 
 The price is one more head matmul per token in the backward (the recompute), which is why
 :func:`logits_chunk_tokens` returns ``None`` -- use the plain full-logits path -- when the
@@ -23,12 +22,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-
-from hf_core.engines import cpu_half
 
 DEFAULT_LOGITS_BUDGET_BYTES = 256 * 1024 * 1024
 """Float32 logits one chunk may hold (the recompute keeps about two such tensors)."""
@@ -43,28 +40,51 @@ def logits_chunk_tokens(tokens: int, vocab: int, budget_bytes: int) -> int | Non
     return max(1, budget_bytes // per_token)
 
 
-def _widened(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """The head weight in float32, once per pass, when this CPU lacks ``hidden``'s 16-bit
-    type (:mod:`hf_core.engines.cpu_half`); ``None`` elsewhere."""
-    return weight.float() if cpu_half.widens(hidden, weight) else None
+class HeadProducts(Protocol):
+    """The head's two products over the chunks of one pass (forward or backward)."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A chunk's logits ``hidden @ weight.T``, ``[n, V]`` (made float32 by the caller)."""
+        ...
+
+    def input_grad(self, grad: torch.Tensor, out: torch.Tensor) -> None:
+        """``grad @ weight`` (the chunk's hidden-state gradient) written into ``out``."""
+        ...
+
+
+HeadKernel = Callable[[torch.Tensor, torch.Tensor], HeadProducts]
+"""``kernel(hidden, weight)``: the head's products for one pass over ``hidden``'s chunks,
+built once a pass, so an engine may prepare the weight once (e.g. in a dtype its device
+multiplies natively); :func:`linear_kernel` by default."""
 
 
 HeadLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-"""``linear(hidden, weight, bias)``: the engine's own linear kernel for the head's forward
-(e.g. hf-fsdp's oneDNN linear on CPU); ``F.linear`` by default."""
+"""``linear(hidden, weight, bias)``: an engine's own linear kernel for the head's forward
+(e.g. hf-fsdp's oneDNN linear on CPU)."""
+
+
+class LinearProducts:
+    """The products through a ``linear(x, weight, bias)`` kernel and ``torch.matmul``."""
+
+    def __init__(self, weight: torch.Tensor, linear: HeadLinear = F.linear) -> None:
+        self.weight, self.linear = weight, linear
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden, self.weight, None)
+
+    def input_grad(self, grad: torch.Tensor, out: torch.Tensor) -> None:
+        torch.matmul(grad, self.weight, out=out)
+
+
+def linear_kernel(linear: HeadLinear = F.linear) -> HeadKernel:
+    """A :data:`HeadKernel` computing the logits with ``linear`` (``F.linear`` by default)."""
+    return lambda hidden, weight: LinearProducts(weight, linear)
 
 
 def _chunk_logits(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    inverse_temperature: float,
-    wide_weight: torch.Tensor | None = None,
-    linear: HeadLinear = F.linear,
+    hidden: torch.Tensor, products: HeadProducts, inverse_temperature: float
 ) -> torch.Tensor:
-    if wide_weight is not None:  # rounded to the compute dtype, as a native product would be
-        logits = hidden.float().mm(wide_weight.t()).to(hidden.dtype).float()
-    else:
-        logits = linear(hidden, weight, None).float()
+    logits = products.logits(hidden).float()
     if inverse_temperature != 1.0:
         logits.mul_(inverse_temperature)
     return logits
@@ -90,21 +110,19 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         inverse_temperature: float,
         with_entropy: bool,
         chunk: int,
-        linear: HeadLinear,
+        kernel: HeadKernel,
         share: TiedHeadGradient | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         count = hidden.shape[0]
         log_probs = hidden.new_empty(count, dtype=torch.float32)
         log_z = hidden.new_empty(count, dtype=torch.float32)
         entropy = hidden.new_empty(count if with_entropy else 0, dtype=torch.float32)
-        wide_weight = _widened(hidden, weight)
+        products = kernel(hidden, weight)
         spans = _spans(count, chunk)
         logits = hidden.new_empty(0)
         for start, stop in spans:
             del logits
-            logits = _chunk_logits(
-                hidden[start:stop], weight, inverse_temperature, wide_weight, linear
-            )
+            logits = _chunk_logits(hidden[start:stop], products, inverse_temperature)
             norm = torch.logsumexp(logits, dim=-1)
             log_z[start:stop] = norm
             picked = logits.gather(-1, tokens[start:stop, None])[:, 0]
@@ -119,7 +137,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         ctx.kept_logits = logits
         ctx.spans = spans
         ctx.inverse_temperature = inverse_temperature
-        ctx.linear = linear
+        ctx.kernel = kernel
         ctx.share = share
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(tokens)
@@ -140,14 +158,14 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         # the head's gradient accumulates in float32 whatever the compute dtype; the first
         # chunk writes it (a zero-filled vocabulary-sized buffer cost ~0.5 s at 151,936 x 896)
         grad_weight: torch.Tensor | None = None
-        wide_weight = _widened(hidden, weight)
+        products = ctx.kernel(hidden, weight)
         kept, ctx.kept_logits = ctx.kept_logits, None  # a second backward recomputes
         for start, stop in reversed(ctx.spans):
             part = hidden[start:stop]
             if kept is not None:
                 grad, kept = kept, None
             else:
-                grad = _chunk_logits(part, weight, scale, wide_weight, ctx.linear)
+                grad = _chunk_logits(part, products, scale)
             grad.sub_(log_z[start:stop, None])  # log p
             if grad_entropy is not None:
                 # -p (log p + H) g_H  (minus p g_lp below), in place over log p
@@ -168,10 +186,8 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             if scale != 1.0:
                 grad.mul_(scale)
             grad = grad.to(hidden.dtype)
-            if grad_hidden is not None and wide_weight is not None:
-                grad_hidden[start:stop] = grad.float().mm(wide_weight)
-            elif grad_hidden is not None:
-                torch.matmul(grad, weight, out=grad_hidden[start:stop])
+            if grad_hidden is not None:
+                products.input_grad(grad, grad_hidden[start:stop])
             if want_weight and grad_weight is None:
                 grad_weight = torch.mm(grad.t().float(), part.float())
             elif grad_weight is not None:
@@ -194,7 +210,7 @@ def chunked_head_log_probs_and_entropy(
     temperature: float = 1.0,
     with_entropy: bool = True,
     chunk: int,
-    linear: HeadLinear = F.linear,
+    kernel: HeadKernel | None = None,
     share: TiedHeadGradient | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log softmax(h W^T / T)[tokens]`` and (when ``with_entropy``) its entropy, for
@@ -202,9 +218,10 @@ def chunked_head_log_probs_and_entropy(
     ``hidden.shape[:-1]``, float32, differentiable in ``hidden`` and ``weight``.
 
     ``temperature`` 0 (greedy) or 1 uses the raw logits.  Logits never exist for more than
-    ``chunk`` tokens at a time (see the module docstring).  ``linear`` computes a chunk's
-    logits (the engine's kernel; the backward's products stay on torch's matmul).  ``share``
-    hands the head weight's gradient to a tied input embedding (:func:`tied_embedding`).
+    ``chunk`` tokens at a time (see the module docstring).  ``kernel`` supplies the logits and
+    the hidden states' gradient (the engine's own products; :func:`linear_kernel` by
+    default); the weight's gradient accumulates in float32 here.  ``share`` hands the head
+    weight's gradient to a tied input embedding (:func:`tied_embedding`).
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1 token, got {chunk}")
@@ -212,8 +229,9 @@ def chunked_head_log_probs_and_entropy(
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_tokens = tokens.reshape(-1)
     inverse = 1.0 / temperature if temperature > 0 else 1.0
+    products = kernel if kernel is not None else linear_kernel()
     log_probs, entropy = _ChunkedHeadLogProbs.apply(
-        flat_hidden, weight, flat_tokens, inverse, with_entropy, chunk, linear, share
+        flat_hidden, weight, flat_tokens, inverse, with_entropy, chunk, products, share
     )
     if not with_entropy:
         return log_probs.reshape(lead), None

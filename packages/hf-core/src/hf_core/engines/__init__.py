@@ -15,13 +15,11 @@ if TYPE_CHECKING:
         DeclaresSequenceCapacity,
         DeclaresTrainingState,
         ExportsHF,
-        ExportsLocally,
         GenerationRank,
         HasGenerationRank,
         HasWorkerMesh,
         LoadsTPSlices,
         Offloadable,
-        PoolsGenerateCalls,
         ReshardsWeights,
         ServesAdapters,
         TrainsAdapters,
@@ -43,23 +41,10 @@ if TYPE_CHECKING:
         weight_files,
     )
     from hf_core.engines.memory import ReleasesTaggedMemory, TaggedMemory
-    from hf_core.engines.metric_rows import (
-        combine_metric_rows,
-        rank_zero_row,
-        worst_rank,
-    )
-    from hf_core.engines.micro_batches import (
-        MicroBatch,
-        plan_micro_batches,
-        restore_outputs,
-    )
+    from hf_core.engines.metric_rows import combine_metric_rows, rank_zero_row, worst_rank
+    from hf_core.engines.micro_batches import MicroBatch, plan_micro_batches, restore_outputs
     from hf_core.engines.process_state import preserve_process_state, torch_threads
-    from hf_core.engines.rollout import (
-        PROMPT_KEYS,
-        RolloutEngine,
-        SamplingParams,
-        assemble_rollout,
-    )
+    from hf_core.engines.rollout import PROMPT_KEYS, RolloutEngine, SamplingParams, assemble_rollout
     from hf_core.engines.sampling import filter_logits, select_tokens
     from hf_core.engines.schedule import lr_factor
     from hf_core.engines.training import LossFn, TrainingEngine
@@ -82,7 +67,6 @@ __all__ = [
     "DeclaresSequenceCapacity",
     "DeclaresTrainingState",
     "ExportsHF",
-    "ExportsLocally",
     "GenerationRank",
     "HasGenerationRank",
     "HasWorkerMesh",
@@ -93,7 +77,6 @@ __all__ = [
     "MicroBatch",
     "NamedTensor",
     "Offloadable",
-    "PoolsGenerateCalls",
     "ReleasesTaggedMemory",
     "ReshardsWeights",
     "ResponseSteps",
@@ -144,13 +127,11 @@ __getattr__, __dir__ = lazy_exports(
             "DeclaresSequenceCapacity",
             "DeclaresTrainingState",
             "ExportsHF",
-            "ExportsLocally",
             "GenerationRank",
             "HasGenerationRank",
             "HasWorkerMesh",
             "LoadsTPSlices",
             "Offloadable",
-            "PoolsGenerateCalls",
             "ReshardsWeights",
             "ServesAdapters",
             "TrainsAdapters",
@@ -175,12 +156,7 @@ __getattr__, __dir__ = lazy_exports(
         "metric_rows": ("combine_metric_rows", "rank_zero_row", "worst_rank"),
         "micro_batches": ("MicroBatch", "plan_micro_batches", "restore_outputs"),
         "process_state": ("preserve_process_state", "torch_threads"),
-        "rollout": (
-            "PROMPT_KEYS",
-            "RolloutEngine",
-            "SamplingParams",
-            "assemble_rollout",
-        ),
+        "rollout": ("PROMPT_KEYS", "RolloutEngine", "SamplingParams", "assemble_rollout"),
         "sampling": ("filter_logits", "select_tokens"),
         "schedule": ("lr_factor",),
         "training": ("LossFn", "TrainingEngine"),

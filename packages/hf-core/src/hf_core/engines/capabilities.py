@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -157,41 +157,6 @@ class ServesAdapters(Protocol):
     def serves_adapters(self, config: LoRAConfig) -> bool: ...
 
     def load_adapter(self, config: LoRAConfig, tensors: list[NamedTensor]) -> None: ...
-
-
-@runtime_checkable
-class PoolsGenerateCalls(Protocol):
-    """A rollout engine whose ``generate`` may pool the work of its group's ranks (CPU ranks
-    on one host decoding on one rank with every core): then every rank of its process group
-    must call ``generate`` at the same time, equally often, as the single-turn rollout does.
-    A caller that cannot promise that (the agent loop: each rank runs its own number of
-    turns) calls ``generate_per_rank`` once, before its first ``generate``."""
-
-    def generate_per_rank(self) -> None: ...
-
-    def pooled_decoding(self) -> Literal["off", "here", "elsewhere"]:
-        """``off``: each rank decodes its own prompts; ``here``: this rank decodes its
-        group's; ``elsewhere``: another rank decodes this rank's prompts, so this engine's
-        weights are not read (a weight sync may leave them) until ``generate_per_rank``."""
-        ...
-
-
-@runtime_checkable
-class ExportsLocally(Protocol):
-    """A training engine some of whose ranks hold the whole current weights (pooled CPU
-    training's computing rank): a sync that only such a rank needs -- its group's other
-    rollout engines decode elsewhere (:class:`PoolsGenerateCalls`) -- runs there alone,
-    with no collective and nothing read on the others."""
-
-    def exports_locally(self) -> bool:
-        """Whether :meth:`export_local_weights` serves the rank whose rollout engine decodes
-        for the group (the same answer on every rank)."""
-        ...
-
-    def export_local_weights(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
-        """``export_weights``' buckets from this rank alone: called only on the rank whose
-        rollout engine decodes for the group."""
-        ...
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """``rows @ weight.T + bias`` as an autograd function whose three products a kernel supplies.
 
-The CPU linear paths (oneDNN float32 in hf-fsdp, widened 16-bit in :mod:`cpu_half`) differ
+The CPU linear paths (in hf-fsdp: oneDNN float32, 16-bit products widened to float32) differ
 only in how they multiply; the autograd bookkeeping -- what is saved, which gradients are
 wanted, the bias gradient -- lives here once.
 """

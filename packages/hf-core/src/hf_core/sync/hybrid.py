@@ -6,22 +6,18 @@ megatron's TP x PP) runs the 3D-HybridEngine transition for core's plan
 (:mod:`hf_core.sync.plan`): each rank all-gathers only within its micro-DP group and streams
 its generation shard -- whole tensors, or its TP slices when the rollout engine loads them
 (:class:`~hf_core.engines.LoadsTPSlices`). A data-parallel engine (FSDP) streams whole
-canonical tensors; where CPU ranks of one host pool the update and the decoding on one rank
-(:class:`~hf_core.engines.ExportsLocally`), only that rank syncs. Either way the transfer
-goes in buckets, so the extra memory is about one bucket, never a second model."""
+canonical tensors on every rank. Either way the transfer goes in buckets, so the extra
+memory is about one bucket, never a second model."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Literal
 
 from hf_core.engines import (
     CanonicalSlice,
-    ExportsLocally,
     LoadsTPSlices,
     NamedTensor,
-    PoolsGenerateCalls,
     ReshardsWeights,
     RolloutEngine,
     TrainingEngine,
@@ -56,14 +52,7 @@ class HybridSync:
         """One sync (``version`` is not needed in-process); this rank's ``perf/weight_sync_s``,
         ``reshard/*`` (when the actor reshards) and the rollout engine's ``weight_sync/*``."""
         start = time.perf_counter()
-        local = self._local_sync()
-        if local == "elsewhere":
-            pass  # another rank decodes this rank's prompts: its weights are not read
-        elif local == "here":
-            assert isinstance(self.actor, ExportsLocally)
-            for bucket in self.actor.export_local_weights(self.bucket_bytes):
-                self.rollout.load_weights(bucket)
-        elif self.plan is None:
+        if self.plan is None:
             for bucket in self.actor.export_weights(self.bucket_bytes):
                 self.rollout.load_weights(bucket)
         else:
@@ -75,17 +64,6 @@ class HybridSync:
         metrics.update(self._reshard_metrics())
         metrics.update(self.rollout.sync_metrics())
         return metrics
-
-    def _local_sync(self) -> Literal["off", "here", "elsewhere"]:
-        """``here`` / ``elsewhere`` where the group's rollout engines decode on one rank and
-        the actor holds the whole weights there (CPU ranks of one host pooling both), so only
-        that rank syncs, from its own weights; ``off`` otherwise.  Asked at every sync: the
-        agent loop turns pooled decoding off on every rank at once."""
-        if self.plan is not None or not isinstance(self.rollout, PoolsGenerateCalls):
-            return "off"
-        if not (isinstance(self.actor, ExportsLocally) and self.actor.exports_locally()):
-            return "off"
-        return self.rollout.pooled_decoding()
 
     def _for_rollout(self, slices: list[CanonicalSlice]) -> Iterable[NamedTensor]:
         """Slices as they are for a slice-loading engine; whole tensors for the others."""

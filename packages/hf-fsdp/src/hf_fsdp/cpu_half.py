@@ -11,7 +11,9 @@ Here each operand is widened to float32 (exact), multiplied with float32 accumul
 the result rounded once to the 16-bit type -- the contract of a GPU's tensor cores and of
 CPUs with bfloat16 instructions, which also accumulate in float32 -- at float32 speed.
 Autograd keeps the 16-bit operands (no float32 copies live across the step), and the
-backward's products are widened the same way.
+backward's products are widened the same way.  The chunked LM head's products
+(:func:`head_kernel`, core's :data:`~hf_core.algorithms.chunked_head.HeadKernel` hook) widen
+the head weight once per pass.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_core import device
+from hf_core.algorithms.chunked_head import HeadKernel, HeadLinear, HeadProducts, LinearProducts
 from hf_core.engines.row_linear import row_linear
 
 
@@ -77,3 +80,29 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.matmul(a, b)`` of 16-bit tensors outside autograd, in float32, rounded once
     to ``a``'s dtype."""
     return torch.matmul(a.float(), b.float()).to(a.dtype)
+
+
+class WidenedHeadProducts:
+    """The chunked head's products with its 16-bit weight widened to float32 once per pass,
+    each product rounded to the compute dtype as a native one would be."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.wide = weight.float()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.float().mm(self.wide.t()).to(hidden.dtype)
+
+    def input_grad(self, grad: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(grad.float().mm(self.wide))
+
+
+def head_kernel(linear: HeadLinear = F.linear) -> HeadKernel:
+    """The chunked head's products: widened where this CPU lacks the hidden states' 16-bit
+    type (:func:`widens`), else the logits through ``linear`` (the engine's kernel)."""
+
+    def kernel(hidden: torch.Tensor, weight: torch.Tensor) -> HeadProducts:
+        if widens(hidden, weight):
+            return WidenedHeadProducts(weight)
+        return LinearProducts(weight, linear)
+
+    return kernel

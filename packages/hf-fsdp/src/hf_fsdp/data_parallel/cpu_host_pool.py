@@ -2,12 +2,12 @@
 (forwards, backwards, optimizer) on the host's first rank with every rank's threads (CPU only).
 
 Why: FSDP shards make each rank gather every weight before using it and reduce every
-gradient after, copies that on a CPU run at memory speed on the cores that compute; replicas
-(:mod:`hf_fsdp.cpu_replicas`) avoid the copies but hold the whole training state once per
-rank (two Qwen2.5-0.5B-shape replicas take two thirds of a 24 GB host); and either way each
-rank computes its half of the batch with its own threads, which on one host's shared cores is
-slower than one process computing all of it (docs/performance.md).  Here the host trains as
-one process would:
+gradient after, copies that on a CPU run at memory speed on the cores that compute;
+replicas (:mod:`hf_fsdp.data_parallel.cpu_replicas`) avoid the copies but hold the whole
+training state once per rank (two Qwen2.5-0.5B-shape replicas take two thirds of a 24 GB
+host); and either way each rank computes its half of the batch with its own threads, which
+on one host's shared cores is slower than one process computing all of it
+(docs/performance.md).  Here the host trains as one process would:
 
 - rank 0 runs the forwards and backwards of every rank's batch, and the optimizer step, with
   every rank's threads (:class:`~hf_fsdp.cpu_host.HostPool`; the others wait in a gloo
@@ -29,10 +29,10 @@ The arithmetic is the data-parallel step's.  The ranks' batches, joined in rank 
 trained as one process would train the global batch (the gradient data parallelism averages
 to); where their widths differ, each rank's micro-batches are planned and scaled as that rank
 would and the summed gradient is divided by the rank count, as FSDP's reduce-scatter
-averages.  Used where FSDP would otherwise run on CPU ranks of one host:
-``cpu_data_parallel: pool``, or ``auto`` (the default) for models of
-:data:`~hf_fsdp.cpu_host.POOL_MIN_PARAMS` parameters and more; no mixed precision, and every
-rank able to map the file; GPUs always shard with FSDP.
+averages.  Chosen with ``cpu_data_parallel: pool`` (:mod:`hf_fsdp.data_parallel.choice`):
+no mixed precision, no sequence parallelism, every rank on one host and able to map the
+file; otherwise, and on GPUs always, FSDP2 shards.  Proven equal to FSDP2 on the same batch
+(loss, gradients, weights) by ``packages/hf-fsdp/tests/test_data_parallel_equality.py``.
 """
 
 from __future__ import annotations
@@ -44,25 +44,22 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_core.batch import Batch, BatchError
-from hf_fsdp.config import FSDPEngineConfig
-from hf_fsdp.cpu_host import HostPool, data_parallel_choice
+from hf_fsdp.cpu_host import HostPool, split_rows
 from hf_fsdp.cpu_shared_memory import map_shared_file
-from hf_fsdp.loading import mixed_precision
+from hf_fsdp.data_parallel.base import (
+    DataParallel,
+    Forward,
+    Share,
+    ThisProcess,
+    Update,
+    UpdateResult,
+)
+from hf_fsdp.data_parallel.choice import CPU_HOST_POOL
 
 log = logging.getLogger(__name__)
 
 _ALIGN = 64
 """Each tensor's offset in the shared file (bytes): whole cache lines, any dtype's alignment."""
-
-
-def pooling_wanted(cfg: FSDPEngineConfig, device: torch.device, num_params: int) -> bool:
-    """Whether the config asks for pooled training of a model of ``num_params`` where the
-    ranks allow it (``auto``: from :data:`~hf_fsdp.cpu_host.POOL_MIN_PARAMS`)."""
-    if device.type != "cpu" or data_parallel_choice(cfg.cpu_data_parallel, num_params) != "pool":
-        return False
-    if cfg.sequence_parallel_size > 1:  # each rank computes its own share of the tokens
-        return False
-    return mixed_precision(cfg, device) is None and cfg.cpu_collectives == "shared_memory"
 
 
 def _nbytes(param: nn.Parameter) -> int:
@@ -87,35 +84,32 @@ def _layout_bytes(model: nn.Module) -> int:
     return sum(_aligned(_nbytes(p)) for p in model.parameters())
 
 
-class HostTraining:
+class CPUHostPool(DataParallel):
     """One model trained on the host's first rank, in its own memory; the other ranks read
     a mirror of its weights in a shared file, brought up to date before they read it."""
 
+    name = CPU_HOST_POOL
+
     def __init__(self, pool: HostPool, buffer: torch.Tensor) -> None:
+        super().__init__(pool.rank, pool.world)
         self.pool = pool
         self.buffer = buffer
+        self.collectives = "shared_memory"
+        # the first rank holds the whole state and is the only one that grows while it
+        # updates (the others wait): budgeting it a rank's share of the node turned
+        # recomputation on at the 0.5B shape on two processes (bench/RESULTS.md)
+        self.growing_processes = 1
+        self.holds_optimizer = pool.leader
         self._mirrored: list[tuple[torch.Tensor, torch.Tensor]] = []
-        """The leader's (weight, its view in the shared file) pairs (set by :meth:`bind`)."""
+        """The leader's (weight, its view in the shared file) pairs (set by :meth:`loaded`)."""
         self._stale = False
 
-    @property
-    def trains_here(self) -> bool:
-        """Whether this rank computes the updates (and holds the optimizer)."""
-        return self.pool.leader
-
     @classmethod
-    def plan(
-        cls,
-        model: nn.Module,
-        cfg: FSDPEngineConfig,
-        device: torch.device,
-        group: dist.ProcessGroup,
-    ) -> HostTraining | None:
+    def build(
+        cls, model: nn.Module, device: torch.device, group: dist.ProcessGroup
+    ) -> CPUHostPool | None:
         """Pooled training for ``model`` (its parameters may still be on the meta device),
-        or None where the config, the device, the hosts or ``/dev/shm`` rule it out.
-        Collective: every rank of the default group gets the same answer."""
-        if not pooling_wanted(cfg, device, sum(p.numel() for p in model.parameters())):
-            return None
+        or None where the hosts or ``/dev/shm`` rule it out.  Collective."""
         pool = HostPool.for_this_process(device)
         if pool is None:
             return None
@@ -138,7 +132,7 @@ class HostTraining:
         return cls(pool, buffer)
 
     @torch.no_grad()
-    def bind(self, model: nn.Module) -> None:
+    def loaded(self, model: nn.Module) -> None:
         """Copy the loaded weights into the mirror (rank 0's; every rank loaded the same)
         and point the other ranks' parameters at it.  Collective."""
         params = list(model.parameters())
@@ -159,10 +153,36 @@ class HostTraining:
             for param, view in zip(params, views, strict=True):
                 param.data = view
 
-    def updated(self) -> None:
-        """The leader stepped the weights: the mirror is behind until :meth:`publish`
-        (every rank calls this, so all know a publish is due)."""
-        self._stale = True
+    def forward(self, batch: Batch, forward: Forward) -> Batch:
+        """Every rank's batch through the host's first rank: joined when they have one
+        width, else each as that rank would run it."""
+
+        def forward_all(parts: list[Batch]) -> list[Batch]:
+            whole = joined(parts)
+            if whole is None:
+                return forward(parts, ThisProcess())
+            return split_rows(forward([whole], ThisProcess())[0], [len(p) for p in parts])
+
+        mine: Batch = self.pool.lead(batch, forward_all, scatter=True)
+        return mine
+
+    def train(self, batch: Batch, update: Update) -> UpdateResult:
+        """The whole update on the host's first rank: the ranks' batches joined as one
+        process trains the global batch, else each rank's share as that rank would (the
+        summed gradient divided by the rank count, as FSDP's reduce-scatter averages)."""
+
+        def update_all(parts: list[Batch]) -> UpdateResult:
+            whole = joined(parts)
+            shares = (
+                [Share(whole, 0, 1)]
+                if whole is not None
+                else [Share(part, rank, len(parts)) for rank, part in enumerate(parts)]
+            )
+            return update(shares, ThisProcess())
+
+        result: UpdateResult = self.pool.lead(batch, update_all, scatter=False)
+        self._stale = True  # the leader stepped the weights: the mirror is behind
+        return result
 
     @torch.no_grad()
     def publish(self) -> None:

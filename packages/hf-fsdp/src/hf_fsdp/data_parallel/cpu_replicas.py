@@ -13,68 +13,29 @@ each gradient) and every rank takes the same optimizer step, so the replicas sta
 bit-identical.  The weight sync then gathers nothing either: each rank exports its own copy.
 
 The cost is memory: each rank holds the whole training state (weights, gradients, Adam's
-two moments) instead of its share.  Replicas are used when the ranks' copies together take
-at most :data:`REPLICA_MEMORY_SHARE` of the host's memory (always on one process, where
-FSDP would hold the same), when every rank can map the shared file, and without mixed
-precision (FSDP's policy is what casts the weights for compute).  Otherwise, and on GPUs
-always, FSDP shards the model.
+two moments) instead of its share.  Chosen with ``cpu_data_parallel: replicate`` where the
+ranks' copies together take at most
+:data:`~hf_fsdp.data_parallel.choice.REPLICA_MEMORY_SHARE` of the host's memory and every
+rank maps the shared file (:mod:`hf_fsdp.data_parallel.choice`); one CPU process always
+trains a plain module this way (nothing to exchange).  Otherwise FSDP2 shards.
 
 The plain module's parameters are ordinary tensors, which every path that reads them
 already accepts: loading (a rank's slice is the whole tensor), export, checkpoints (DCP
 saves replicated tensors once; a later run on more ranks or with FSDP loads its shards),
 gradient clipping (a replicated gradient counts once in the global norm) and the offload
-counts.
+counts.  Proven equal to FSDP2 on the same batch (loss, gradients, weights) by
+``packages/hf-fsdp/tests/test_data_parallel_equality.py``.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from hf_core.engines.memory_fit import node_memory_bytes
-from hf_fsdp.config import FSDPEngineConfig
-from hf_fsdp.cpu_host import data_parallel_choice
 from hf_fsdp.cpu_shared_memory import SharedMemoryExchange, exchange_for
-from hf_fsdp.distributed import all_reduce_int
-from hf_fsdp.loading import mixed_precision
-
-REPLICA_MEMORY_SHARE = 0.25
-"""Largest share of the host's memory the ranks' replicated training state may take."""
-
-
-def training_state_bytes(cfg: FSDPEngineConfig, num_params: int, trainable: bool) -> int:
-    """A whole model's weights, and when ``trainable`` its gradients and Adam moments."""
-    copies = 4 if trainable else 1
-    return copies * cfg.torch_param_dtype.itemsize * num_params
-
-
-def replica_state_bytes(cfg: FSDPEngineConfig, num_params: int) -> int:
-    """One replica's state: everything for full fine-tuning, the frozen weights for LoRA
-    (its adapters' state is tiny)."""
-    return training_state_bytes(cfg, num_params, cfg.trainable and cfg.lora is None)
-
-
-def replicas_fit(
-    cfg: FSDPEngineConfig,
-    device: torch.device,
-    num_params: int,
-    ranks_on_host: int,
-    host_bytes: int | None = None,
-) -> bool:
-    """Whether ``ranks_on_host`` CPU ranks train replicas (before the shared file is
-    checked): the rule both the engine and the pre-start memory check apply."""
-    if device.type != "cpu" or cfg.cpu_data_parallel == "fsdp":
-        return False
-    if mixed_precision(cfg, device) is not None:
-        return False
-    if ranks_on_host == 1:  # one process trains a plain model under pool too
-        return True
-    if data_parallel_choice(cfg.cpu_data_parallel, num_params) != "replicate":
-        return False  # pooled instead (hf_fsdp.cpu_host_training)
-    if cfg.cpu_collectives != "shared_memory":  # gloo would move every gradient over TCP
-        return False
-    total = host_bytes if host_bytes is not None else node_memory_bytes()
-    return ranks_on_host * replica_state_bytes(cfg, num_params) <= REPLICA_MEMORY_SHARE * total
+from hf_fsdp.data_parallel.base import DataParallel
+from hf_fsdp.data_parallel.choice import CPU_REPLICAS
 
 
 class ReplicaGradients:
@@ -129,21 +90,29 @@ class ReplicaGradients:
                 target.copy_(slots[peer][: target.numel()])
 
 
-def choose_replicas(
-    cfg: FSDPEngineConfig,
-    device: torch.device,
-    num_params: int,
-    group: dist.ProcessGroup,
-) -> tuple[bool, ReplicaGradients | None]:
-    """``(replicated, gradient averaging)`` for this engine; every rank of ``group`` gets
-    the same answer (the rule is agreed on before the shared file is tried)."""
-    world = group.size()
-    fits = replicas_fit(cfg, device, num_params, world)
-    if world == 1:
-        return fits, None
-    if not all_reduce_int(int(fits), dist.ReduceOp.MIN):  # hosts may differ in memory
-        return False, None
-    exchange = exchange_for(group)
-    if exchange is None:  # ranks on different hosts: FSDP
-        return False, None
-    return True, ReplicaGradients(exchange)
+class CPUReplicas(DataParallel):
+    """A plain module per rank; after each backward the ranks average their gradients
+    through the shared file and take the same optimizer step."""
+
+    name = CPU_REPLICAS
+
+    def __init__(self, rank: int, world: int, gradients: ReplicaGradients | None) -> None:
+        super().__init__(rank, world)
+        self.gradients = gradients
+        if gradients is not None:
+            self.collectives = "shared_memory"
+
+    @classmethod
+    def build(cls, group: dist.ProcessGroup) -> CPUReplicas | None:
+        """Replicas over ``group``, or None where its ranks share no file (other hosts).
+        Collective."""
+        if group.size() == 1:
+            return cls(0, 1, None)
+        exchange = exchange_for(group)
+        if exchange is None:
+            return None
+        return cls(group.rank(), group.size(), ReplicaGradients(exchange))
+
+    def reduce_gradients(self, params: list[nn.Parameter]) -> None:
+        if self.gradients is not None:
+            self.gradients.average(params)

@@ -1,4 +1,4 @@
-"""16-bit products widened to float32 on CPUs without 16-bit instructions (cpu_half)."""
+"""16-bit products widened to float32 on CPUs without 16-bit instructions (hf_fsdp.cpu_half)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from hf_core import device
 from hf_core.algorithms.chunked_head import chunked_head_log_probs_and_entropy
-from hf_core.engines import cpu_half
+from hf_fsdp import cpu_half
 from hf_testing.dispatch import MatmulDtypes
 
 AVX2 = frozenset({"avx", "avx2", "fma", "f16c"})
@@ -92,9 +92,15 @@ def test_the_chunked_head_widens_and_agrees_with_the_native_product(
         monkeypatch.setattr(device, "cpu_flags", lambda flags=flags: flags)
         h = hidden.clone().requires_grad_()
         w = weight.clone().requires_grad_()
-        log_probs, entropy = chunked_head_log_probs_and_entropy(h, w, tokens, chunk=16)
-        assert entropy is not None
-        (log_probs.sum() + entropy.sum()).backward()
+        with MatmulDtypes() as seen:
+            log_probs, entropy = chunked_head_log_probs_and_entropy(
+                h, w, tokens, chunk=16, kernel=cpu_half.head_kernel()
+            )
+            assert entropy is not None
+            (log_probs.sum() + entropy.sum()).backward()
+        # the logits and the hidden states' gradient: bfloat16 natively, float32 widened
+        expected = torch.float32 if flags is AVX2 else torch.bfloat16
+        assert seen.dtypes and seen.dtypes[0] == expected
         results.append((log_probs, entropy, h.grad, w.grad))
     for native, widened in zip(*results, strict=True):
         assert native is not None and widened is not None

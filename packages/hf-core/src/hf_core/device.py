@@ -204,9 +204,9 @@ def inference_dtype(device: torch.device, num_params: int | None = None) -> torc
 
 def warn_if_emulated_half(device: torch.device, dtype: torch.dtype, what: str) -> None:
     """Say so when ``what`` will compute in a 16-bit float on a CPU that has no instructions
-    for it: its linear layers then multiply in float32 and round to the 16-bit type (a
-    backend's own kernels, e.g. ``hf_fsdp.cpu_half``), so it runs at float32's speed at best,
-    and products outside them (attention) are emulated by torch, several times slower."""
+    for it: its linear layers then multiply in float32 and round to the 16-bit type (the
+    backends' own widening kernels), so it runs at float32's speed at best, and products
+    outside them (attention) are emulated by torch, several times slower."""
     if device.type != "cpu" or not cpu_lacks(dtype):
         return
     log.warning(

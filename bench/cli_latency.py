@@ -14,7 +14,14 @@ One more run per case under ``python -X importtime`` sums up where the start-up 
 packages with the most cumulative import time (outside hf_core, whose total is the command's
 own), and whether torch, tensordict or Ray were imported at all.
 
-    python bench/cli_latency.py [--runs 5] [--json out.json] [--before before.json] [--write]
+    python bench/cli_latency.py [--runs 5] [--bytecode-cache DIR] [--json out.json]
+                                [--before before.json] [--write]
+
+Without ``--bytecode-cache`` the children run as this environment does: with
+``PYTHONDONTWRITEBYTECODE`` set and no ``__pycache__`` installed, every run compiles every module
+it imports.  ``--bytecode-cache DIR`` lets them write and reuse compiled modules under ``DIR``
+(``PYTHONPYCACHEPREFIX``), as an installed environment has them; each case then gets one
+unmeasured run first.
 
 Run it with the interpreter of an environment that has the backend plugins installed (the
 recipe names ``fsdp`` and ``transformers``), e.g. ``.nox/e2e/bin/python``.
@@ -216,14 +223,19 @@ def import_profile(case: Case, env: dict[str, str], cwd: Path) -> dict[str, obje
     }
 
 
-def measure(runs: int) -> dict[str, dict[str, object]]:
+def measure(runs: int, bytecode_cache: Path | None = None) -> dict[str, dict[str, object]]:
     env = dict(os.environ, COLUMNS="120")
     env.pop("PYTHONPROFILEIMPORTTIME", None)
+    if bytecode_cache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(bytecode_cache.resolve())
     results: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, missing = model_folder(root), root / "no-such-prompts.jsonl"
         for case in cases(model, missing, stub_plugin(root)):
+            if bytecode_cache is not None:
+                run_once(case, env, root)  # compiles what the case imports, once
             times = [run_once(case, env, root) for _ in range(runs)]
             results[case.name] = {
                 "median_s": statistics.median(times),
@@ -284,17 +296,26 @@ def table(after: dict[str, dict[str, object]], before: dict[str, dict[str, objec
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per case (median)")
+    parser.add_argument(
+        "--bytecode-cache", type=Path, help="write and reuse compiled modules in this folder"
+    )
     parser.add_argument("--json", type=Path, help="also save the figures here")
     parser.add_argument("--before", type=Path, help="figures of an earlier tree (--json)")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
-    results = measure(args.runs)
+    results = measure(args.runs, args.bytecode_cache)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     before = json.loads(args.before.read_text()) if args.before else None
+    compiled = (
+        "compiled modules cached (after one unmeasured run)"
+        if args.bytecode_cache
+        else "every module compiled on each run (no bytecode cache)"
+    )
     description = (
-        f"Wall time of a fresh `hybridflow` process, median of {args.runs} runs per case; "
-        f"the recipe cases are `recipes/grpo.yaml` with a stub model folder and one fault each."
+        f"Wall time of a fresh `hybridflow` process, median of {args.runs} runs per case, "
+        f"{compiled}; the recipe cases are `recipes/grpo.yaml` with a stub model folder and "
+        "one fault each."
     )
     publish(TITLE, section(TITLE, description, table(results, before)), args.write)
 

@@ -109,6 +109,19 @@ def rollout_in_bfloat16(config: TrainerConfig) -> bool:
     return rollout_dtype(dtype, folder, torch.device("cpu")) == torch.bfloat16
 
 
+def fsdp_role_ranks(config: TrainerConfig) -> dict[str, int]:
+    """The FSDP training roles whose update logs metrics (actor, critic) and their ranks, where
+    the recipe's placement fixes them (not ``auto``: the planner picks)."""
+    placement = config.placement
+    if placement.mode == "auto":
+        return {}
+    ranks = {"actor": placement.processes}
+    if config.critic is not None:
+        ranks["critic"] = placement.other_processes if placement.mode == "split" else ranks["actor"]
+    roles = {"actor": config.actor, "critic": config.critic}
+    return {r: n for r, n in ranks.items() if (role := roles[r]) and role.backend == "fsdp"}
+
+
 def recipe_names() -> list[str]:
     """Recipes run here: not the data recipes (test_data_recipes.py) nor the demos' settings
     (demo*.yaml, read by scripts of their own)."""
@@ -175,6 +188,9 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         sent = rows[-1]["lora/sync_bytes"]
         assert sent < 1e6 if adapters_only else sent > 1e6
     assert "val/reward_mean" in rows[-1]
+    for role, ranks in fsdp_role_ranks(config).items():  # the path GPU runs take: FSDP2 shards
+        strategy = "fsdp2" if ranks > 1 else "cpu_replicas"  # one CPU process: a plain module
+        assert all(row[f"{role}/data_parallel/{strategy}"] == 1.0 for row in rows), (name, role)
     for row in rows:  # dynamic sampling trains uniform groups only to fill a short batch
         if "dynamic_sampling/groups_kept" in row:
             uniform = row["dynamic_sampling/uniform_groups_trained"]

@@ -20,7 +20,7 @@ from transformers import (
 
 from hf_core.batch import Batch
 from hf_core.runtime import ResourcePool, WorkerGroup, spawn
-from hf_testing.workers import policy_loss, resumed_runs, rollout_batch, value_loss
+from hf_testing.workers import LOSSES, policy_loss, resumed_runs, rollout_batch
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -264,49 +264,45 @@ def test_update_budget_is_what_the_ranks_grow_into(
     group.drop(name)
 
 
-def test_critic_update_matches_single_process(group: WorkerGroup, models: dict) -> None:
-    path = models["value"]
-    group.build("critic", {"model_path": str(path), "head": "value", **TRAIN})
-    batch = rollout_batch(B, P, R, _vocab(path), seed=22)
-    metrics = group.train(batch, name="critic", loss="value")
-    got = group.weights("critic")[0]
-
-    model = AutoModelForTokenClassification.from_pretrained(path)
-    one = Batch(dict(batch.tensors.items()))
-    one.meta.update(dp_size=1, global_batch_size=B)
-    values = model(**_inputs(batch)).logits[..., 0][:, P - 1 : -1]
-    loss, _ = value_loss({"values": values}, one)
-    norm = _reference_step(model, loss)
-    assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
-    _assert_same_weights(got, model)
-    group.drop("critic")
+VALUE_AND_SCORE = {  # head: (model, its HF class, the loss's inputs from the HF logits)
+    "value": (
+        "value",
+        AutoModelForTokenClassification,
+        lambda logits: {"values": logits[..., 0][:, P - 1 : -1]},
+    ),
+    # the last real token: HF pools there too
+    "score": ("score", AutoModelForSequenceClassification, lambda logits: {"scores": logits[:, 0]}),
+}
 
 
-@pytest.mark.parametrize("unit", ["auto", "layer"], ids=["one-unit", "per-layer-units"])
-def test_score_model_update_matches_single_process(
-    group: WorkerGroup, models: dict, unit: str
+@pytest.mark.parametrize(
+    ("head", "unit"),
+    [("value", "auto"), ("score", "auto"), ("score", "layer")],
+    ids=["critic", "score-one-unit", "score-per-layer-units"],
+)
+def test_value_and_score_updates_match_single_process(
+    group: WorkerGroup, models: dict, head: str, unit: str
 ) -> None:
-    """A score head's loss reads the head's per-token output captured inside the forward:
-    it must still reach FSDP's backward hooks (on the model's outputs), or with the whole
-    model as one unit the gradients are never reduced over the ranks."""
-    from hf_testing.workers import score_loss
+    """A critic's and a score model's update on two ranks (FSDP2) against transformers.  A
+    score head's loss reads the head's per-token output captured inside the forward: it must
+    still reach FSDP's backward hooks (on the model's outputs), or with the whole model as
+    one unit the gradients are never reduced over the ranks."""
+    folder, auto, loss_inputs = VALUE_AND_SCORE[head]
+    path = models[folder]
+    group.build(head, {"model_path": str(path), "head": head, **TRAIN, "fsdp_unit": unit})
+    batch = rollout_batch(B, P, R, _vocab(path), seed=22)
+    metrics = group.train(batch, name=head, loss=head)
+    got = group.weights(head)[0]
 
-    path = models["score"]
-    group.build("scorer", {"model_path": str(path), "head": "score", **TRAIN, "fsdp_unit": unit})
-    batch = rollout_batch(B, P, R, _vocab(path), seed=24)
-    metrics = group.train(batch, name="scorer", loss="score")
-    got = group.weights("scorer")[0]
-
-    model = AutoModelForSequenceClassification.from_pretrained(path)
+    model = auto.from_pretrained(path)
     one = Batch(dict(batch.tensors.items()))
     one.meta.update(dp_size=1, global_batch_size=B)
-    scores = model(**_inputs(batch)).logits[:, 0]  # the last real token: HF pools there too
-    loss, _ = score_loss({"scores": scores}, one)
+    loss, _ = LOSSES[head](loss_inputs(model(**_inputs(batch)).logits), one)
     norm = _reference_step(model, loss)
     assert metrics[0]["data_parallel/fsdp2"] == 1.0
     assert metrics[0]["grad_norm"] == pytest.approx(norm, rel=1e-5)
     _assert_same_weights(got, model)
-    group.drop("scorer")
+    group.drop(head)
 
 
 # --------------------------------------------------------------- weight sync, rollout
@@ -502,7 +498,6 @@ def test_sequence_parallel_pair_equals_one_rank(
     """Ulysses SP = 2 (both ranks hold the same samples and split their tokens) gives the
     outputs, loss, gradient norm and gradients of one rank running the whole batch."""
     from hf_fsdp.engine import FSDPEngine
-    from hf_testing.workers import LOSSES
 
     model, loss, method = HEADS[head]
     path = models[model]

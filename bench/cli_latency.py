@@ -42,6 +42,8 @@ from pathlib import Path
 
 from _common import publish, section
 
+from hf_testing.plugin_packages import write_light_engine_plugin
+
 TITLE = "## CLI start-up: help and recipe errors (`bench/cli_latency.py`)"
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "grpo.yaml"
@@ -62,55 +64,10 @@ class Case:
     """Folders put first on ``PYTHONPATH`` (the stub plugin's)."""
 
 
-STUB_PLUGIN = """
-from pydantic import BaseModel, ConfigDict
-
-from hf_core.plugins import hookimpl
-
-
-class TrainSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model_path: str
-    head: str = "lm"
-    trainable: bool = True
-    seed: int = 0
-    lr: float = 1e-6
-
-
-class RolloutSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model_path: str
-
-
-def build(**config):
-    raise RuntimeError("the checks never build an engine")
-
-
-@hookimpl
-def register_training_engines(register):
-    register("stub-train", build, config="hf_bench_stub.plugin:TrainSettings")
-
-
-@hookimpl
-def register_rollout_engines(register):
-    register("stub-rollout", build, config="hf_bench_stub.plugin:RolloutSettings")
-"""
-
-
 def stub_plugin(root: Path) -> Path:
     """A folder with the stub plugin installed: its package and a dist-info naming its entry
     point, as an installer leaves them."""
-    site = root / "site"
-    (site / "hf_bench_stub").mkdir(parents=True)
-    (site / "hf_bench_stub" / "__init__.py").write_text("")
-    (site / "hf_bench_stub" / "plugin.py").write_text(STUB_PLUGIN)
-    info = site / "hf_bench_stub-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hf-bench-stub\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[hybridflow.plugins]\nbench_stub = hf_bench_stub.plugin\n"
-    )
-    return site
+    return write_light_engine_plugin(root / "site", "hf_bench_stub")
 
 
 def cases(model: Path, missing: Path, site: Path) -> list[Case]:

@@ -22,44 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from hf_core.plugins import ENTRY_POINT_GROUP
 from hf_core.registry import DuplicateNameError, NamedRegistry, UnknownNameError
+from hf_testing.plugin_packages import write_light_engine_plugin
 
 HEAVY = ("torch", "tensordict", "ray")
-
-STUB_PLUGIN = """
-from pydantic import BaseModel, ConfigDict
-
-from hf_core.plugins import hookimpl
-
-
-class TrainSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model_path: str
-    head: str = "lm"
-    trainable: bool = True
-    seed: int = 0
-    lr: float = 1e-6
-
-
-class RolloutSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model_path: str
-
-
-def build(**config):
-    raise RuntimeError("the checks never build an engine")
-
-
-@hookimpl
-def register_training_engines(register):
-    register("stub-train", build, config="hf_light_stub.plugin:TrainSettings")
-
-
-@hookimpl
-def register_rollout_engines(register):
-    register("stub-rollout", build, config="hf_light_stub.plugin:RolloutSettings")
-"""
 
 CHILD = """
 import json
@@ -82,15 +48,9 @@ sys.exit(code)
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding an installed plugin distribution: its package and its dist-info with
-    the ``hybridflow.backends`` entry point, as an installer writes them."""
+    the ``hybridflow.plugins`` entry point, as an installer writes them."""
     site = tmp_path_factory.mktemp("site")
-    (site / "hf_light_stub").mkdir()
-    (site / "hf_light_stub" / "__init__.py").write_text("")
-    (site / "hf_light_stub" / "plugin.py").write_text(STUB_PLUGIN)
-    info = site / "hf_light_stub-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hf-light-stub\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nstub = hf_light_stub.plugin\n")
+    write_light_engine_plugin(site, "hf_light_stub")
     return site
 
 

@@ -66,6 +66,58 @@ def install_plugin_package(
     return target
 
 
+LIGHT_ENGINE_PLUGIN = """
+from pydantic import BaseModel, ConfigDict
+
+from hf_core.plugins import hookimpl
+
+
+class TrainSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_path: str
+    head: str = "lm"
+    trainable: bool = True
+    seed: int = 0
+    lr: float = 1e-6
+
+
+class RolloutSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_path: str
+
+
+def build(**config):
+    raise RuntimeError("the checks never build an engine")
+
+
+@hookimpl
+def register_training_engines(register):
+    register("stub-train", build, config="{module}.plugin:TrainSettings")
+
+
+@hookimpl
+def register_rollout_engines(register):
+    register("stub-rollout", build, config="{module}.plugin:RolloutSettings")
+"""
+"""A plugin registering engines ``stub-train`` and ``stub-rollout`` whose settings models import
+only pydantic: what the recipe checks cost without a backend's own imports."""
+
+
+def write_light_engine_plugin(site: Path, module: str) -> Path:
+    """:data:`LIGHT_ENGINE_PLUGIN` as package ``module`` in folder ``site``, with the dist-info
+    naming its entry point as an installer leaves them (no pip: the CLI checks read it as
+    installed).  Returns ``site``."""
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text("")
+    (site / module / "plugin.py").write_text(LIGHT_ENGINE_PLUGIN.replace("{module}", module))
+    dist = module.replace("_", "-")
+    info = site / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nstub = {module}.plugin\n")
+    return site
+
+
 def env_with_site(site: Path) -> dict[str, str]:
     """This process's environment with ``site`` first on ``PYTHONPATH``, for a child that must
     see the packages installed there (``hybridflow backends``, ``hybridflow run``): no

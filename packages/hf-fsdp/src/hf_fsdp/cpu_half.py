@@ -4,9 +4,9 @@ CPU-only, and only where the CPU lacks the instructions: :func:`widens` is false
 tensor and on CPUs with AVX512-BF16 / AMX-BF16 (bfloat16) or AVX512-FP16 (float16), where
 torch's own kernels are the fast path.
 
-Why: without those instructions torch emulates bfloat16 GEMMs, measured 4.6x slower than the
-same float32 linear layer on an AVX2-only CPU (512 x 896 x 4,864), and a 25M-parameter
-bfloat16 update took 49.0 s against 2.10 s in float32 (2.63 s widened; docs/platform.md).
+Why: without those instructions torch emulates bfloat16 GEMMs, several times slower than the
+same float32 linear layer on an AVX2-only CPU, and a bfloat16 update an order of magnitude
+slower than in float32 (docs/performance.md, "Measured choices").
 Here each operand is widened to float32 (exact), multiplied with float32 accumulation and
 the result rounded once to the 16-bit type -- the contract of a GPU's tensor cores and of
 CPUs with bfloat16 instructions, which also accumulate in float32 -- at float32 speed.
@@ -38,9 +38,8 @@ def widens(*tensors: torch.Tensor | None) -> bool:
 
 MIN_ROWS = 8
 """Fewer rows than this (decode steps of small batches) keep torch's kernel: widening costs a
-float32 copy of the weight per call, and torch's emulated product grows with the rows
-(896 x 4,864 weight, one thread: 1 row 0.97 ms emulated against 3.5 ms widened, 16 rows
-14.8 ms against 9.0 ms, 256 rows 229 ms against 34 ms)."""
+float32 copy of the weight per call, and torch's emulated product grows with the rows, so
+widening wins from about this many rows (docs/performance.md, "Measured choices")."""
 
 
 def widens_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:

@@ -52,8 +52,8 @@ class HostPool:
 
     The leader takes that count for each pooled call only, not for good: work each rank
     does side by side between the calls (rewards, batch assembly) would otherwise run with
-    the whole host's threads beside the other ranks' own, which made the 25M bench's
-    two-process step 1.86 s against 1.61 s (bench/RESULTS.md).
+    the whole host's threads beside the other ranks' own, which made the two-process step
+    slower (docs/performance.md, "Measured choices").
     """
 
     def __init__(self, threads: int) -> None:

@@ -1,13 +1,12 @@
 """CPU ranks on one host decode as one: the host's first rank generates every rank's prompts
 with all the ranks' threads while the others wait (CPU only).
 
-Why: decoding is bound by reading the weights, once per generated token.  Ranks that each
-decode their share of the batch each read every weight: on the development VM (2 cores) one
-decode step over the Qwen2.5-0.5B shape's 0.92 GiB of bfloat16 weights took 70 ms for 16 rows
-on one process with 2 threads, and 125 ms on two processes with one thread and 8 rows each --
-the same with the weights in one shared file (docs/performance.md).  Pooling the host's
-prompts on one rank reads the weights once per step with the same cores; the waiting ranks
-block in a gloo receive, which takes no CPU.
+Why: decoding is bound by reading the weights, once per generated token.  Ranks that each decode
+their share of the batch each read every weight, so two processes of one thread decoding half
+the rows each took longer a step than one process of two threads decoding all of them, even with
+the weights in one shared file (docs/performance.md, "Measured choices").  Pooling the host's
+prompts on one rank reads the weights once per step with the same cores; the waiting ranks block
+in a gloo receive, which takes no CPU.
 
 The ranks' prompt batches are gathered (token ids: small), decoded together, and each rank
 gets back exactly its rows, with its own prompt width.  Every rank of the group must call

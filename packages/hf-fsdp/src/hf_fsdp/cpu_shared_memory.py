@@ -1,12 +1,11 @@
 """FSDP2's all-gather and reduce-scatter through shared memory, for CPU ranks on one host.
 
-Why: on CPU, FSDP2's collectives go through gloo, which moves tensors over loopback TCP at
-~0.25-0.5 GB/s on our 2-core VMs (0.12-0.16 s to all-gather one 60 MB decoder layer of the
-Qwen2.5-0.5B shape), so two ranks spent ~14 s of a 0.5B update in collectives and ran slower
-than one rank on the same cores.  Ranks that share a host can instead copy through one file in
-``/dev/shm`` at memory speed (~20 ms for the same layer).  FSDP2 exposes exactly this hook
-(``set_custom_all_gather`` / ``set_custom_reduce_scatter``; its NCCL counterpart is symmetric
-memory).
+Why: on CPU, FSDP2's collectives go through gloo, which moves tensors over loopback TCP far
+below memory speed, so two ranks spent much of a large update in collectives and ran slower than
+one rank on the same cores.  Ranks that share a host can instead copy through one file in
+``/dev/shm`` at memory speed (docs/performance.md, "Measured choices").  FSDP2 exposes exactly
+this hook (``set_custom_all_gather`` / ``set_custom_reduce_scatter``; its NCCL counterpart is
+symmetric memory).
 
 How: each rank owns a slot of the shared file.  A collective copies this rank's part into its
 slot, waits on a gloo barrier, then reads the other ranks' slots.  Large tensors go through in

@@ -153,9 +153,10 @@ def stream_canonical(
 def _dim0_sharded(param: torch.Tensor) -> bool:
     """FSDP2's layout over several ranks: a DTensor on a 1-D mesh, sharded along dim 0.
 
-    On one rank the local shard is the whole tensor (``full_tensor`` runs no collective);
-    a gloo all-gather there only costs time, and once a large one has run, this process's
-    multi-threaded decoding was measured 2x slower for the rest of its life.
+    On one rank the local shard is the whole tensor (``full_tensor`` runs no collective); a gloo
+    all-gather there only costs time, and once a large one has run, this process's
+    multi-threaded decoding was measured slower for the rest of its life (docs/performance.md,
+    "Measured choices").
     """
     if not isinstance(param, DTensor) or param.device_mesh.ndim != 1 or param.ndim == 0:
         return False

@@ -181,10 +181,10 @@ PER_LAYER_MIN_PARAMS = 100_000_000
 def shards_per_layer(model: nn.Module, cfg: FSDPEngineConfig) -> bool:
     """Whether each decoder layer is its own FSDP unit.
 
-    Per-layer units bound the gathered memory to about one layer, which large models need;
-    each unit also costs a collective per forward and backward.  Below
-    :data:`PER_LAYER_MIN_PARAMS` the whole model gathered is small, and one unit made a
-    tiny model's update ~30% faster on 2 CPU ranks (gloo latency per collective dominates).
+    Per-layer units bound the gathered memory to about one layer, which large models need; each
+    unit also costs a collective per forward and backward.  Below :data:`PER_LAYER_MIN_PARAMS`
+    the whole model gathered is small, and one unit made a tiny model's update faster on 2 CPU
+    ranks (gloo latency per collective dominates; docs/performance.md, "Measured choices").
     """
     if cfg.fsdp_unit != "auto":
         return cfg.fsdp_unit == "layer"

@@ -9,8 +9,8 @@ of the step (``docs/performance.md``).  The arithmetic stays float32 (no reduced
 mode), so results agree with aten's to float32 rounding.
 
 Only calls with at least :data:`MIN_ROWS` rows take the oneDNN path: below that it is slower
-than aten on most shapes (0.75x at 16 rows; 1.4-1.9x faster at 64, ~2x from 256 rows;
-``docs/platform.md``); a weight too large for the caches takes it at any row count
+than aten on most shapes, and faster from a few dozen rows (docs/performance.md, "Measured
+choices"); a weight too large for the caches takes it at any row count
 (:data:`LARGE_WEIGHT_BYTES`).  On Intel CPUs, where MKL runs its AVX-512 kernels, only the
 large-weight rule applies.  The forward is a oneDNN GEMM, and so is the input gradient on
 AVX-512 CPUs; the weight gradient (a reduction over the rows, which oneDNN's linear would need
@@ -44,8 +44,7 @@ LARGE_WEIGHT_BYTES = 16 * 2**20
 """A weight this large takes oneDNN at any row count.  A decode step reads every weight
 from memory (the model outgrows the caches), and MKL's sgemm repacks the whole weight on each
 call: a small-batch GEMM over a large weight runs at 2-3 GB/s on aten and 5-10 GB/s on oneDNN
-(the 0.5B shape's MLP and LM head: 2-3x faster at 2 threads, 1.3-1.9x at 1;
-``docs/performance.md``)."""
+(docs/performance.md, "Measured choices")."""
 THREADED_WEIGHT_BYTES = 2 * 2**20
 """With more than one thread, weights from this size take oneDNN at any row count too
 (1.1-1.6x on the 25M model's decode GEMMs at 2 threads; at 1 thread aten is as fast or
@@ -65,9 +64,8 @@ def _onednn_mm(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 @functools.cache
 def _mkl_tuned_here() -> bool:
     """Whether MKL runs its best kernels on this CPU (Intel's).  There aten's GEMMs match
-    oneDNN's on training shapes (560 x 4864 x 896: 21.1 ms against 22.7 ms at 2 threads on an
-    AMX Xeon) and its ``grad @ weight`` needs no transposed copy (14.3 ms against 23.1 ms), so
-    only the large-weight rule sends calls to oneDNN."""
+    oneDNN's on training shapes and its ``grad @ weight`` needs no transposed copy, so only
+    the large-weight rule sends calls to oneDNN (docs/performance.md, "Measured choices")."""
     return device.cpu_vendor() == "GenuineIntel"
 
 
@@ -76,8 +74,7 @@ def _input_grad_on_onednn() -> bool:
     """Whether the input gradient is faster on oneDNN (with a transposed copy of the weight)
     than on aten's ``grad @ weight``: on AVX-512 CPUs where MKL runs its AVX2 kernels (AMD);
     on an AVX2-only CPU, or where MKL is tuned (:func:`_mkl_tuned_here`), the copy costs more
-    than oneDNN saves (an 816 x 4864 x 896 step of the 0.5B shape's MLP: 71 ms against 56 ms
-    on aten, AVX2)."""
+    than oneDNN saves (docs/performance.md, "Measured choices")."""
     avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
     return avx512 and not _mkl_tuned_here()
 

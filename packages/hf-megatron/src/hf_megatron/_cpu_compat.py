@@ -178,7 +178,7 @@ def _widened_matmul_applies(args: tuple) -> bool:
 class _WidenedMatmuls(TorchFunctionMode):
     """``matmul`` of bfloat16 / float16 CPU tensors in float32, rounded once to the 16-bit
     type, on CPUs without instructions for it (``hf_core.device.cpu_lacks``; torch would
-    emulate the product, measured 18x slower on an update)."""
+    emulate the product, an order of magnitude slower on an update)."""
 
     def __torch_function__(
         self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None

@@ -400,8 +400,8 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             try:
                 # On CPU, vLLM's decode loop interleaves short parallel ops with serial
                 # Python; with more than one thread the idle OpenMP workers spin between
-                # them, which on shared cores costs far more than the parallelism gains (1
-                # thread 2-30x faster than 2 on a busy 2-core machine, bench/RESULTS.md).
+                # them, which on shared cores costs far more than the parallelism gains (one
+                # thread beat two on a busy 2-core machine; docs/performance.md).
                 with torch_threads(self.config.torch_threads):
                     outputs = self.llm.generate(
                         [{"prompt_token_ids": ids} for ids in token_lists],

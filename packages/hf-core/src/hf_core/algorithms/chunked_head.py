@@ -156,7 +156,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         # the head's gradient accumulates in float32 whatever the compute dtype; the first
-        # chunk writes it (a zero-filled vocabulary-sized buffer cost ~0.5 s at 151,936 x 896)
+        # chunk writes it (zero-filling a vocabulary-sized buffer is a pass over all of it)
         grad_weight: torch.Tensor | None = None
         products = ctx.kernel(hidden, weight)
         kept, ctx.kept_logits = ctx.kept_logits, None  # a second backward recomputes
@@ -243,10 +243,11 @@ class TiedHeadGradient:
 
     Why: with tied embeddings autograd would give the embedding lookup its own dense
     vocabulary-sized gradient (zero-filled, rows added) and then sum it with the head's out
-    of place: at 151,936 x 896 three passes over 545 MB, ~0.9 s of a CPU update.  The head's
-    backward runs first (it is the end of the graph), so the embedding's backward can add its
-    few rows into the head's gradient in place and report none of its own; autograd then
-    accumulates the one tensor.  Used for one forward and backward, then dropped.
+    of place: three passes over the vocabulary-sized gradient, a visible share of a CPU
+    update (docs/performance.md, "Measured choices").  The head's backward runs first (it is
+    the end of the graph), so the embedding's backward can add its few rows into the head's
+    gradient in place and report none of its own; autograd then accumulates the one tensor.
+    Used for one forward and backward, then dropped.
     """
 
     def __init__(self) -> None:

@@ -8,13 +8,13 @@ builder finds where positions restart and lets attention stay inside each sample
 mask; varlen kernels on GPU flash attention).  Every token then sees exactly the context it
 saw padded: outputs agree to rounding.
 
-With a dense mask (SDPA, eager) the kernel still visits all ``N x N`` pairs, so a packed row
-of many samples can cost more attention than the padded rows it replaces;
-:func:`sequence_packing_pays` compares both with the same cost model as shared-prefix
-packing.  Measured on CPU (SDPA against FlexAttention's block-sparse mask, 8 samples of
-30-800 tokens, 2.4k packed): SDPA with the dense mask is faster (0.13 s against 0.70 s a
-forward after FlexAttention's 11 s compile), so packing uses the model's attention
-implementation as it is; a dense packed row is kept under :data:`MAX_DENSE_PACKED_TOKENS`.
+With a dense mask (SDPA, eager) the kernel still visits all ``N x N`` pairs, so a packed row of
+many samples can cost more attention than the padded rows it replaces;
+:func:`sequence_packing_pays` compares both with the same cost model as shared-prefix packing.
+On CPU, SDPA with the dense mask was measured faster than FlexAttention's block-sparse mask,
+even leaving out FlexAttention's long compile (docs/performance.md, "Measured choices"), so
+packing uses the model's attention implementation as it is; a dense packed row is kept under
+:data:`MAX_DENSE_PACKED_TOKENS`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ import torch
 from hf_core.engines.shared_prefix import forward_cost
 
 MAX_DENSE_PACKED_TOKENS = 4096
-"""Longest packed row under a dense mask (SDPA, eager).  Measured on CPU (bench/
-long_context.py, 4 samples of R, R/2, R/4, R/8 response tokens, idle machine): packed
-updates 1.1x faster at R = 1k (2.2k tokens), 1.2x at 2k (4.1k), even at 4k (0.93-1.05x);
-without this limit the 8k batch's 15.6k-token row ran 2.2x slower than padded micro-batches,
-which then run the causal kernel without a mask while the packed row pays every masked
-pair."""
+"""Longest packed row under a dense mask (SDPA, eager).  Up to about this length packing
+pays on CPU (bench/long_context.py); far beyond it a packed row runs slower than padded
+micro-batches, which run the causal kernel without a mask while the packed row pays every
+masked pair (docs/performance.md, "Measured choices")."""
 VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 """Implementations whose packed attention costs only each sample's own pairs."""
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager", "flex_attention", *VARLEN_ATTENTION})

@@ -2,8 +2,8 @@
 
 GRPO-style batches hold each prompt ``n`` times, once per sampled response.  A plain forward
 runs every row's prompt through the model again; at short responses that is a large share
-of the update (8 prompts x 4 samples, 14-token prompts, 32-token responses: 23% of the
-tokens are repeated prompt).  Packing lays a group out as one sequence,
+of the update (with 14-token prompts and 32-token responses about a quarter of the tokens
+are a repeated prompt).  Packing lays a group out as one sequence,
 ``[prompt, response_1, ..., response_n]``, with each response attending to the prompt and to
 itself only (a block mask) and keeping the positions it had in its own row, so every
 response token sees exactly the context it saw unpacked: the outputs agree to rounding.

@@ -223,7 +223,7 @@ class WorkerGroup:
             pieces = protocol.split(value, chunks)
             # a Batch chunk several ranks read goes to the object store once; one read by a
             # single rank travels inline with its call (Ray stores a large one by itself):
-            # a put plus the worker's fetch added ~1 ms to a small step's call
+            # a put plus the worker's fetch costs a small step's call more than sending it inline
             return [
                 ray.put(p) if isinstance(p, Batch) and readers[c] > 1 else p
                 for c, p in enumerate(pieces)

@@ -3,15 +3,14 @@
 They go into each host actor's Ray ``runtime_env``, so they are set before the interpreter
 starts: torch reads them once, at its first allocation, too early for a worker to set them.
 
-``THP_MEM_ALLOC_ENABLE=1`` (a torch switch): CPU tensors of 2 MiB and more are 2 MiB-aligned
-and advised onto transparent huge pages.  Why: glibc gives every large block fresh pages, so
-each large temporary of a CPU step (logits, activations, their gradients) pays a page fault
-per 4 KiB before its first write, most of the time of an elementwise op over it (a
-``log_softmax`` over 128 x 64 x 1024 float32 logits: ~19 ms on 4 KiB pages, ~6 ms on huge
-pages, on the development VM; docs/performance.md).  A GPU run never sees this (its caching
-allocator keeps device memory); on the host it changes nothing but page size.  It needs the
-kernel's THP mode ``madvise`` or ``always``; a variable already set in the driver's
-environment (e.g. ``THP_MEM_ALLOC_ENABLE=0``) wins.
+``THP_MEM_ALLOC_ENABLE=1`` (a torch switch): CPU tensors of 2 MiB and more are 2 MiB-aligned and
+advised onto transparent huge pages.  Why: glibc gives every large block fresh pages, so each
+large temporary of a CPU step (logits, activations, their gradients) pays a page fault per 4 KiB
+before its first write, most of the time of an elementwise op over it (a large ``log_softmax``
+runs about three times faster on huge pages; docs/performance.md, "Measured choices").  A GPU
+run never sees this (its caching allocator keeps device memory); on the host it changes nothing
+but page size.  It needs the kernel's THP mode ``madvise`` or ``always``; a variable already set
+in the driver's environment (e.g. ``THP_MEM_ALLOC_ENABLE=0``) wins.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ CPU strategy's run-time needs fail (ranks on one host, a shared-memory file ever
 - ``cpu_replicas``: a plain module per rank, gradients averaged through shared memory
   (:mod:`hf_fsdp.data_parallel.cpu_replicas`; ``replicate``, where the copies fit).  One CPU
   process always trains a plain module: it has nothing to shard, and FSDP's copies cost it
-  ~30% of the 0.5B update (docs/performance.md).
+  a large share of the update (docs/performance.md, "Measured choices").
 - ``cpu_host_pool``: the host's first rank trains for every rank
   (:mod:`hf_fsdp.data_parallel.cpu_host_pool`; ``pool``).
 

@@ -19,11 +19,11 @@ on one host's shared cores is slower than one process computing all of it
 
 Why rank 0 keeps its own weights rather than computing on the shared ones: a shared file
 sits on 4 KiB pages (tmpfs does not take transparent huge pages unless the host's
-``shmem_enabled`` allows it), and GEMMs streaming 0.5B-shape weights from them ran 30-60%
-slower than from private huge pages on the development VM.  An earlier version computed
+``shmem_enabled`` allows it), and GEMMs streaming large weights from them ran markedly
+slower than from private huge pages.  An earlier version computed
 on the shared weights with the gradients bound in the same file and the optimizer split
 over the ranks; it paid that, plus autograd adding into the bound gradients and their
-zeroing (0.5B update: 8.30 s against 7.42 s on one process).
+zeroing, and ran slower than one process (docs/performance.md, "Measured choices").
 
 The arithmetic is the data-parallel step's.  The ranks' batches, joined in rank order, are
 trained as one process would train the global batch (the gradient data parallelism averages

@@ -1,16 +1,15 @@
 """CPU ranks on one host train plain replicas of the model, without FSDP (CPU only).
 
-Why: FSDP2 copies every parameter into a freshly allocated "gathered" buffer before each
-unit's forward and backward, and after the backward concatenates the unit's gradients into
-a flat buffer to reduce-scatter them.  On a CPU those copies run at memory speed on the
-same cores that compute: one process at the Qwen2.5-0.5B shape spent ~4.8 s of a ~30 s
-update in them with nothing to gather, and two processes on a 2-core VM spent ~5 s a step
-in ``copy_`` / ``fill_`` / ``cat`` (docs/performance.md), which made two ranks slower than
-one.  A replica per rank does none of that: each rank runs its micro-batches on its own
-full copy, then the ranks average their gradients once per step through the shared-memory
-file (:mod:`hf_fsdp.cpu_shared_memory`: a reduce-scatter and an all-gather, in place on
-each gradient) and every rank takes the same optimizer step, so the replicas stay
-bit-identical.  The weight sync then gathers nothing either: each rank exports its own copy.
+Why: FSDP2 copies every parameter into a freshly allocated "gathered" buffer before each unit's
+forward and backward, and after the backward concatenates the unit's gradients into a flat
+buffer to reduce-scatter them.  On a CPU those copies run at memory speed on the same cores that
+compute, even with nothing to gather on one process; on two processes of a 2-core VM those
+copies made two ranks slower than one (docs/performance.md, "Measured choices").  A replica per
+rank does none of that: each rank runs its micro-batches on its own full copy, then the ranks
+average their gradients once per step through the shared-memory file
+(:mod:`hf_fsdp.cpu_shared_memory`: a reduce-scatter and an all-gather, in place on each
+gradient) and every rank takes the same optimizer step, so the replicas stay bit-identical.  The
+weight sync then gathers nothing either: each rank exports its own copy.
 
 The cost is memory: each rank holds the whole training state (weights, gradients, Adam's
 two moments) instead of its share.  Chosen with ``cpu_data_parallel: replicate`` where the

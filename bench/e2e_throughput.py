@@ -175,6 +175,7 @@ def run_trainer(src: Path | None, overrides: list[str], out: Path, warmup: int) 
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_DEDUP_LOGS="0")
     if src is not None:
         paths = [str(p / "src") for p in sorted((src / "packages").glob("hf-*"))]
+        paths.append(str(src / BASELINE_ENTRY_POINTS))
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     recipe = out.parent / f"{out.name}.yaml"
     recipe.write_text("{}\n")
@@ -339,6 +340,36 @@ def registered_name(tree: Path | None, backend: str) -> str:
     return backend
 
 
+BASELINE_ENTRY_POINTS = ".bench-entry-points"
+"""Folder in a baseline worktree holding its packages' entry points as one distribution."""
+
+
+def write_entry_points(tree: Path) -> None:
+    """Declare the baseline packages' entry points as they are in ``tree``'s pyproject files.
+
+    The installed distributions carry the current tree's metadata; a baseline from before a
+    change of entry-point group (``hybridflow.backends`` -> ``hybridflow.plugins``) would find
+    no plugins through them, so its runs read these (first on ``PYTHONPATH``)."""
+    import tomllib
+
+    groups: dict[str, dict[str, str]] = {}
+    for pyproject in sorted((tree / "packages").glob("hf-*/pyproject.toml")):
+        declared = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
+        for group, entries in declared.items():
+            groups.setdefault(group, {}).update(entries)
+    dist = tree / BASELINE_ENTRY_POINTS / "hybridflow_bench_baseline-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: hybridflow-bench-baseline\nVersion: 0\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
+            for group, entries in groups.items()
+        )
+    )
+
+
 @contextmanager
 def baseline_tree(rev: str):
     """A temporary git worktree of ``rev``, removed afterwards."""
@@ -350,6 +381,7 @@ def baseline_tree(rev: str):
             capture_output=True,
         )
         try:
+            write_entry_points(tree)
             yield tree
         finally:
             subprocess.run(

@@ -166,7 +166,7 @@ def testing(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def fsdp(session: nox.Session) -> None:
-    """hf-fsdp: FSDP2 training engine and HF rollout engine on gloo."""
+    """hf-fsdp: FSDP2 training engine and transformers rollout engine on gloo."""
     _backend_session(session, _tests_of("hf-fsdp"), "hf-fsdp")
 
 
@@ -174,7 +174,7 @@ def fsdp(session: nox.Session) -> None:
 def megatron(session: nox.Session) -> None:
     """hf-megatron: megatron-core TP/PP/DP engine and the 3D-HybridEngine reshard.
 
-    hf-fsdp stays: its HF rollout engine ("transformers") is what a t_g = 1 reshard streams
+    hf-fsdp stays: its transformers rollout engine is what a t_g = 1 reshard streams
     into.  Tests run up to four gloo ranks in one Ray worker group.
     """
     _backend_session(session, _tests_of("hf-megatron"), "hf-fsdp", "hf-megatron")
@@ -223,7 +223,7 @@ def sglang(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def e2e(session: nox.Session) -> None:
-    """Recipes end to end, mixing backends (FSDP, megatron-core, vLLM, HF rollout); the
+    """Recipes end to end, mixing backends (FSDP, megatron-core, vLLM, transformers rollout); the
     longer variants (``long``-marked) are ``e2e_long``'s."""
     _backend_session(session, ROOT / "tests" / "e2e", *E2E_PACKAGES, vllm=True, marks="not long")
 
@@ -297,11 +297,11 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench_decode(session: nox.Session) -> None:
-    """The HF rollout engine's decode loop against transformers' generate on the e2e bench's
+    """The transformers engine's decode loop against transformers' generate on the e2e bench's
     batches (not in the default matrix); ``-- --write`` updates bench/RESULTS.md."""
     _install_base(session)
     session.install(*_constraints(), *_editable("hf-fsdp"))
-    session.run("python", str(ROOT / "bench" / "hf_decode.py"), *session.posargs)
+    session.run("python", str(ROOT / "bench" / "transformers_decode.py"), *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -307,8 +307,8 @@ def rollout_table_rows(
     rows: list[tuple[str, int, dict]],
 ) -> Iterator[tuple[str, str, str, int, dict, float, float]]:
     """Per measurement of :func:`rollout_matrix`: the model label (``tiny (h128, 2 layers)``),
-    its parameters (``0.12 M``), engine, threads, result, median tokens/s and the HF engine's
-    median tokens/s at the same thread count."""
+    its parameters (``0.12 M``), engine, threads, result, median tokens/s and the transformers
+    engine's median tokens/s at the same thread count."""
     for size, params, results in rows:
         shape = ROLLOUT_SIZES[size]
         label = f"{size} (h{shape['hidden_size']}, {shape['num_layers']} layers)"

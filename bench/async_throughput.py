@@ -1,6 +1,6 @@
 """Asynchronous RL modes against the synchronous loop on the same 1 + 1 process placement.
 
-GRPO with the tiny Qwen2 of ``bench/e2e_throughput.py`` (HF rollout, FSDP actor) on
+GRPO with the tiny Qwen2 of ``bench/e2e_throughput.py`` (transformers rollout, FSDP actor) on
 ``placement.mode: standalone``: one actor process and one rollout process, one torch thread
 each.  The modes, same seed and data:
 

@@ -1,9 +1,10 @@
-"""Weight sync of the FSDP engine into a colocated HF rollout engine, across bucket sizes.
+"""Weight sync of the FSDP engine into a colocated transformers rollout engine, across bucket sizes.
 
 Two ranks (torch.multiprocessing, gloo on CPU; no Ray, so only the engines are measured) each
-hold a FSDP2 shard of the model and a full HF rollout copy (the hybrid engine's layout).  One
-sync = ``engine.export_weights(bucket_bytes)`` -- a ``DTensor.full_tensor()`` all-gather per
-parameter, grouped into buckets -- fed bucket by bucket into ``rollout.load_weights``.
+hold a FSDP2 shard of the model and a full transformers engine copy (the hybrid engine's
+layout).  One sync = ``engine.export_weights(bucket_bytes)`` -- a ``DTensor.full_tensor()``
+all-gather per parameter, grouped into buckets -- fed bucket by bucket into
+``rollout.load_weights``.
 
 Memory is measured per rank as the peak resident set size during the sync minus the resident
 set size just before it (Linux ``VmHWM`` after resetting it through ``/proc/self/clear_refs``).
@@ -35,7 +36,7 @@ from _common import (
     training_bench_model,
 )
 
-SECTION = "## FSDP weight sync into the HF rollout engine (`bench/fsdp_weight_sync.py`)"
+SECTION = "## FSDP weight sync into the transformers rollout engine (`bench/fsdp_weight_sync.py`)"
 
 
 def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> dict:
@@ -43,10 +44,10 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> di
 
     init_gloo(rank, world, port)
     from hf_fsdp.engine import FSDPEngine
-    from hf_fsdp.rollout import HFRolloutEngine
+    from hf_fsdp.rollout import TransformersRolloutEngine
 
     engine = FSDPEngine({"model_path": args.model, "trainable": False})
-    rollout = HFRolloutEngine({"model_path": args.model})
+    rollout = TransformersRolloutEngine({"model_path": args.model})
     model_bytes = sum(t.numel() * 4 for t in rollout.model.parameters())
     largest_tensor = max(t.numel() * 4 for t in rollout.model.parameters())
     sizes = [s * MIB for s in args.buckets] + [model_bytes]
@@ -116,7 +117,7 @@ def main() -> None:
         f"Model: tiny Qwen2, hidden {args.hidden}, {args.layers} layers, "
         f"{results[0]['params'] / 1e6:.1f} M parameters, {_fmt_mib(model_bytes)} MiB in "
         f"float32. 2 ranks (gloo, CPU, 1 thread each), FSDP2 shard ~{_fmt_mib(model_bytes / 2)}"
-        " MiB per rank, a full HF rollout copy per rank. Median of "
+        " MiB per rank, a full transformers rollout copy per rank. Median of "
         f"{args.repeats} syncs after one unmeasured warm-up sync (RSS grew by "
         f"{_fmt_mib(results[0]['warmup'])} MiB on rank 0 during it); memory is the worst "
         "of the measured syncs.",

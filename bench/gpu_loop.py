@@ -1,4 +1,4 @@
-"""GRPO at real sizes on a GPU node: the whole loop (Ray, FSDP2 or megatron, HF rollout on CUDA).
+"""GRPO at real sizes on a GPU node: the loop (Ray, FSDP2 or megatron, transformers engine on CUDA).
 
 Every row runs ``hybridflow run`` with default settings on one process per GPU (FSDP's
 ``mixed_precision: auto`` is bfloat16 compute over float32 master weights on CUDA), and prints
@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "bench-models"
 FP32_ROLLOUT = ["rollout.engine.dtype=float32"]
 ROWS: dict[str, dict[str, Any]] = {
-    # name: shape, prompts x samples, new tokens, extra overrides.  The HF rollout's default
-    # dtype (auto) is bfloat16 on CUDA; the -fp32 row pins float32 to show what that buys.
+    # name: shape, prompts x samples, new tokens, extra overrides.  The transformers engine's
+    # default dtype (auto) is bfloat16 on CUDA; the -fp32 row pins float32 to show what that buys.
     "0.5B-small": {"shape": "qwen2.5-0.5b", "batch": (4, 4), "new": 32, "extra": []},
     "0.5B-small-fp32": {"shape": "qwen2.5-0.5b", "batch": (4, 4), "new": 32,
                         "extra": FP32_ROLLOUT},

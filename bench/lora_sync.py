@@ -4,7 +4,7 @@
 
 Each mode runs on 2 ranks (gloo, CPU, one thread each) in fresh processes: build the FSDP
 actor, run 2 training steps (the first allocates AdamW's state), then 3 weight syncs through
-core's sync path (:func:`hf_core.sync.weight_sync_for`) into the HF rollout engine,
+core's sync path (:func:`hf_core.sync.weight_sync_for`) into the transformers rollout engine,
 and with ``--vllm`` into a vLLM engine that serves LoRA (``max_lora_rank``; adapters only).
 
 Memory: peak RSS during the training steps minus RSS before them (the optimiser state and
@@ -69,7 +69,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> dic
     from hf_core.engines import SamplingParams
     from hf_core.sync import weight_sync_for
     from hf_fsdp.engine import FSDPEngine
-    from hf_fsdp.rollout import HFRolloutEngine
+    from hf_fsdp.rollout import TransformersRolloutEngine
     from hf_testing.workers import policy_loss, rollout_batch
 
     init_gloo(rank, world, port)
@@ -84,7 +84,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace) -> dic
             engine.train_step(rollout_batch(8, 16, 16, vocab, seed=rank * 10 + step), policy_loss)
     result = {"train_peak_extra": train_peak["bytes"], **_state_bytes(engine)}
 
-    rollout = HFRolloutEngine({"model_path": args.model})
+    rollout = TransformersRolloutEngine({"model_path": args.model})
     sync = weight_sync_for(engine, rollout, bucket_bytes=64 * MIB, kind="hybrid", rank=rank)
     rows = [sync.run() for _ in range(3)]
     result["hf_seconds"] = statistics.median(r["perf/weight_sync_s"] for r in rows)
@@ -178,9 +178,10 @@ def render(results: dict[str, dict[int, dict]], args: argparse.Namespace) -> str
         f"| {lora['optimizer_bytes'] / full['optimizer_bytes']:.4f} |",
         f"| peak extra RSS in training MiB (worst rank) | {mib(worst['full'])} | "
         f"{mib(worst['lora'])} | {worst['lora'] / max(worst['full'], 1):.3f} |",
-        f"| bytes per sync into HF engine MiB (LoRA: merged) | {mib(full['hf_bytes'])} | "
+        f"| bytes per sync into transformers engine MiB (LoRA: merged) | {mib(full['hf_bytes'])} | "
         f"{mib(lora['hf_bytes'])} | {lora['hf_bytes'] / full['hf_bytes']:.3f} |",
-        f"| sync into HF engine s | {full['hf_seconds']:.3f} | {lora['hf_seconds']:.3f} | "
+        f"| sync into transformers engine s | {full['hf_seconds']:.3f} | "
+        f"{lora['hf_seconds']:.3f} | "
         f"{lora['hf_seconds'] / full['hf_seconds']:.2f} |",
     ]
     if "vllm_bytes" in lora:

@@ -1,8 +1,8 @@
-"""Rollout throughput: the vLLM engine against the HF rollout engine on the same batch.
+"""Rollout throughput: the vLLM engine against the transformers rollout engine on the same batch.
 
 Both engines get the same left-padded prompts (random ids, 8-24 tokens) and decode exactly
-``--new-tokens`` tokens each (the HF engine with its EOS list emptied, the vLLM engine with
-``ignore_eos``), sampling at temperature 1.0, float32.  Throughput = generated tokens / wall
+``--new-tokens`` tokens each (the transformers engine with its EOS list emptied, the vLLM engine
+with ``ignore_eos``), sampling at temperature 1.0, float32.  Throughput = generated tokens / wall
 seconds of one ``generate`` call, after one unmeasured warm-up call; the median of
 ``--repeats`` calls is reported.  Every engine runs in its own process (a fresh interpreter at
 each of the ``--threads`` torch thread counts), one after the other, so they never share the
@@ -33,7 +33,7 @@ from _common import (
     run_child,
 )
 
-SECTION = "## Rollout throughput: vLLM vs HF engine (`bench/rollout_throughput.py`)"
+SECTION = "## Rollout throughput: vLLM vs transformers engine (`bench/rollout_throughput.py`)"
 ENGINES = ("transformers", "vllm", "vllm-compiled")
 NOTE = (
     "With 2 threads on these 2 shared cores both engines slow down several-fold and vary "
@@ -47,9 +47,9 @@ NOTE = (
 
 def _build_engine(engine: str, path: Path, threads: int):
     if engine == "transformers":
-        from hf_fsdp.rollout import HFRolloutEngine
+        from hf_fsdp.rollout import TransformersRolloutEngine
 
-        hf = HFRolloutEngine({"model_path": str(path), "max_batch_size": 256})
+        hf = TransformersRolloutEngine({"model_path": str(path), "max_batch_size": 256})
         hf.eos_token_ids = []  # decode to max_new_tokens, like vLLM's ignore_eos
         return hf
     from hf_vllm.engine import VLLMRolloutEngine

@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TITLE = "## Cost of a GRPO step against model size (`bench/scale.py`)"
 LORA_SHAPE = ("1.5B-lora", "qwen2.5-1.5b")
 LORA_DTYPE = "bfloat16"
-"""In float32 the frozen weights and the HF rollout's copy estimate 10.7 GiB a process, over
-the 10.2 GiB budget two processes get on 24 GiB: the pre-start check refuses it."""
+"""In float32 the frozen weights and the transformers engine's copy estimate 10.7 GiB a process,
+over the 10.2 GiB budget two processes get on 24 GiB: the pre-start check refuses it."""
 PAIRS: dict[str, list[str]] = {
     "fsdp-transformers": ["actor.backend=fsdp", "rollout.backend=transformers"],
     "fsdp-vllm": ["actor.backend=fsdp", "rollout.backend=vllm"],

@@ -1,4 +1,4 @@
-"""The HF rollout engine's decode loop against transformers' ``generate`` on the same batch.
+"""The transformers engine's decode loop against transformers' ``generate`` on the same batch.
 
 The bench model of ``bench/e2e_throughput.py`` (tiny Qwen2, 0.85 M parameters, float32) and
 its prompts, left-padded, each repeated ``n`` times, decoded to exactly ``new tokens`` at
@@ -6,7 +6,7 @@ temperature 1.0 (no top-k / top-p) by:
 
 - ``transformers generate``: ``model.generate(do_sample=True)`` on the plain HF model, with
   ``min_new_tokens`` = ``max_new_tokens`` (what a trainer built on transformers alone does);
-- ``engine, decoder=transformers``: the HF rollout engine's loop over transformers' forward
+- ``engine, decoder=transformers``: the transformers engine's loop over transformers' forward
   (``DynamicCache``), with its default oneDNN linear layers;
 - ``engine, decoder=auto``: the default, the lean Llama-family decoder (``hf_fsdp.decoder``).
 
@@ -15,7 +15,7 @@ number of tokens.  Each batch runs in a fresh process at the torch thread count 
 the worker processes' environment (huge pages); the contenders take turns within it, one
 warm-up call each, then ``--repeats`` rounds; the median call counts.
 
-    python bench/hf_decode.py [--write]
+    python bench/transformers_decode.py [--write]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 from _common import bench_model, print_result, publish, run_child, section
 from e2e_throughput import task_prompts, worker_env, write_task
 
-TITLE = "## HF decode loop vs transformers' generate (`bench/hf_decode.py`)"
+TITLE = "## transformers engine's decode vs transformers' generate (`bench/transformers_decode.py`)"
 CASES = (("small", 8, 4, 32, 2), ("large share", 32, 4, 64, 1))
 """(name, prompts, samples per prompt, new tokens, torch threads): the e2e bench's small step
 on its best layout (1 process x 2 threads) and one rank's share of its large step on its best
@@ -47,7 +47,7 @@ def child(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from hf_core.engines import SamplingParams, special_tokens
-    from hf_fsdp.rollout import HFRolloutEngine
+    from hf_fsdp.rollout import TransformersRolloutEngine
 
     prompts = task_prompts(args.model, args.data, 0, args.prompts)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, n=args.n, seed=1)
@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> None:
         return int(out[:, ids.shape[1] :].numel())
 
     def engine_call(decoder: str) -> Any:
-        engine = HFRolloutEngine({"model_path": args.model, "decoder": decoder})
+        engine = TransformersRolloutEngine({"model_path": args.model, "decoder": decoder})
         engine.eos_token_ids = []  # decode to max_new_tokens, as generate above does
 
         def call() -> int:
@@ -101,7 +101,7 @@ def run_case(model: Path, data: Path, case: tuple, repeats: int) -> dict[str, An
     cmd = [sys.executable, __file__, "--child", "--model", str(model), "--data", str(data)]
     cmd += ["--prompts", str(prompts), "--n", str(n), "--new-tokens", str(new_tokens)]
     cmd += ["--threads", str(threads), "--repeats", str(repeats)]
-    return run_child(cmd, worker_env(threads), f"hf_decode {name}")
+    return run_child(cmd, worker_env(threads), f"transformers_decode {name}")
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -151,7 +151,7 @@ def main() -> None:
         "The bench model of `bench/e2e_throughput.py` (tiny Qwen2, 0.85 M parameters, "
         "float32) and its prompts, each repeated for its samples, decoded to exactly the "
         "new tokens shown at temperature 1.0 by transformers' `generate(do_sample=True)` "
-        "and by the HF rollout engine (EOS list emptied) with either decoder; one process "
+        "and by the transformers engine (EOS list emptied) with either decoder; one process "
         f"per batch, the contenders taking turns, median of {args.repeats} calls after a "
         "warm-up each."
     )

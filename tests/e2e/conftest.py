@@ -25,7 +25,7 @@ def _load_make_assets():
 
 FLOAT32_ROLLOUT = "rollout.engine.dtype=float32"
 """For runs whose checks need float32 rollouts (rollout and training log-probs equal up to
-summation order): the HF engine's default ``dtype: auto`` is bfloat16 on CPUs that compute
+summation order): the transformers engine's default ``dtype: auto`` is bfloat16 on CPUs that compute
 it (AMX, AVX512-BF16), where those checks would measure rounding instead."""
 
 LONG = pytest.mark.long

@@ -109,7 +109,7 @@ def test_auto_placement_spawns_the_planned_megatron_layout(
         "sp": 1,  # sequence parallelism: the user's choice, kept as set
     }
     gen_tp = actor_pool["layouts"]["actor"]["generation"]["tp"]
-    assert gen_tp == 1  # the HF rollout engine declares no tensor parallelism
+    assert gen_tp == 1  # the transformers rollout engine declares no tensor parallelism
     assert layout.generation.tp == gen_tp
     assert layout.role("critic") == TrainingLayout()  # FSDP: data parallel only
 

@@ -116,7 +116,7 @@ def instruct_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_dataset_recipe_runs_three_steps(
     name: str, judge: bool, instruct_model: Path, tmp_path: Path
 ) -> None:
-    """``judge``: a generative judge (the tiny model on the HF rollout engine, in its own role
+    """``judge``: a generative judge (the tiny model on the transformers engine, in its own role
     worker) adds its score to the verified-answer reward."""
     raw = tmp_path / "raw"
     raw.mkdir()

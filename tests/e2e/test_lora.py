@@ -68,7 +68,9 @@ def test_lora_grpo_learns_the_demo_task(in_workdir: Path) -> None:
     check_handover_log(trainer.handover_log, ["actor"])  # no reference engine was built
     rows = [json.loads(line) for line in (config.run.output_dir / "metrics.jsonl").open()]
     assert max(row["actor/kl"] for row in rows) > 0  # the reference is the base, not the actor
-    assert all(row["lora/adapters_only"] == 0.0 for row in rows)  # HF engine: merged weights
+    assert all(
+        row["lora/adapters_only"] == 0.0 for row in rows
+    )  # transformers engine: merged weights
     # Merged weights compute W x + s B (A x) as (W + s B A) x: float32 rounding only.  Over a
     # 150-step run the mean stays ~1e-6; one rare token of one step was seen at 1.7e-4 (the
     # per-step 1e-4 bound holds in the 3-step recipe runs and the engine tests).  A stale or

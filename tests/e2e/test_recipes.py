@@ -101,7 +101,7 @@ of the weights and products; a stale or missing weight sync is off by nats)."""
 
 
 def rollout_in_bfloat16(config: TrainerConfig) -> bool:
-    """Whether the HF rollout engine of ``config`` resolves to bfloat16 on this machine."""
+    """Whether the transformers engine of ``config`` resolves to bfloat16 on this machine."""
     if config.rollout.backend != "transformers":
         return False
     dtype = str(config.rollout.engine.get("dtype", "auto"))
@@ -177,12 +177,14 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
                 assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
     on_policy = config.rollout.max_staleness == 0
     mismatch = max(row["rollout/logprob_abs_diff_max"] for row in rows)
-    if rollout_in_bfloat16(config):  # the HF engine's auto on an AMX / AVX512-BF16 CPU
+    if rollout_in_bfloat16(config):  # the transformers engine's auto on an AMX / AVX512-BF16 CPU
         assert "actor/is_weight_mean" in rows[-1], "bfloat16 rollouts: correction not on"
         assert mismatch <= BFLOAT16_MISMATCH, mismatch
     elif (config.rollout.backend == "transformers" or lora) and on_policy:
         assert mismatch <= 1e-4  # float32: summation order
-    if lora:  # vLLM serves the adapters: only they move; the HF engine gets merged weights
+    if (
+        lora
+    ):  # vLLM serves the adapters: only they move; the transformers engine gets merged weights
         adapters_only = config.rollout.backend == "vllm"
         assert all(row["lora/adapters_only"] == adapters_only for row in rows)
         sent = rows[-1]["lora/sync_bytes"]

@@ -186,10 +186,22 @@ def test_saved_datasets_dataset_per_split(tmp_path: Path) -> None:
         }
     ).save_to_disk(str(saved))
     out = tmp_path / "out"
-    reports = prepare(PrepareOptions("hf", [saved], out, extract="gsm8k"))
+    reports = prepare(PrepareOptions("datasets", [saved], out, extract="gsm8k"))
     assert sorted(Path(r.output).name for r in reports) == ["test.jsonl", "train.jsonl"]
     assert [r["ground_truth"] for r in _read(out / "train.jsonl")] == ["72", "1234"]
     assert [r["prompt"] for r in _read(out / "test.jsonl")] == [GSM8K_ROWS[2]["question"]]
+
+
+def test_the_retired_hf_format_is_refused_naming_datasets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``hf`` means HybridFlow: the saved-``datasets`` format is ``datasets`` (issue 58)."""
+    with pytest.raises(DataError, match="format 'hf' was renamed 'datasets'"):
+        PrepareOptions("hf", [tmp_path], tmp_path / "out")  # type: ignore[arg-type]
+    with pytest.raises(SystemExit) as exited:
+        main(["data", "prepare", "hf", "--input", str(tmp_path), "--output", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "format 'hf' was renamed 'datasets'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,14 @@ def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             def score(x):
                 return x * SCALE
             """,
+        "rz_renamed.py": """
+            from hf_core.renamed import renamed_attributes
+
+            def new_score(x):
+                return x
+
+            __getattr__ = renamed_attributes(__name__, {"old_score": "new_score"}, "clearer")
+            """,
         "rz_raises.py": "raise RuntimeError('needs an API key')\n",
         "rz_syntax.py": "def broken(:\n",
         "rz_needs_dep.py": "import rz_not_installed_dependency\n",
@@ -95,6 +103,11 @@ def test_a_module_attr_path_is_imported_dotted_attributes_included(
         ("rz_good:scor", ["module 'rz_good' has no attribute 'scor'", "did you mean 'score'"]),
         ("rz_good:Box.shut", ["type 'rz_good:Box' has no attribute 'shut'"]),
         ("rz_good:SCALE", ["is a float, not a callable"]),
+        (
+            "rz_renamed:old_score",
+            ["rz_renamed.old_score was renamed new_score (clearer)", "'rz_renamed:new_score'"],
+        ),
+        ("rz_renamed:absent", ["module 'rz_renamed' has no attribute 'absent'"]),
         ("rz_good:", ["must look like 'package.module:attr'"]),
         (":score", ["must look like"]),
         ("rz good:score", ["must look like"]),

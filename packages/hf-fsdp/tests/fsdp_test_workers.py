@@ -1,4 +1,4 @@
-"""A test worker wrapping the FSDP and HF engines (losses and batches: hf_testing.workers).
+"""A test worker wrapping the FSDP and transformers engines (losses, batches: hf_testing.workers).
 
 Importable by the Ray worker processes (the tests folder is put on their PYTHONPATH), so loss
 functions are passed by name rather than pickled from a test module.
@@ -34,7 +34,7 @@ def _step_with_gradients(engine: Any, batch: Batch, loss: Any) -> tuple[dict[str
 
 
 class EngineWorker(engine_worker_base("DP_PROTO")):
-    """Hosts named FSDP training engines and HF rollout engines on each rank."""
+    """Hosts named FSDP training engines and transformers rollout engines on each rank."""
 
     @register("ONE_TO_ALL")
     def build(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -145,9 +145,9 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
 
     @register("ONE_TO_ALL")
     def build_rollout(self, name: str, config: dict[str, Any]) -> None:
-        from hf_fsdp.rollout import HFRolloutEngine
+        from hf_fsdp.rollout import TransformersRolloutEngine
 
-        self.rollouts[name] = HFRolloutEngine(config)
+        self.rollouts[name] = TransformersRolloutEngine(config)
 
     @register("DP_PROTO")
     def scores(self, batch: Batch, name: str) -> Batch:

@@ -1,4 +1,4 @@
-"""Agent code written for the openai client, on the real engine pair: the HF rollout engine
+"""Agent code written for the openai client, on the real engine pair: the transformers engine
 serves the policy endpoint, the FSDP engine recomputes log-probs on what was recorded.
 
 Two conversations run concurrently, each asking, getting a tool message back and asking again,
@@ -20,7 +20,7 @@ from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
 from hf_core.engines.decoding import left_padded, strip_left_padding
 from hf_fsdp.engine import FSDPEngine
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 
 pytest.importorskip("openai")
 
@@ -50,7 +50,7 @@ async def ask_twice(client: Any, sample: dict[str, Any]) -> float:
 class Recording:
     """The rollout engine, with every call's contexts and sampled ids kept."""
 
-    def __init__(self, engine: HFRolloutEngine) -> None:
+    def __init__(self, engine: TransformersRolloutEngine) -> None:
         self.engine = engine
         self.sampled: dict[tuple[int, ...], list[int]] = {}
 
@@ -73,7 +73,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_two_concurrent_agents_give_token_exact_trajectories(model: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(model), local_files_only=True)
-    engine = Recording(HFRolloutEngine({"model_path": str(model), "seed": 5, "dtype": "float32"}))
+    engine = Recording(
+        TransformersRolloutEngine({"model_path": str(model), "seed": 5, "dtype": "float32"})
+    )
     config = AgentConfig(function=f"{__name__}:ask_twice", max_turns=2, max_total_tokens=64)
     loop = FunctionAgentLoop(engine, tokenizer, config)  # type: ignore[arg-type]
     questions = ["12*34=", "reverse 987:"]

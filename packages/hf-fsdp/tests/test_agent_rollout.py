@@ -1,4 +1,4 @@
-"""Multi-turn rollouts on the real engine pair: the HF rollout engine samples the model's
+"""Multi-turn rollouts on the real engine pair: the transformers rollout engine samples the model's
 turns (agent loop), the FSDP engine recomputes log-probs and trains on the same tokens.
 
 Checks the two properties multi-turn RL rests on: the rollout log-prob of every model token
@@ -22,7 +22,7 @@ from hf_core.engines import SamplingParams
 from hf_core.plugins.tools import resolve_tools
 from hf_core.roles.losses import PolicyLoss
 from hf_fsdp.engine import FSDPEngine
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 
 
 class TwoReplies:
@@ -46,7 +46,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def trajectories(model: Path) -> Batch:
     tokenizer = AutoTokenizer.from_pretrained(str(model), local_files_only=True)
-    engine = HFRolloutEngine({"model_path": str(model), "seed": 3, "dtype": "float32"})
+    engine = TransformersRolloutEngine({"model_path": str(model), "seed": 3, "dtype": "float32"})
     config = AgentConfig(environment=f"{__name__}:TwoReplies", max_total_tokens=96)
     loop = AgentLoop(engine, tokenizer, config, resolve_tools(config.tools))
     texts = ["12+7=", "reverse 1234:", "3*4=", "hello"]

@@ -15,7 +15,7 @@ class TestFSDPConformance(TrainingEngineConformance):
     capabilities = frozenset({ExportsHF, HasWorkerMesh, Offloadable, TrainsAdapters})
 
 
-class TestHFRolloutConformance(RolloutEngineConformance):
+class TestTransformersRolloutConformance(RolloutEngineConformance):
     engine = "transformers"
     # the kit's references are float32 transformers forwards; the engine's default dtype,
     # auto, is bfloat16 on CPUs that compute it (tests/test_fsdp_config.py checks that)

@@ -43,12 +43,14 @@ def _run(rank: int, world: int, port: int, model: str, result: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    from hf_fsdp.rollout import HFRolloutEngine
+    from hf_fsdp.rollout import TransformersRolloutEngine
 
     settings = {"model_path": model, "dtype": "float32", "device": "cpu"}
     # transformers' forward: its streams run in chunks through the engine's own generation
-    pooled = HFRolloutEngine({**settings, "cpu_host_generation": True, "decoder": "transformers"})
-    alone = HFRolloutEngine({**settings, "decoder": "transformers"})  # off by default
+    pooled = TransformersRolloutEngine(
+        {**settings, "cpu_host_generation": True, "decoder": "transformers"}
+    )
+    alone = TransformersRolloutEngine({**settings, "decoder": "transformers"})  # off by default
     params = SamplingParams(temperature=0.0, max_new_tokens=6, n=2)
     prompts = _prompts(rank, width=8 + 3 * rank)  # the ranks' prompt widths differ
     threads: list[int] = []

@@ -16,7 +16,7 @@ from hf_fsdp.decoder import (
     TransformersSession,
     lean_decoder_unsupported,
 )
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 from hf_testing.tiny import build_tiny_model
 
 
@@ -92,7 +92,9 @@ def test_weight_sync_in_place_reaches_the_fused_projections(models: dict, tmp_pa
     params = SamplingParams(temperature=0, max_new_tokens=6)
     outputs = {}
     for decoder in ("auto", "transformers"):
-        engine = HFRolloutEngine({"model_path": str(models["qwen2_tied"]), "decoder": decoder})
+        engine = TransformersRolloutEngine(
+            {"model_path": str(models["qwen2_tied"]), "decoder": decoder}
+        )
         assert (engine._lean is not None) == (decoder == "auto")
         before = engine.generate(prompts, params)
         engine.load_weights(

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_fsdp.config import EngineConfigError, FSDPEngineConfig, HFRolloutConfig, parse_config
+from hf_fsdp.config import (
+    EngineConfigError,
+    FSDPEngineConfig,
+    TransformersRolloutConfig,
+    parse_config,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +51,7 @@ def test_missing_model_path_and_several_problems_reported_together() -> None:
 
 def test_rollout_config_rejects_unknown_keys() -> None:
     with pytest.raises(EngineConfigError, match=r"temperature: unknown key \(got 1\.0\)"):
-        parse_config(HFRolloutConfig, {"model_path": "/x", "temperature": 1.0})
+        parse_config(TransformersRolloutConfig, {"model_path": "/x", "temperature": 1.0})
 
 
 def test_valid_config_round_trips() -> None:
@@ -84,14 +89,14 @@ def test_cosine_and_linear_decay_reach_the_floor() -> None:
 )
 def test_bad_model_folder_is_a_clear_error(tmp_path: Path, make, message: str) -> None:
     from hf_fsdp.engine import FSDPEngine
-    from hf_fsdp.rollout import HFRolloutEngine
+    from hf_fsdp.rollout import TransformersRolloutEngine
 
     path = make(tmp_path)
     with pytest.raises(FileNotFoundError, match=message) as info:
         FSDPEngine({"model_path": str(path)})
     assert str(path) in str(info.value)
     with pytest.raises(FileNotFoundError, match=message):
-        HFRolloutEngine({"model_path": str(path)})
+        TransformersRolloutEngine({"model_path": str(path)})
 
 
 def test_plugin_registers_both_engines() -> None:
@@ -107,6 +112,46 @@ def test_plugin_registers_both_engines() -> None:
     # the engine's old name is not an alias: the registry's usual error names what exists
     with pytest.raises(KeyError, match=r"unknown rollout engine 'hf'; available: .*transformers"):
         plugins.get_rollout_engine("hf")
+
+
+def test_the_retired_hf_class_names_are_refused_naming_the_new_ones() -> None:
+    """``hf`` means HybridFlow (issue 58): the engine's classes are ``Transformers*``; the old
+    spellings are no aliases, and each failure says what to write instead."""
+    from hf_core import plugins
+    from hf_core.errors import RenamedError
+    from hf_core.imports import UnresolvedReference, resolve
+    from hf_core.plugins import hookimpl
+
+    with pytest.raises(
+        ImportError,
+        match=r"hf_fsdp\.rollout\.HFRolloutEngine was renamed TransformersRolloutEngine "
+        r"\('hf' means HybridFlow, not Hugging Face\): use hf_fsdp\.rollout\.Transformers",
+    ):
+        from hf_fsdp.rollout import HFRolloutEngine  # noqa: F401
+    with pytest.raises(
+        RenamedError, match=r"HFRolloutConfig was renamed TransformersRolloutConfig"
+    ):
+        from hf_fsdp.config import HFRolloutConfig  # noqa: F401
+    import hf_fsdp.config
+
+    assert not hasattr(hf_fsdp.config, "NoSuchName")  # other names: the usual AttributeError
+    # a recipe or plugin naming the old ``module:attr``: the resolver's message names the new
+    renamed = r"HFRolloutConfig was renamed TransformersRolloutConfig .*: write "
+    with pytest.raises(UnresolvedReference, match=renamed + "'hf_fsdp.config:Transformers"):
+        resolve("hf_fsdp.config:HFRolloutConfig", key="settings")
+
+    class OldSpelling:
+        @hookimpl
+        def register_rollout_engines(self, register):  # type: ignore[no-untyped-def]
+            register("old-spelling", object, config="hf_fsdp.config:HFRolloutConfig")
+
+    plugins.reset()
+    try:
+        plugins.add_plugin(OldSpelling(), "old-spelling")
+        with pytest.raises(plugins.PluginLoadError, match=renamed):
+            plugins.get_engine_config("rollout", "old-spelling")
+    finally:
+        plugins.reset()
 
 
 def test_plugin_factory_validates_config() -> None:
@@ -143,17 +188,17 @@ def test_rollout_dtype_auto_loads_bfloat16_weights_where_the_cpu_computes_them(
     """The default: half the bytes per decode step where that is native, float32 where
     bfloat16 would be emulated; the engine reports the dtype it resolved to."""
     from hf_core import device
-    from hf_fsdp.rollout import HFRolloutEngine
+    from hf_fsdp.rollout import TransformersRolloutEngine
 
     monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
     path = str(models["qwen2_tied"])
-    small = HFRolloutEngine({"model_path": path})  # a tiny model: float32 on any CPU
+    small = TransformersRolloutEngine({"model_path": path})  # a tiny model: float32 on any CPU
     assert small.compute_dtype == torch.float32
     monkeypatch.setattr(device, "CPU_BFLOAT16_MIN_PARAMS", 0)  # as if it were large
-    engine = HFRolloutEngine({"model_path": path})
+    engine = TransformersRolloutEngine({"model_path": path})
     assert engine.compute_dtype == expected
     assert {p.dtype for p in engine.model.parameters()} == {expected}
-    pinned = HFRolloutEngine({"model_path": path, "dtype": "float32"})
+    pinned = TransformersRolloutEngine({"model_path": path, "dtype": "float32"})
     assert pinned.compute_dtype == torch.float32
 
 

@@ -44,18 +44,20 @@ def test_fsdp_cpu_offload_policy_keeps_shards_on_host(gpu_job: list[dict]) -> No
 
 
 def test_hf_rollout_on_gpu_matches_generate_and_releases_memory(models: dict) -> None:
-    from hf_fsdp.rollout import HFRolloutEngine
+    from hf_fsdp.rollout import TransformersRolloutEngine
 
     path = models["qwen2_tied"]
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     enc = tokenizer(["reverse 12:", "3+4=", "hi"], return_tensors="pt", padding=True)
     # the default (dtype auto) is bfloat16 on a GPU with bf16; greedy parity with float32
     # `generate` is float32's check, so this engine pins it
-    default = HFRolloutEngine({"model_path": str(path), "device": "cuda"})
+    default = TransformersRolloutEngine({"model_path": str(path), "device": "cuda"})
     assert default.compute_dtype == torch.bfloat16
     assert next(default.model.parameters()).dtype == torch.bfloat16
     del default
-    engine = HFRolloutEngine({"model_path": str(path), "device": "cuda", "dtype": "float32"})
+    engine = TransformersRolloutEngine(
+        {"model_path": str(path), "device": "cuda", "dtype": "float32"}
+    )
     out = engine.generate(
         Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}),
         SamplingParams(temperature=0, max_new_tokens=8),

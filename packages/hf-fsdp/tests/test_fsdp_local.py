@@ -18,7 +18,7 @@ from hf_core.resharding import GenerationLayout, ParallelLayout, build_hybrid_pl
 from hf_fsdp.checkpoint import CheckpointError
 from hf_fsdp.engine import FSDPEngine
 from hf_fsdp.loading import ModelLoadError
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 from hf_testing.workers import policy_loss, rollout_batch
 
 VOCAB = 128
@@ -354,7 +354,7 @@ def test_export_hf_in_shards_loads_with_from_pretrained(models: dict, tmp_path: 
 def test_greedy_rollout_equals_hf_generate(models: dict, folder: str) -> None:
     path = models[folder]
     prompts, enc = _prompts(path, TEXTS)
-    out = HFRolloutEngine({"model_path": str(path), "dtype": "float32"}).generate(
+    out = TransformersRolloutEngine({"model_path": str(path), "dtype": "float32"}).generate(
         prompts, SamplingParams(temperature=0, max_new_tokens=10)
     )
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -377,7 +377,7 @@ def test_greedy_rollout_equals_hf_generate(models: dict, folder: str) -> None:
 def test_response_mask_stops_after_the_first_stop_token(models: dict) -> None:
     path = models["llama"]
     prompts, _ = _prompts(path, TEXTS)
-    engine = HFRolloutEngine({"model_path": str(path)})
+    engine = TransformersRolloutEngine({"model_path": str(path)})
     free = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=10))
     stop = int(free["responses"][0, 3])
     out = engine.generate(
@@ -397,7 +397,7 @@ def test_sampling_n_seed_and_log_probs(models: dict) -> None:
     path = models["qwen2_tied"]
     prompts, _ = _prompts(path, TEXTS[:2])
     prompts["uid"] = ["a", "b"]
-    engine = HFRolloutEngine({"model_path": str(path), "dtype": "float32"})
+    engine = TransformersRolloutEngine({"model_path": str(path), "dtype": "float32"})
     params = SamplingParams(temperature=0.9, top_k=30, top_p=0.9, max_new_tokens=8, n=3, seed=7)
     out = engine.generate(prompts, params)
     assert len(out) == 6 and list(out["uid"]) == ["a"] * 3 + ["b"] * 3
@@ -425,7 +425,7 @@ def test_filter_logits_keeps_top_k_and_nucleus() -> None:
 
 
 def test_rollout_load_weights_in_place_and_errors(models: dict) -> None:
-    engine = HFRolloutEngine({"model_path": str(models["qwen2_tied"])})
+    engine = TransformersRolloutEngine({"model_path": str(models["qwen2_tied"])})
     embed = engine.model.model.embed_tokens.weight
     new = torch.randn_like(embed)
     engine.load_weights([("model.embed_tokens.weight", new)])
@@ -442,10 +442,10 @@ def test_rollout_load_weights_in_place_and_errors(models: dict) -> None:
 
 
 def test_rollout_release_reports_weight_bytes_on_cpu(models: dict) -> None:
-    """The HF rollout engine holds its weights (a tied embedding once) and no KV cache
+    """The transformers rollout engine holds its weights (a tied embedding once) and no KV cache
     between generations: release reports those bytes, moves nothing on the CPU, a second
     release reports 0, and generation afterwards (resuming by itself) is unchanged."""
-    engine = HFRolloutEngine({"model_path": str(models["qwen2_tied"])})
+    engine = TransformersRolloutEngine({"model_path": str(models["qwen2_tied"])})
     weights = _nbytes([*engine.model.parameters(), *engine.model.buffers()])
     embed = engine.model.model.embed_tokens.weight
     everything = engine.model.named_parameters(remove_duplicate=False)

@@ -17,7 +17,7 @@ from hf_core.engines import SamplingParams, ServesAdapters, TrainsAdapters
 from hf_core.errors import ModelLoadError
 from hf_fsdp.config import EngineConfigError
 from hf_fsdp.engine import ADAPTER_FOLDER, FSDPEngine
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 from hf_testing.workers import policy_loss, rollout_batch, value_loss
 
 VOCAB = 128
@@ -94,11 +94,11 @@ def test_lora_config_errors_name_the_key(models: dict) -> None:
 
 
 def test_merged_sync_into_hf_rollout_matches_training(models: dict) -> None:
-    """After updates and a merged sync, the HF rollout engine's log-probs are the training
-    engine's (the HF engine serves no adapters: it gets ``W + s B A``)."""
+    """After updates and a merged sync, the transformers rollout engine's log-probs are the training
+    engine's (the transformers engine serves no adapters: it gets ``W + s B A``)."""
     path = models["qwen2_tied"]
     engine = _trained(path)
-    rollout = HFRolloutEngine({"model_path": str(path), "dtype": "float32"})
+    rollout = TransformersRolloutEngine({"model_path": str(path), "dtype": "float32"})
     assert not isinstance(rollout, ServesAdapters)
     names = []
     for bucket in engine.export_weights(1 << 16):

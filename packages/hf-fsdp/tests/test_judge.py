@@ -1,4 +1,4 @@
-"""The generative judge on a real engine: the HF rollout engine serving a tiny Qwen2 judge.
+"""The generative judge on a real engine: the transformers engine serving a tiny Qwen2 judge.
 
 The random-weight judge need not grade well.  What is checked is the real path: the judge
 prompt (template filled, chat template applied) is what the engine reads, the engine's greedy

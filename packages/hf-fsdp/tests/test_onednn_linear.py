@@ -26,7 +26,7 @@ from hf_fsdp.onednn_linear import (
     linear,
     onednn_linear_available,
 )
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 from hf_testing.workers import policy_loss, rollout_batch
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="torch without oneDNN")
@@ -210,7 +210,9 @@ def test_onednn_rollout_matches_an_aten_training_engine(
     ids = torch.randint(3, VOCAB, (16, 8), generator=gen)  # 128 prefill rows: oneDNN
     mask = torch.ones_like(ids)
     mask[::3, :2] = 0  # some left padding
-    rollout = HFRolloutEngine({"model_path": path, "cpu_linear": "onednn", "dtype": "float32"})
+    rollout = TransformersRolloutEngine(
+        {"model_path": path, "cpu_linear": "onednn", "dtype": "float32"}
+    )
     assert any(isinstance(m, OneDNNLinear) for m in rollout.model.modules())
     out = rollout.generate(
         Batch({"input_ids": ids, "attention_mask": mask}),

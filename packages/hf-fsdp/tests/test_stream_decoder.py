@@ -1,4 +1,4 @@
-"""The HF engine's token stream (continuous batching for streaming rollouts).
+"""The transformers engine's token stream (continuous batching for streaming rollouts).
 
 - Requests that join a running decode at different times, and leave it when they end, get
   the tokens and log-probs a plain generate gives each alone (greedy, float32).
@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
 from hf_core.engines.streaming import ChunkedStream, StreamRequest, TokenStream
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 from hf_fsdp.stream_decoder import LeanTokenStream
 from hf_testing.tiny import build_tiny_model
 
@@ -31,7 +31,7 @@ def _prompts(count: int, vocab: int = 128) -> list[list[int]]:
     return [torch.randint(3, vocab, (3 + i % 5,), generator=gen).tolist() for i in range(count)]
 
 
-def _alone(engine: HFRolloutEngine, prompt: list[int], params: SamplingParams) -> Batch:
+def _alone(engine: TransformersRolloutEngine, prompt: list[int], params: SamplingParams) -> Batch:
     ids = torch.tensor([prompt])
     prompt_batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     return engine.generate(prompt_batch, params)
@@ -44,8 +44,8 @@ def _drain(stream: TokenStream, version: int = 0) -> list[StreamRequest]:
     return done
 
 
-def _engine(models: dict) -> HFRolloutEngine:
-    return HFRolloutEngine({"model_path": str(models["qwen2_tied"]), "dtype": "float32"})
+def _engine(models: dict) -> TransformersRolloutEngine:
+    return TransformersRolloutEngine({"model_path": str(models["qwen2_tied"]), "dtype": "float32"})
 
 
 @pytest.mark.parametrize("kind", ["lean", "chunked"])

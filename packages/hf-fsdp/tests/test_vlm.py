@@ -1,4 +1,4 @@
-"""A vision-language model (tiny Qwen2-VL) through the HF rollout and FSDP training engines.
+"""A vision-language model (tiny Qwen2-VL) through the transformers and FSDP engines.
 
 References are plain transformers (its own ``generate`` and forward, which compute the 3-D
 rotary positions themselves), independent of the engines' multimodal code.
@@ -16,7 +16,7 @@ from hf_core.batch import Batch
 from hf_core.engines import SamplingParams
 from hf_core.multimodal import MULTI_MODAL_KEY, ImageFeatures
 from hf_fsdp.engine import FSDPEngine
-from hf_fsdp.rollout import HFRolloutEngine
+from hf_fsdp.rollout import TransformersRolloutEngine
 from hf_testing.visual_task import image_prompts
 
 ROWS = 4
@@ -47,7 +47,7 @@ def test_images_of_different_sizes_reach_the_batch(vlm: dict[str, Path]) -> None
 
 def test_greedy_rollout_equals_hf_generate(vlm: dict[str, Path]) -> None:
     prompts = image_prompts(vlm["model"], vlm["train"], ROWS)
-    engine = HFRolloutEngine({"model_path": str(vlm["model"]), "dtype": "float32"})
+    engine = TransformersRolloutEngine({"model_path": str(vlm["model"]), "dtype": "float32"})
     out = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=6))
     model = AutoModelForImageTextToText.from_pretrained(vlm["model"]).eval()
     width = prompts["input_ids"].shape[1]
@@ -68,7 +68,7 @@ def test_rollout_log_probs_match_the_training_forward(
     vlm: dict[str, Path], temperature: float
 ) -> None:
     prompts = image_prompts(vlm["model"], vlm["train"], ROWS)
-    engine = HFRolloutEngine({"model_path": str(vlm["model"]), "dtype": "float32"})
+    engine = TransformersRolloutEngine({"model_path": str(vlm["model"]), "dtype": "float32"})
     params = SamplingParams(temperature=temperature, max_new_tokens=8, n=2, seed=3)
     out = engine.generate(prompts, params)
     assert len(out) == 2 * ROWS and MULTI_MODAL_KEY in out
@@ -89,7 +89,7 @@ def test_weight_sync_covers_the_vision_tower(vlm: dict[str, Path]) -> None:
     """Canonical names are the checkpoint's (``visual.*``, ``model.layers.*``): the training
     engine exports them, the rollout engine loads every one of them."""
     trainer = FSDPEngine({"model_path": str(vlm["model"]), "lr": 1e-2})
-    rollout = HFRolloutEngine({"model_path": str(vlm["model"]), "dtype": "float32"})
+    rollout = TransformersRolloutEngine({"model_path": str(vlm["model"]), "dtype": "float32"})
     tensors = [t for bucket in trainer.export_weights(1 << 20) for t in bucket]
     names = [name for name, _ in tensors]
     assert any(n.startswith("visual.") for n in names)

@@ -134,7 +134,7 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
 
     @register("ONE_TO_ALL")
     def build_rollout(self, name: str, engine: str, model_path: str, t_g: int, kind: str) -> str:
-        """An HF rollout engine (t_g = 1) or a megatron TP rollout engine on the plan's mesh."""
+        """An transformers engine (t_g = 1) or a megatron TP rollout engine on the plan's mesh."""
         from hf_core.plugins import get_rollout_engine
 
         source = self.engines[engine]

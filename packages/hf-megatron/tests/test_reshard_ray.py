@@ -92,7 +92,7 @@ def test_reshard_volume_redundancy_and_generation(
 ) -> None:
     name = f"rollout_{t_g}_{kind}"
     engine = group.build_rollout(name, "actor", str(trained_actor["path"]), t_g, kind)[0]
-    assert engine == ("HFRolloutEngine" if t_g == 1 else "MegatronRolloutEngine")
+    assert engine == ("TransformersRolloutEngine" if t_g == 1 else "MegatronRolloutEngine")
     before = group.generate(trained_actor["prompts"], rollout=name, params=GREEDY)
     stats = group.sync("actor", rollout=name, t_g=t_g, kind=kind, bucket_bytes=BUCKET)
     after = group.generate(trained_actor["prompts"], rollout=name, params=GREEDY)

@@ -89,12 +89,12 @@ def test_greedy_matches_hf_generate(engine: object, prompts: Batch, tiny_model: 
 
 
 def test_batch_matches_hf_rollout_engine(engine: object, prompts: Batch, tiny_model: Path) -> None:
-    """Same keys, shapes, tokens and (raw, greedy) log-probs as the HF rollout engine."""
-    from hf_fsdp.rollout import HFRolloutEngine
+    """Same keys, shapes, tokens and (raw, greedy) log-probs as the transformers rollout engine."""
+    from hf_fsdp.rollout import TransformersRolloutEngine
 
     params = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
     ours = engine.generate(prompts, params)
-    reference = HFRolloutEngine({"model_path": str(tiny_model), "dtype": "float32"})
+    reference = TransformersRolloutEngine({"model_path": str(tiny_model), "dtype": "float32"})
     theirs = reference.generate(prompts, params)
     assert sorted(ours.keys()) == sorted(theirs.keys())
     for key in theirs.keys():
@@ -106,7 +106,7 @@ def test_batch_matches_hf_rollout_engine(engine: object, prompts: Batch, tiny_mo
     diff = masked_max_diff(
         ours["rollout_log_probs"], theirs["rollout_log_probs"], ours["response_mask"]
     )
-    print(f"greedy log-probs, SGLang vs HF rollout engine: max abs diff {diff:.2e}")
+    print(f"greedy log-probs, SGLang vs transformers rollout engine: max abs diff {diff:.2e}")
     assert diff < LOGP_ATOL
     assert ours.meta["temperature"] == 0.0
 

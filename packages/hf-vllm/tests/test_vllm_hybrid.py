@@ -1,7 +1,7 @@
 """The vLLM engine in hybrid mode on two data-parallel ranks (Ray workers, gloo, t_g = 1).
 
 Each rank holds an FSDP actor, a vLLM engine (one replica per rank, external_launcher) and the
-HF rollout engine, all on the same tiny tied Qwen2.  References are plain transformers in the
+transformers engine, all on the same tiny tied Qwen2.  References are plain transformers in the
 test process (``generate``) and the FSDP training engine (log-probs).
 """
 
@@ -190,7 +190,7 @@ def test_half_sent_fused_layer_is_refused_and_loads_nothing(
     after = group.generate(prompts, rollout="vllm", params=GREEDY)
     assert torch.equal(after["responses"], perturbed["responses"])  # nothing half-loaded
 
-    # A complete sync afterwards works: vLLM and the HF engine, both synced, agree again.
+    # A complete sync afterwards works: vLLM and the transformers engine, both synced, agree again.
     group.sync(bucket_bytes=1 << 20)
     group.sync(bucket_bytes=1 << 20, rollout="transformers")
     ours = group.generate(prompts, rollout="vllm", params=GREEDY)

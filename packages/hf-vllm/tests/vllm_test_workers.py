@@ -1,5 +1,5 @@
 """A test worker hosting the hybrid engine pieces on each rank: an FSDP actor, the vLLM engine
-and (as the reference for batch conventions) the HF rollout engine.
+and (as the reference for batch conventions) the transformers rollout engine.
 
 Importable by the Ray worker processes (the tests folder is put on their PYTHONPATH).  It is
 also a sketch of what core's actor worker does with a vLLM rollout engine: build the training
@@ -57,7 +57,7 @@ def hybrid_group(
 ) -> Iterator[Any]:
     """Two ranks of :class:`HybridWorker`, each with an FSDP actor (``actor`` settings), the
     vLLM engine (``vllm`` settings; ``group.info`` holds what ``build_vllm`` reported) and,
-    with ``transformers``, the HF-transformers rollout engine, all on ``model_path``."""
+    with ``transformers``, the transformers rollout engine, all on ``model_path``."""
     from hf_core.runtime import ResourcePool, spawn
 
     pool = ResourcePool([2], name=name)
@@ -86,7 +86,7 @@ def _process_state() -> tuple[Any, ...]:
 
 
 class HybridWorker(Worker):
-    """FSDP actor + vLLM rollout (+ HF rollout) in one process per rank."""
+    """FSDP actor + vLLM rollout (+ transformers rollout) in one process per rank."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -132,9 +132,9 @@ class HybridWorker(Worker):
 
     @register("ONE_TO_ALL")
     def build_transformers(self, config: dict[str, Any]) -> None:
-        from hf_fsdp.rollout import HFRolloutEngine
+        from hf_fsdp.rollout import TransformersRolloutEngine
 
-        self.rollouts["transformers"] = HFRolloutEngine(config)
+        self.rollouts["transformers"] = TransformersRolloutEngine(config)
 
     # --------------------------------------------------------------- generation
     @register("DP_PROTO")

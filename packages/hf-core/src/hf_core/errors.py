@@ -58,3 +58,22 @@ class EngineDiedError(HybridFlowError, RuntimeError):
     in-flight state is lost, e.g. a rollout engine whose step raised with requests still
     scheduled).  The worker raising it is treated as lost, like a process that died: the
     trainer's self-healing replaces it and resumes from the latest checkpoint."""
+
+
+class RenamedError(HybridFlowError, ImportError):
+    """Code named something by a spelling HybridFlow retired (a class moved to a clearer name):
+    the message gives the new name.  An ``ImportError``, not an ``AttributeError``, so that
+    ``from module import OldName`` shows this message rather than Python's bare "cannot import
+    name" (``hasattr`` and ``getattr(..., default)`` do not swallow it: only the retired
+    spelling itself raises it).  ``old`` and ``new`` are the attribute names, ``why`` the
+    reason in a few words."""
+
+    def __init__(self, *, module: str, old: str, new: str, why: str = "") -> None:
+        self.module, self.old, self.new, self.why = module, old, new, why
+        super().__init__(f"{self.renamed}: use {module}.{new}")
+
+    @property
+    def renamed(self) -> str:
+        """``module.Old was renamed New (why)``."""
+        reason = f" ({self.why})" if self.why else ""
+        return f"{self.module}.{self.old} was renamed {self.new}{reason}"

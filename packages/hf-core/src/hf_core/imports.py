@@ -5,7 +5,8 @@ all named this way.  Each loader hands :func:`resolve` its recipe key, its table
 has one) and what the object must be, so every one fails the same way: an unknown name lists
 the registered ones with the closest match (:class:`hf_core.registry.NamedRegistry`); a bad
 ``module:attr`` says which key, which module and what failed (no such module, the module
-raised while importing, no such attribute, an object of the wrong kind).
+raised while importing, no such attribute, a retired spelling with its new name, an object of
+the wrong kind).
 
 Below every layer that names things (only the standard library, the registry and the error
 types): rewards and agents use it without importing the plugins.
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from hf_core.errors import ConfigError
+from hf_core.errors import ConfigError, RenamedError
 from hf_core.registry import NamedRegistry
 
 T = TypeVar("T")
@@ -111,6 +112,11 @@ def import_reference(
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
+        except RenamedError as exc:  # a retired spelling: the message names the new one
+            if walked != module_name:  # an attribute of a class, not of the module
+                raise error(f"{key} {spec!r}: {exc}") from None
+            new_spec = spec.replace(f":{part}", f":{exc.new}", 1)
+            raise error(f"{key} {spec!r}: {exc.renamed}: write {new_spec!r}") from None
         except AttributeError:
             names = [n for n in dir(obj) if not n.startswith("_")]
             close = difflib.get_close_matches(part, names, n=1)

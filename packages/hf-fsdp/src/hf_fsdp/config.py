@@ -1,4 +1,4 @@
-"""Typed configuration of the FSDP training engine and the HF rollout engine.
+"""Typed configuration of the FSDP training engine and the transformers rollout engine.
 
 Both are pydantic models with ``extra="forbid"``, so a misspelt key fails loudly instead of
 being ignored.  :func:`parse_config` turns pydantic's report into one :class:`EngineConfigError`
@@ -8,7 +8,7 @@ whose lines name each bad key, the value given and what was expected.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,6 +22,7 @@ from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
     TrainingEngineConfig,
     to_dtype,
 )
+from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed_attributes
 from hf_fsdp.data_parallel import choice
 
 CPULinear = Annotated[
@@ -178,8 +179,8 @@ class FSDPEngineConfig(TrainingEngineConfig):
         return to_dtype(self.param_dtype)
 
 
-class HFRolloutConfig(BaseModel):
-    """The HF-transformers rollout engine: a plain (unsharded) model per rank."""
+class TransformersRolloutConfig(BaseModel):
+    """The transformers rollout engine: a plain (unsharded) model per rank."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -215,3 +216,9 @@ class HFRolloutConfig(BaseModel):
 
 # Validation with errors naming key, value and expectation is core's (shared by backends).
 parse_config = parse_engine_config
+
+
+if not TYPE_CHECKING:  # type checkers keep flagging unknown names
+    __getattr__ = renamed_attributes(
+        __name__, {"HFRolloutConfig": "TransformersRolloutConfig"}, HF_MEANS_HYBRIDFLOW
+    )

@@ -1,4 +1,4 @@
-"""KV-cached decoding sessions for the HF rollout engine: transformers' forward, or a lean
+"""KV-cached decoding sessions for the transformers rollout engine: transformers' forward, or a lean
 decoder for the Llama family that reads the same model's weights.
 
 Why the lean decoder: decoding a small model is bound by per-op overhead, not arithmetic.

@@ -12,7 +12,7 @@ from hf_core.plugins import hookimpl
 from hf_core.plugins.lazy import engine_factory
 
 create_training_engine = engine_factory("hf_fsdp.engine:FSDPEngine")
-create_rollout_engine = engine_factory("hf_fsdp.rollout:HFRolloutEngine")
+create_rollout_engine = engine_factory("hf_fsdp.rollout:TransformersRolloutEngine")
 
 
 @hookimpl
@@ -27,4 +27,6 @@ def register_training_engines(register: Callable[..., None]) -> None:
 
 @hookimpl
 def register_rollout_engines(register: Callable[..., None]) -> None:
-    register("transformers", create_rollout_engine, config="hf_fsdp.config:HFRolloutConfig")
+    register(
+        "transformers", create_rollout_engine, config="hf_fsdp.config:TransformersRolloutConfig"
+    )

@@ -1,4 +1,4 @@
-"""The HF-transformers rollout engine: batched sampling with a KV cache, weights synced in place.
+"""The transformers rollout engine: batched sampling with a KV cache, weights synced in place.
 
 It needs nothing beyond transformers, so it is the rollout backend that always works (and the
 reference other backends are checked against).  Each rank holds a whole, unsharded copy of the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,8 @@ from hf_core.engines.dtypes import rollout_dtype
 from hf_core.engines.model_classes import causal_lm_class, checkpoint_names
 from hf_core.engines.streaming import ChunkedStream, TokenStream
 from hf_core.multimodal import MULTI_MODAL_KEY, ImageFeatures, has_images
-from hf_fsdp.config import HFRolloutConfig, parse_config
+from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed_attributes
+from hf_fsdp.config import TransformersRolloutConfig, parse_config
 from hf_fsdp.cpu_host_rollout import HostGeneration
 from hf_fsdp.decoder import (
     DecodeSession,
@@ -76,7 +77,7 @@ class _ThisRank:
     """An engine's generation of this rank's prompts alone, never pooled: what a chunked
     token stream calls (each rank's stream advances on its own schedule)."""
 
-    def __init__(self, engine: HFRolloutEngine) -> None:
+    def __init__(self, engine: TransformersRolloutEngine) -> None:
         self.engine = engine
         self.pad_token_id = engine.pad_token_id
         self.eos_token_ids = engine.eos_token_ids
@@ -85,19 +86,19 @@ class _ThisRank:
         return self.engine.generate_here(prompts, params)
 
 
-class HFRolloutEngine(RolloutEngine):
+class TransformersRolloutEngine(RolloutEngine):
     """A causal LM per rank (a vision-language one included), decoding left-padded prompts in
     batches."""
 
-    def __init__(self, config: HFRolloutConfig | dict[str, Any]) -> None:
+    def __init__(self, config: TransformersRolloutConfig | dict[str, Any]) -> None:
         from transformers import AutoConfig
 
-        self.config = cfg = parse_config(HFRolloutConfig, config)
+        self.config = cfg = parse_config(TransformersRolloutConfig, config)
         folder = check_model_folder(cfg.model_path)
         self.device = resolve_device(cfg.device)
         self.compute_dtype = rollout_dtype(cfg.dtype, folder, self.device)
         kwargs: dict[str, Any] = {"dtype": self.compute_dtype}
-        warn_if_emulated_half(self.device, self.compute_dtype, "the HF rollout engine")
+        warn_if_emulated_half(self.device, self.compute_dtype, "the transformers rollout engine")
         if cfg.attn_implementation:
             kwargs["attn_implementation"] = cfg.attn_implementation
         auto_class = causal_lm_class(AutoConfig.from_pretrained(folder))
@@ -290,3 +291,9 @@ class HFRolloutEngine(RolloutEngine):
             logits = session.step(tokens)
         responses, log_probs, response_mask = steps.tensors(new_tokens)
         return responses.cpu(), log_probs.cpu(), response_mask.cpu()
+
+
+if not TYPE_CHECKING:  # type checkers keep flagging unknown names
+    __getattr__ = renamed_attributes(
+        __name__, {"HFRolloutEngine": "TransformersRolloutEngine"}, HF_MEANS_HYBRIDFLOW
+    )

@@ -1,4 +1,4 @@
-"""Continuous batching on the lean decoder: the HF engine's token stream for streaming
+"""Continuous batching on the lean decoder: the transformers engine's token stream for streaming
 rollouts (``hf_core.engines.streaming``).
 
 Requests join a running decode and leave it when they end, so the rows decoded each step are

@@ -7,7 +7,7 @@ devices.  In HybridFlow's hybrid placement each actor rank creates one engine af
 training engine, so the rollout model lives in the actor's process tree, on the actor's
 devices; weights stream from the training engine's canonical export in buckets, in place
 (see :mod:`hf_sglang.weights` for the two transports).  Generation returns exactly the batch
-keys of the HF rollout engine, with per-token log-probs of ``softmax(logits / temperature)``
+keys of the transformers engine, with per-token log-probs of ``softmax(logits / temperature)``
 (see :mod:`hf_sglang.sampling`).
 """
 

@@ -38,7 +38,7 @@ def pack_outputs(
     outputs: Sequence[Mapping[str, Any]], max_new_tokens: int, pad_token_id: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``responses``, ``rollout_log_probs`` and ``response_mask``, right-padded (SGLang keeps
-    the stop token in ``output_ids``; it is masked in, as by the HF rollout engine)."""
+    the stop token in ``output_ids``; it is masked in, as by the transformers rollout engine)."""
     tokens = [list(output["output_ids"]) for output in outputs]
     for row in tokens:  # before reading log-probs: a too-long output is the clearer error
         if len(row) > max_new_tokens:

@@ -5,7 +5,7 @@ worker's process after its training engine, on the same devices.  Weights arrive
 training engine's canonical stream -- whole tensors, or this rank's generation-TP blocks
 (:class:`~hf_core.engines.LoadsTPSlices`) -- and are loaded in place with vLLM's
 ``reload_weights`` (no restart, no second copy); generation returns exactly the batch keys of
-the HF rollout engine, with per-token log-probs of ``softmax(logits / temperature)``.
+the transformers rollout engine, with per-token log-probs of ``softmax(logits / temperature)``.
 """
 
 from __future__ import annotations

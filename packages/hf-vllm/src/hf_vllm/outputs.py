@@ -31,7 +31,7 @@ def pack_completions(
     completions: Sequence[Any], max_new_tokens: int, pad_token_id: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``responses``, ``rollout_log_probs`` and ``response_mask``, right-padded (vLLM keeps the
-    stop token in ``token_ids``; it is masked in, as by the HF rollout engine)."""
+    stop token in ``token_ids``; it is masked in, as by the transformers rollout engine)."""
     return pack_responses(
         [list(c.token_ids) for c in completions],
         [sampled_log_probs(c) for c in completions],

@@ -48,7 +48,7 @@ def vllm_sampling_kwargs(
     """Keyword arguments of ``vllm.SamplingParams`` shared by every request of a call.
 
     ``stop_token_ids`` already includes the model's EOS ids (the engine resolves them the way
-    the HF rollout engine does); ``ignore_eos`` drops them all, so every response has exactly
+    the transformers engine does); ``ignore_eos`` drops them all, so every response has exactly
     ``max_new_tokens`` tokens.
     """
     return {

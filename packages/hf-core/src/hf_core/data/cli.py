@@ -19,10 +19,13 @@ from hf_core.data.prepare import (
     EXTRACTS,
     FORMATS,
     PREVIEW_FILE,
+    RENAMED_FORMATS,
     REPORT_FILE,
     PrepareOptions,
+    check_format,
     prepare,
 )
+from hf_core.errors import DataError
 
 
 def add_data_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,17 +40,17 @@ def add_data_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
             "Write <output>/<name>.jsonl (prompt, ground_truth) for each input, plus "
             f"{REPORT_FILE} (rows kept and dropped, and why) and {PREVIEW_FILE}.  Default "
             "prompt templates: "
-            + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_TEMPLATES.items() if k != "hf")
+            + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_TEMPLATES.items() if k != "datasets")
         ),
     )
-    parser.add_argument("format", choices=FORMATS, help="the input's format")
+    parser.add_argument("format", type=_format, choices=FORMATS, help="the input's format")
     parser.add_argument(
         "--input",
         dest="inputs",
         nargs="+",
         required=True,
         type=Path,
-        help="local files (JSONL / JSON / Parquet), a MATH folder of *.json, or (hf) a "
+        help="local files (JSONL / JSON / Parquet), a MATH folder of *.json, or (datasets) a "
         "save_to_disk folder",
     )
     parser.add_argument("--output", required=True, type=Path, help="folder to write")
@@ -56,16 +59,16 @@ def add_data_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     parser.add_argument("--system", help="a system prompt (the prompt becomes chat messages)")
     parser.add_argument(
-        "--prompt-key", default="question", help="hf/jsonl: the question column (question)"
+        "--prompt-key", default="question", help="datasets/jsonl: the question column (question)"
     )
     parser.add_argument(
-        "--answer-key", default="answer", help="hf/jsonl: the answer column (answer)"
+        "--answer-key", default="answer", help="datasets/jsonl: the answer column (answer)"
     )
     parser.add_argument(
         "--extract",
         choices=EXTRACTS,
         default="none",
-        help="hf/jsonl: take the ground truth after '####' (gsm8k), from the last \\boxed{} "
+        help="datasets/jsonl: take the ground truth after '####' (gsm8k), from the last \\boxed{} "
         "(boxed), or the whole answer (none)",
     )
     parser.add_argument(
@@ -85,6 +88,16 @@ def add_data_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     parser.set_defaults(handler=run_prepare)
     return parser
+
+
+def _format(name: str) -> str:
+    """A retired format name is refused naming the new one (argparse shows the message)."""
+    if name in RENAMED_FORMATS:
+        try:
+            check_format(name)
+        except DataError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
 
 
 def run_prepare(args: argparse.Namespace) -> int:

@@ -15,8 +15,10 @@ Formats (``fmt``):
   list); each image is decoded and checked, written under ``<output>/images/`` and listed in
   the record's ``images`` (:mod:`hf_core.data.prepare_images`).  The question marks each
   image with ``<image>``.
-* ``hf``: a ``datasets`` dataset saved with ``save_to_disk`` (a ``DatasetDict`` gives one output
-  per split); ``jsonl``: JSONL / JSON / Parquet files.  Both take named columns
+* ``datasets``: a Hugging Face ``datasets`` dataset saved with ``save_to_disk`` (a
+  ``DatasetDict`` gives one output per split; the format was called ``hf`` before ``hf`` came to
+  mean HybridFlow alone, and that spelling is refused naming this one); ``jsonl``: JSONL / JSON /
+  Parquet files.  Both take named columns
   (``prompt_key`` / ``answer_key``) and an ``extract`` rule for the answer (``none``, ``gsm8k``,
   ``boxed``).
 
@@ -51,13 +53,16 @@ from hf_core.data.io import read_records, write_jsonl
 from hf_core.data.prepare_images import DECODED, check_images, row_images, write_images
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.errors import DataError
+from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed
 
 if TYPE_CHECKING:
     from hf_core.multimodal.vision import VisionProcessor
 
-Format = Literal["gsm8k", "math", "hf", "jsonl", "vlm"]
+Format = Literal["gsm8k", "math", "datasets", "jsonl", "vlm"]
 Extract = Literal["none", "gsm8k", "boxed"]
-FORMATS: tuple[str, ...] = ("gsm8k", "math", "hf", "jsonl", "vlm")
+FORMATS: tuple[str, ...] = ("gsm8k", "math", "datasets", "jsonl", "vlm")
+RENAMED_FORMATS: dict[str, str] = {"hf": "datasets"}
+"""Retired format names -> the current ones (refused with the new name: :func:`check_format`)."""
 EXTRACTS: tuple[str, ...] = ("none", "gsm8k", "boxed")
 
 #: ``{question}`` is replaced by the row's question (no other braces are interpreted, so LaTeX
@@ -67,7 +72,7 @@ DEFAULT_TEMPLATES: dict[str, str] = {
         '{question}\nLet\'s think step by step and write the final answer as a number after "####".'
     ),
     "math": "{question}\nLet's think step by step and put the final answer in \\boxed{}.",
-    "hf": "{question}",
+    "datasets": "{question}",
     "jsonl": "{question}",
     "vlm": "{question}",
 }
@@ -99,6 +104,19 @@ class PrepareOptions:
     preview_rows: int = 3
     image_key: str = "images"
     max_image_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        check_format(self.fmt)
+
+
+def check_format(fmt: str) -> str:
+    """``fmt`` if it is a format; a retired name is refused naming the new one, another
+    unknown name listing the formats (:class:`~hf_core.errors.DataError` either way)."""
+    if fmt in RENAMED_FORMATS:
+        raise DataError(renamed("format", fmt, RENAMED_FORMATS[fmt], HF_MEANS_HYBRIDFLOW))
+    if fmt not in FORMATS:
+        raise DataError(f"unknown format {fmt!r}; the formats: {', '.join(FORMATS)}")
+    return fmt
 
 
 @dataclass
@@ -180,7 +198,7 @@ def _read_files(path: Path) -> Iterator[_Row]:
         yield _Row(values, where, location.record, Path(location.path).parent)
 
 
-def _load_hf(path: Path) -> list[tuple[str, Any]]:
+def _load_saved_dataset(path: Path) -> list[tuple[str, Any]]:
     """(name, dataset) of each split of a ``save_to_disk`` folder."""
     try:
         import datasets
@@ -199,20 +217,20 @@ def _load_hf(path: Path) -> list[tuple[str, Any]]:
     return [(path.name, loaded)]
 
 
-def _hf_rows(path: Path, split: str, dataset: Any) -> Iterator[_Row]:
+def _saved_dataset_rows(path: Path, split: str, dataset: Any) -> Iterator[_Row]:
     for index, values in enumerate(dataset):
         yield _Row(values, f"{path}[{split}]: row {index}", index)
 
 
 def _sources(options: PrepareOptions) -> Iterator[tuple[str, str, Iterator[_Row]]]:
-    """(output name, source description, rows) for each input (each split of an hf dataset)."""
+    """(output name, source description, rows) for each input (each split of a saved dataset)."""
     for path in options.inputs:
         path = Path(path)
         if not path.exists():
             raise DataError(f"input {path} does not exist (absolute: {path.absolute()})")
-        if options.fmt == "hf":
-            for split, dataset in _load_hf(path):
-                yield split, f"{path}[{split}]", _hf_rows(path, split, dataset)
+        if options.fmt == "datasets":
+            for split, dataset in _load_saved_dataset(path):
+                yield split, f"{path}[{split}]", _saved_dataset_rows(path, split, dataset)
         elif options.fmt == "math" and path.is_dir():
             yield path.name, str(path), _read_math_folder(path)
         elif options.fmt == "math" and _is_single_object(path):

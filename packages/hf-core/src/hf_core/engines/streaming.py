@@ -9,9 +9,9 @@ gets after that carries the new policy version, and its log-prob is the new weig
 stream recomputes the prefix (prompt and the response so far) under the new weights before
 the next token, so cached keys and values of the old weights never mix into a new token.
 
-Engines with a token-level decoder implement :class:`OpensTokenStream` (the HF engine: its KV
-cache is kept between updates).  Any other engine gets :class:`ChunkedStream`, which calls the
-engine's ``generate`` on each request's prompt plus its response so far for up to
+Engines with a token-level decoder implement :class:`OpensTokenStream` (the transformers engine:
+its KV cache is kept between updates).  Any other engine gets :class:`ChunkedStream`, which calls
+the engine's ``generate`` on each request's prompt plus its response so far for up to
 ``chunk_tokens`` more tokens: the prefix is recomputed at every chunk (engines with a prefix
 cache, like vLLM, reuse it while the weights are unchanged), and an update waits for the
 running chunk to end.

@@ -4,7 +4,7 @@ Agents send requests one at a time each, but many agents run at once.  A single 
 the engine: it takes every request waiting (after a short gathering window, so requests that
 arrive together share a call), groups them by sampling parameters, and makes one
 ``generate`` call per group.  vLLM and SGLang then batch the rows continuously inside the
-call; the HF engine decodes the rows of a call together.
+call; the transformers engine decodes the rows of a call together.
 """
 
 from __future__ import annotations

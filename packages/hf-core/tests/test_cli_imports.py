@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_core.lazy_imports import reexported_names
 from hf_core.registry import DuplicateNameError, NamedRegistry, UnknownNameError
 from hf_testing.plugin_packages import write_light_engine_plugin
 
@@ -195,6 +196,21 @@ def test_a_lazy_package_exports_what_its_modules_define(package: str) -> None:
     assert not lazy & submodules
     with pytest.raises(AttributeError):
         pkg.no_such_name  # noqa: B018
+
+
+def test_only_explicit_reexports_of_own_submodules_are_exports() -> None:
+    """``Name as Name`` from the package's own submodules, eager or typed, is an export; a
+    plain or renamed import, and one from another package, stays private."""
+    source = textwrap.dedent(
+        """
+        from typing import TYPE_CHECKING
+        from pkg.eager import Eager as Eager, helper
+        from other.module import Foreign as Foreign
+        if TYPE_CHECKING:
+            from pkg.sub.deep import Lazy as Lazy, Renamed as Alias
+        """
+    )
+    assert reexported_names("pkg", source) == {"Eager": "eager", "Lazy": "sub.deep"}
 
 
 # ---------------------------------------------------------- declared registry names

@@ -6,11 +6,17 @@ trainer, which import torch (and tensordict, Ray).  A package whose ``__init__``
 those names through :func:`lazy_exports` keeps ``from hf_core.roles import X`` working while
 importing ``hf_core.roles.common`` stays as light as that module.  The names are imported
 statically under ``TYPE_CHECKING`` as well, so type checkers see the real types.
+
+:func:`lazy_package` reads those typed imports back as the table, so a package lists each
+export once: ``from pkg.module import Name as Name`` (the explicit re-export that type
+checkers of a ``py.typed`` package honour), under ``if TYPE_CHECKING:`` for a lazy name.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -46,3 +52,44 @@ def lazy_exports(
         return sorted({*vars(importlib.import_module(package)), *exports})
 
     return __getattr__, __dir__
+
+
+def reexported_names(package: str, source: str) -> dict[str, str]:
+    """Each name the ``__init__`` ``source`` of ``package`` re-exports, with its submodule
+    (relative): every top-level ``from package.module import Name as Name``, eager or under
+    ``if TYPE_CHECKING:``.  Other imports (a plain ``Name``, another package's) stay private.
+    """
+    statements: list[ast.stmt] = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            statements += node.body
+        else:
+            statements.append(node)
+    prefix, found = f"{package}.", {}
+    for stmt in statements:
+        if isinstance(stmt, ast.ImportFrom) and (stmt.module or "").startswith(prefix):
+            module = str(stmt.module).removeprefix(prefix)
+            found.update({alias.name: module for alias in stmt.names if alias.asname == alias.name})
+    return found
+
+
+def lazy_package(
+    package: str,
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``, from the re-exports its
+    ``__init__`` spells (:func:`reexported_names`): the typed imports are the one list, so
+    ``__all__`` and the runtime table cannot drift from what type checkers see.
+
+    Call it from the package's ``__init__``; its source is parsed once, at that import (as
+    ``lazy_loader.attach_stub`` reads a stub), a cost of well under a millisecond.
+    """
+    spec = importlib.util.find_spec(package)
+    get_source = getattr(spec and spec.loader, "get_source", None)
+    source = get_source(package) if get_source else None
+    if source is None:
+        raise ImportError(f"{package}: lazy_package needs the source of its __init__")
+    names = reexported_names(package, source)
+    by_module: dict[str, list[str]] = {}
+    for name, module in names.items():
+        by_module.setdefault(module, []).append(name)
+    return sorted(names), *lazy_exports(package, by_module)

@@ -26,220 +26,83 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_core.algorithms.registry import (
-    ADVANTAGE_ESTIMATORS,
-    AGGREGATION_MODES,
-    ESTIMATOR_TRAITS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    EstimatorTraits,
-)
-from hf_core.lazy_imports import lazy_exports
+from hf_core.algorithms.registry import ADVANTAGE_ESTIMATORS as ADVANTAGE_ESTIMATORS
+from hf_core.algorithms.registry import AGGREGATION_MODES as AGGREGATION_MODES
+from hf_core.algorithms.registry import ESTIMATOR_TRAITS as ESTIMATOR_TRAITS
+from hf_core.algorithms.registry import KL_ESTIMATORS as KL_ESTIMATORS
+from hf_core.algorithms.registry import POLICY_LOSSES as POLICY_LOSSES
+from hf_core.algorithms.registry import EstimatorTraits as EstimatorTraits
+from hf_core.lazy_imports import lazy_package
 
 if TYPE_CHECKING:
+    from hf_core.algorithms.advantages import broadcast_to_tokens as broadcast_to_tokens
+    from hf_core.algorithms.advantages import compute_advantage as compute_advantage
+    from hf_core.algorithms.advantages import dr_grpo_advantage as dr_grpo_advantage
+    from hf_core.algorithms.advantages import gae_advantage as gae_advantage
+    from hf_core.algorithms.advantages import group_normalized_scores as group_normalized_scores
+    from hf_core.algorithms.advantages import grpo_advantage as grpo_advantage
+    from hf_core.algorithms.advantages import leave_one_out_scores as leave_one_out_scores
     from hf_core.algorithms.advantages import (
-        broadcast_to_tokens,
-        compute_advantage,
-        dr_grpo_advantage,
-        gae_advantage,
-        group_normalized_scores,
-        grpo_advantage,
-        leave_one_out_scores,
-        reinforce_plus_plus_advantage,
-        reinforce_plus_plus_baseline_advantage,
-        remax_advantage,
-        rloo_advantage,
-        sequence_scores,
+        reinforce_plus_plus_advantage as reinforce_plus_plus_advantage,
     )
-    from hf_core.algorithms.aggregation import aggregate_loss
-    from hf_core.algorithms.chunked_head import chunked_head_log_probs_and_entropy
-    from hf_core.algorithms.groups import group_ids
-    from hf_core.algorithms.kl import (
-        AdaptiveKLController,
-        FixedKLController,
-        KLController,
-        apply_kl_penalty,
-        kl_abs,
-        kl_k1,
-        kl_k2,
-        kl_k3,
-        kl_penalty,
-        last_valid_index,
-        make_kl_controller,
-        token_level_rewards,
+    from hf_core.algorithms.advantages import (
+        reinforce_plus_plus_baseline_advantage as reinforce_plus_plus_baseline_advantage,
     )
-    from hf_core.algorithms.losses import (
-        PolicyLossConfig,
-        cispo_loss,
-        dual_clip_ppo_loss,
-        entropy_bonus,
-        entropy_from_logits,
-        kl_loss,
-        ppo_clip_loss,
-        value_loss,
+    from hf_core.algorithms.advantages import remax_advantage as remax_advantage
+    from hf_core.algorithms.advantages import rloo_advantage as rloo_advantage
+    from hf_core.algorithms.advantages import sequence_scores as sequence_scores
+    from hf_core.algorithms.aggregation import aggregate_loss as aggregate_loss
+    from hf_core.algorithms.chunked_head import (
+        chunked_head_log_probs_and_entropy as chunked_head_log_probs_and_entropy,
     )
-    from hf_core.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
-    from hf_core.algorithms.overlong import overlong_penalty, truncated_responses
-    from hf_core.algorithms.registry import (
-        ADVANTAGE_ESTIMATORS,
-        AGGREGATION_MODES,
-        ESTIMATOR_TRAITS,
-        KL_ESTIMATORS,
-        POLICY_LOSSES,
-        EstimatorTraits,
-        Registry,
-        UnknownAlgorithmError,
-        advantage_estimator,
-        aggregation_mode,
-        get_advantage_estimator,
-        get_aggregation_mode,
-        get_estimator_traits,
-        get_kl_estimator,
-        get_policy_loss,
-        kl_estimator,
-        policy_loss,
+    from hf_core.algorithms.groups import group_ids as group_ids
+    from hf_core.algorithms.kl import AdaptiveKLController as AdaptiveKLController
+    from hf_core.algorithms.kl import FixedKLController as FixedKLController
+    from hf_core.algorithms.kl import KLController as KLController
+    from hf_core.algorithms.kl import apply_kl_penalty as apply_kl_penalty
+    from hf_core.algorithms.kl import kl_abs as kl_abs
+    from hf_core.algorithms.kl import kl_k1 as kl_k1
+    from hf_core.algorithms.kl import kl_k2 as kl_k2
+    from hf_core.algorithms.kl import kl_k3 as kl_k3
+    from hf_core.algorithms.kl import kl_penalty as kl_penalty
+    from hf_core.algorithms.kl import last_valid_index as last_valid_index
+    from hf_core.algorithms.kl import make_kl_controller as make_kl_controller
+    from hf_core.algorithms.kl import token_level_rewards as token_level_rewards
+    from hf_core.algorithms.losses import PolicyLossConfig as PolicyLossConfig
+    from hf_core.algorithms.losses import cispo_loss as cispo_loss
+    from hf_core.algorithms.losses import dual_clip_ppo_loss as dual_clip_ppo_loss
+    from hf_core.algorithms.losses import entropy_bonus as entropy_bonus
+    from hf_core.algorithms.losses import entropy_from_logits as entropy_from_logits
+    from hf_core.algorithms.losses import kl_loss as kl_loss
+    from hf_core.algorithms.losses import ppo_clip_loss as ppo_clip_loss
+    from hf_core.algorithms.losses import value_loss as value_loss
+    from hf_core.algorithms.masked import masked_mean as masked_mean
+    from hf_core.algorithms.masked import masked_sum as masked_sum
+    from hf_core.algorithms.masked import masked_var as masked_var
+    from hf_core.algorithms.masked import masked_whiten as masked_whiten
+    from hf_core.algorithms.overlong import overlong_penalty as overlong_penalty
+    from hf_core.algorithms.overlong import truncated_responses as truncated_responses
+    from hf_core.algorithms.registry import Registry as Registry
+    from hf_core.algorithms.registry import UnknownAlgorithmError as UnknownAlgorithmError
+    from hf_core.algorithms.registry import advantage_estimator as advantage_estimator
+    from hf_core.algorithms.registry import aggregation_mode as aggregation_mode
+    from hf_core.algorithms.registry import get_advantage_estimator as get_advantage_estimator
+    from hf_core.algorithms.registry import get_aggregation_mode as get_aggregation_mode
+    from hf_core.algorithms.registry import get_estimator_traits as get_estimator_traits
+    from hf_core.algorithms.registry import get_kl_estimator as get_kl_estimator
+    from hf_core.algorithms.registry import get_policy_loss as get_policy_loss
+    from hf_core.algorithms.registry import kl_estimator as kl_estimator
+    from hf_core.algorithms.registry import policy_loss as policy_loss
+    from hf_core.algorithms.safe_rlhf import LagrangeMultiplier as LagrangeMultiplier
+    from hf_core.algorithms.safe_rlhf import safe_rlhf_advantage as safe_rlhf_advantage
+    from hf_core.algorithms.sequence_losses import gspo_loss as gspo_loss
+    from hf_core.algorithms.sequence_losses import gspo_token_loss as gspo_token_loss
+    from hf_core.algorithms.sequence_losses import sequence_log_ratio as sequence_log_ratio
+    from hf_core.algorithms.token_log_probs import (
+        token_log_probs_and_entropy as token_log_probs_and_entropy,
     )
-    from hf_core.algorithms.safe_rlhf import LagrangeMultiplier, safe_rlhf_advantage
-    from hf_core.algorithms.sequence_losses import gspo_loss, gspo_token_loss, sequence_log_ratio
-    from hf_core.algorithms.token_log_probs import token_log_probs_and_entropy
-
-__all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "AGGREGATION_MODES",
-    "ESTIMATOR_TRAITS",
-    "KL_ESTIMATORS",
-    "POLICY_LOSSES",
-    "AdaptiveKLController",
-    "EstimatorTraits",
-    "FixedKLController",
-    "KLController",
-    "LagrangeMultiplier",
-    "PolicyLossConfig",
-    "Registry",
-    "UnknownAlgorithmError",
-    "advantage_estimator",
-    "aggregate_loss",
-    "aggregation_mode",
-    "apply_kl_penalty",
-    "broadcast_to_tokens",
-    "chunked_head_log_probs_and_entropy",
-    "cispo_loss",
-    "compute_advantage",
-    "dr_grpo_advantage",
-    "dual_clip_ppo_loss",
-    "entropy_bonus",
-    "entropy_from_logits",
-    "gae_advantage",
-    "get_advantage_estimator",
-    "get_aggregation_mode",
-    "get_estimator_traits",
-    "get_kl_estimator",
-    "get_policy_loss",
-    "group_ids",
-    "group_normalized_scores",
-    "grpo_advantage",
-    "gspo_loss",
-    "gspo_token_loss",
-    "kl_abs",
-    "kl_estimator",
-    "kl_k1",
-    "kl_k2",
-    "kl_k3",
-    "kl_loss",
-    "kl_penalty",
-    "last_valid_index",
-    "leave_one_out_scores",
-    "make_kl_controller",
-    "masked_mean",
-    "masked_sum",
-    "masked_var",
-    "masked_whiten",
-    "overlong_penalty",
-    "policy_loss",
-    "ppo_clip_loss",
-    "reinforce_plus_plus_advantage",
-    "reinforce_plus_plus_baseline_advantage",
-    "remax_advantage",
-    "rloo_advantage",
-    "safe_rlhf_advantage",
-    "sequence_log_ratio",
-    "sequence_scores",
-    "token_level_rewards",
-    "token_log_probs_and_entropy",
-    "truncated_responses",
-    "value_loss",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "advantages": (
-            "broadcast_to_tokens",
-            "compute_advantage",
-            "dr_grpo_advantage",
-            "gae_advantage",
-            "group_normalized_scores",
-            "grpo_advantage",
-            "leave_one_out_scores",
-            "reinforce_plus_plus_advantage",
-            "reinforce_plus_plus_baseline_advantage",
-            "remax_advantage",
-            "rloo_advantage",
-            "sequence_scores",
-        ),
-        "aggregation": ("aggregate_loss",),
-        "chunked_head": ("chunked_head_log_probs_and_entropy",),
-        "groups": ("group_ids",),
-        "kl": (
-            "AdaptiveKLController",
-            "FixedKLController",
-            "KLController",
-            "apply_kl_penalty",
-            "kl_abs",
-            "kl_k1",
-            "kl_k2",
-            "kl_k3",
-            "kl_penalty",
-            "last_valid_index",
-            "make_kl_controller",
-            "token_level_rewards",
-        ),
-        "losses": (
-            "PolicyLossConfig",
-            "cispo_loss",
-            "dual_clip_ppo_loss",
-            "entropy_bonus",
-            "entropy_from_logits",
-            "kl_loss",
-            "ppo_clip_loss",
-            "value_loss",
-        ),
-        "masked": ("masked_mean", "masked_sum", "masked_var", "masked_whiten"),
-        "overlong": ("overlong_penalty", "truncated_responses"),
-        "registry": (
-            "ADVANTAGE_ESTIMATORS",
-            "AGGREGATION_MODES",
-            "ESTIMATOR_TRAITS",
-            "KL_ESTIMATORS",
-            "POLICY_LOSSES",
-            "EstimatorTraits",
-            "Registry",
-            "UnknownAlgorithmError",
-            "advantage_estimator",
-            "aggregation_mode",
-            "get_advantage_estimator",
-            "get_aggregation_mode",
-            "get_estimator_traits",
-            "get_kl_estimator",
-            "get_policy_loss",
-            "kl_estimator",
-            "policy_loss",
-        ),
-        "safe_rlhf": ("LagrangeMultiplier", "safe_rlhf_advantage"),
-        "sequence_losses": ("gspo_loss", "gspo_token_loss", "sequence_log_ratio"),
-        "token_log_probs": ("token_log_probs_and_entropy",),
-    },
-)
+# The re-exports above; the typed ones load on first use (hf_core.lazy_imports).
+__all__, __getattr__, __dir__ = lazy_package(__name__)
 
 
 BUILTIN_ESTIMATOR_TRAITS = {

@@ -17,36 +17,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_core.lazy_imports import lazy_exports
+from hf_core.lazy_imports import lazy_package
 
 if TYPE_CHECKING:
-    from hf_core.data.dataset import RESERVED_KEYS, PromptDataset, PromptItem
-    from hf_core.data.io import (
-        DataError,
-        RecordLocation,
-        check_dataset_file,
-        read_records,
-        write_jsonl,
-    )
-    from hf_core.data.loader import PromptLoader
-
-__all__ = [
-    "RESERVED_KEYS",
-    "DataError",
-    "PromptDataset",
-    "PromptItem",
-    "PromptLoader",
-    "RecordLocation",
-    "check_dataset_file",
-    "read_records",
-    "write_jsonl",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "dataset": ("RESERVED_KEYS", "PromptDataset", "PromptItem"),
-        "io": ("DataError", "RecordLocation", "check_dataset_file", "read_records", "write_jsonl"),
-        "loader": ("PromptLoader",),
-    },
-)
+    from hf_core.data.dataset import RESERVED_KEYS as RESERVED_KEYS
+    from hf_core.data.dataset import PromptDataset as PromptDataset
+    from hf_core.data.dataset import PromptItem as PromptItem
+    from hf_core.data.io import DataError as DataError
+    from hf_core.data.io import RecordLocation as RecordLocation
+    from hf_core.data.io import check_dataset_file as check_dataset_file
+    from hf_core.data.io import read_records as read_records
+    from hf_core.data.io import write_jsonl as write_jsonl
+    from hf_core.data.loader import PromptLoader as PromptLoader
+# The re-exports above; the typed ones load on first use (hf_core.lazy_imports).
+__all__, __getattr__, __dir__ = lazy_package(__name__)

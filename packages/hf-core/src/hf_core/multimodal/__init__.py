@@ -14,48 +14,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_core.lazy_imports import lazy_exports
+from hf_core.lazy_imports import lazy_package
 
 if TYPE_CHECKING:
-    from hf_core.multimodal.images import load_image
-    from hf_core.multimodal.inputs import (
-        IMAGES_KEY,
-        MULTI_MODAL_KEY,
-        ImageFeatures,
-        has_images,
-        images_in_prompt_only,
-        multimodal_model_inputs,
-        next_text_positions,
-    )
-    from hf_core.multimodal.vision import IMAGE_PLACEHOLDER, VisionProcessor, is_vision_model
-
-__all__ = [
-    "IMAGES_KEY",
-    "IMAGE_PLACEHOLDER",
-    "MULTI_MODAL_KEY",
-    "ImageFeatures",
-    "VisionProcessor",
-    "has_images",
-    "images_in_prompt_only",
-    "is_vision_model",
-    "load_image",
-    "multimodal_model_inputs",
-    "next_text_positions",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "images": ("load_image",),
-        "inputs": (
-            "IMAGES_KEY",
-            "MULTI_MODAL_KEY",
-            "ImageFeatures",
-            "has_images",
-            "images_in_prompt_only",
-            "multimodal_model_inputs",
-            "next_text_positions",
-        ),
-        "vision": ("IMAGE_PLACEHOLDER", "VisionProcessor", "is_vision_model"),
-    },
-)
+    from hf_core.multimodal.images import load_image as load_image
+    from hf_core.multimodal.inputs import IMAGES_KEY as IMAGES_KEY
+    from hf_core.multimodal.inputs import MULTI_MODAL_KEY as MULTI_MODAL_KEY
+    from hf_core.multimodal.inputs import ImageFeatures as ImageFeatures
+    from hf_core.multimodal.inputs import has_images as has_images
+    from hf_core.multimodal.inputs import images_in_prompt_only as images_in_prompt_only
+    from hf_core.multimodal.inputs import multimodal_model_inputs as multimodal_model_inputs
+    from hf_core.multimodal.inputs import next_text_positions as next_text_positions
+    from hf_core.multimodal.vision import IMAGE_PLACEHOLDER as IMAGE_PLACEHOLDER
+    from hf_core.multimodal.vision import VisionProcessor as VisionProcessor
+    from hf_core.multimodal.vision import is_vision_model as is_vision_model
+# The re-exports above; the typed ones load on first use (hf_core.lazy_imports).
+__all__, __getattr__, __dir__ = lazy_package(__name__)

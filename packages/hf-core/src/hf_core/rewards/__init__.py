@@ -21,38 +21,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hf_core.lazy_imports import lazy_exports
+from hf_core.lazy_imports import lazy_package
 from hf_core.rewards import builtin as _builtin  # noqa: F401  (registers the built-ins)
 from hf_core.rewards import code as _code  # noqa: F401  (registers code_tests)
 from hf_core.rewards import format as _format  # noqa: F401
 from hf_core.rewards import math_answers as _math_answers  # noqa: F401
-from hf_core.rewards.builtin import LENGTH_TOLERANCE, digit_partial_credit
-from hf_core.rewards.registry import (
-    BatchedRewardFn,
-    PerSampleRewardFn,
-    RewardFunction,
-    UnknownRewardFunctionError,
-    get_reward_function,
-    reward_function,
-    reward_function_names,
-)
-
-if TYPE_CHECKING:
-    from hf_core.rewards.scorer import RewardFunctionError, RuleReward
-
-__all__ = [
-    "LENGTH_TOLERANCE",
-    "BatchedRewardFn",
-    "PerSampleRewardFn",
-    "RewardFunction",
-    "RewardFunctionError",
-    "RuleReward",
-    "UnknownRewardFunctionError",
-    "digit_partial_credit",
-    "get_reward_function",
-    "reward_function",
-    "reward_function_names",
-]
+from hf_core.rewards.builtin import LENGTH_TOLERANCE as LENGTH_TOLERANCE
+from hf_core.rewards.builtin import digit_partial_credit as digit_partial_credit
+from hf_core.rewards.registry import BatchedRewardFn as BatchedRewardFn
+from hf_core.rewards.registry import PerSampleRewardFn as PerSampleRewardFn
+from hf_core.rewards.registry import RewardFunction as RewardFunction
+from hf_core.rewards.registry import UnknownRewardFunctionError as UnknownRewardFunctionError
+from hf_core.rewards.registry import get_reward_function as get_reward_function
+from hf_core.rewards.registry import reward_function as reward_function
+from hf_core.rewards.registry import reward_function_names as reward_function_names
 
 # The scorer decodes batches (torch); naming and checking reward functions does not need it.
-__getattr__, __dir__ = lazy_exports(__name__, {"scorer": ("RewardFunctionError", "RuleReward")})
+if TYPE_CHECKING:
+    from hf_core.rewards.scorer import RewardFunctionError as RewardFunctionError
+    from hf_core.rewards.scorer import RuleReward as RuleReward
+
+# The re-exports above; the typed ones load on first use (hf_core.lazy_imports).
+__all__, __getattr__, __dir__ = lazy_package(__name__)

@@ -73,22 +73,25 @@ def reexported_names(package: str, source: str) -> dict[str, str]:
     return found
 
 
-def lazy_package(
-    package: str,
-) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
-    """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``, from the re-exports its
-    ``__init__`` spells (:func:`reexported_names`): the typed imports are the one list, so
-    ``__all__`` and the runtime table cannot drift from what type checkers see.
-
-    Call it from the package's ``__init__``; its source is parsed once, at that import (as
-    ``lazy_loader.attach_stub`` reads a stub), a cost of well under a millisecond.
-    """
+def reexports(package: str) -> dict[str, str]:
+    """:func:`reexported_names` of ``package``'s ``__init__``, read from its source (called
+    from that ``__init__``; parsed once, at that import, as ``lazy_loader.attach_stub`` reads a
+    stub: well under a millisecond).  An eager package's ``__all__`` is their names."""
     spec = importlib.util.find_spec(package)
     get_source = getattr(spec and spec.loader, "get_source", None)
     source = get_source(package) if get_source else None
     if source is None:
-        raise ImportError(f"{package}: lazy_package needs the source of its __init__")
-    names = reexported_names(package, source)
+        raise ImportError(f"{package}: its re-exports are read from the source of its __init__")
+    return reexported_names(package, source)
+
+
+def lazy_package(
+    package: str,
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``, from the re-exports its
+    ``__init__`` spells (:func:`reexports`): the typed imports are the one list, so ``__all__``
+    and the runtime table cannot drift from what type checkers see."""
+    names = reexports(package)
     by_module: dict[str, list[str]] = {}
     for name, module in names.items():
         by_module.setdefault(module, []).append(name)

@@ -72,55 +72,45 @@ class DeviceProfile(BaseModel):
         return self.memory_bandwidth_gbs * GB * self.memory_bandwidth_efficiency
 
 
-PROFILES: dict[str, DeviceProfile] = {
-    "a100-80g": DeviceProfile(
-        name="A100-80G",
-        memory_gib=80,
-        peak_tflops=312,
-        memory_bandwidth_gbs=2039,
-        intra_node_bandwidth_gbs=300,
-        inter_node_bandwidth_gbs=200,
-    ),
-    "a100-40g": DeviceProfile(
-        name="A100-40G",
-        memory_gib=40,
-        peak_tflops=312,
-        memory_bandwidth_gbs=1555,
-        intra_node_bandwidth_gbs=300,
-        inter_node_bandwidth_gbs=200,
-    ),
-    "h100": DeviceProfile(
-        name="H100-SXM-80G",
-        memory_gib=80,
-        peak_tflops=989,
-        memory_bandwidth_gbs=3350,
-        intra_node_bandwidth_gbs=450,
-        inter_node_bandwidth_gbs=400,
-    ),
-    "h200": DeviceProfile(
-        name="H200-SXM-141G",
-        memory_gib=141,
-        peak_tflops=989,
-        memory_bandwidth_gbs=4800,
-        intra_node_bandwidth_gbs=450,
-        inter_node_bandwidth_gbs=400,
-    ),
-    "cpu": DeviceProfile(
-        name="CPU host",
-        memory_gib=64,
-        peak_tflops=1.0,
-        memory_bandwidth_gbs=100,
-        intra_node_bandwidth_gbs=20,
-        inter_node_bandwidth_gbs=12.5,
-        mfu_train=0.3,
-        mfu_infer=0.3,
-        memory_bandwidth_efficiency=0.6,
-        comm_efficiency=0.5,
-        collective_latency_us=50.0,
-    ),
+_PEAKS: dict[str, tuple[str, float, float, float, float, float]] = {
+    # name, memory GiB, dense bf16 TFLOP/s, HBM GB/s, NVLink GB/s per device, node network GB/s
+    "a100-80g": ("A100-80G", 80, 312, 2039, 300, 200),
+    "a100-40g": ("A100-40G", 40, 312, 1555, 300, 200),
+    "h100": ("H100-SXM-80G", 80, 989, 3350, 450, 400),
+    "h200": ("H200-SXM-141G", 141, 989, 4800, 450, 400),
+    "cpu": ("CPU host", 64, 1.0, 100, 20, 12.5),
 }
 """Vendor peaks (dense bf16); the defaults for inter-node bandwidth are a DGX-like node
 (8 x 200 Gb/s for A100, 8 x 400 Gb/s for H100/H200).  Override per cluster where it differs."""
+
+_PEAK_FIELDS = (
+    "name",
+    "memory_gib",
+    "peak_tflops",
+    "memory_bandwidth_gbs",
+    "intra_node_bandwidth_gbs",
+    "inter_node_bandwidth_gbs",
+)
+
+_ACHIEVED: dict[str, dict[str, float]] = {
+    "cpu": {
+        "mfu_train": 0.3,
+        "mfu_infer": 0.3,
+        "memory_bandwidth_efficiency": 0.6,
+        "comm_efficiency": 0.5,
+        "collective_latency_us": 50.0,
+    },
+}
+"""Where a device reaches other shares of its peaks, or another collective latency, than the
+defaults (a host's numbers are rough; a measured profile calibrates them)."""
+
+PROFILES: dict[str, DeviceProfile] = {
+    key: DeviceProfile.model_validate(
+        {**dict(zip(_PEAK_FIELDS, peaks, strict=True)), **_ACHIEVED.get(key, {})}
+    )
+    for key, peaks in _PEAKS.items()
+}
+"""The named profiles: :data:`_PEAKS`, with the defaults or :data:`_ACHIEVED` for the rest."""
 
 _ALIASES = {
     "a100": "a100-80g",

@@ -14,6 +14,7 @@ GPU run would move, so the hand-over is measured the same way everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -109,37 +110,47 @@ def resident_bytes(engine: MegatronEngine) -> int:
 
 def offload_engine(engine: MegatronEngine) -> int:
     """Free the engine's device memory into host copies (GPU); the bytes freed."""
-    buffers = _ddp_buffers(engine)
-    moved = 0
-    if not buffers:
-        moved += _module_bytes(engine.module)
-        engine.module.to("cpu")
-    for buf in buffers:
-        buf._hf_param_host = buf.param_data.detach().to("cpu")
-        buf._hf_param_bytes = buf.param_data.untyped_storage().size()
-        buf.param_data.untyped_storage().resize_(0)
-        buf._hf_grad_bytes = buf.grad_data.untyped_storage().size()
-        buf.grad_data.untyped_storage().resize_(0)
-        moved += buf._hf_param_bytes + buf._hf_grad_bytes
-    moved += _move_optimizer(engine, torch.device("cpu"))
+    moved = _move_engine(engine, torch.device("cpu"), _offload_buffer)
     release_cached_memory(engine.device)
     return moved
 
 
 def onload_engine(engine: MegatronEngine) -> int:
     """Undo :func:`offload_engine`; the bytes brought back to the device."""
+    moved = _move_engine(engine, engine.device, _onload_buffer)
+    torch.cuda.synchronize()
+    return moved
+
+
+def _move_engine(
+    engine: MegatronEngine, device: torch.device, move_buffer: Callable[[Any], int]
+) -> int:
+    """What both directions do, in order: a frozen engine's module moves whole, each DDP
+    buffer through ``move_buffer`` (which returns its bytes), then the optimiser's tensors."""
     buffers = _ddp_buffers(engine)
     moved = 0
     if not buffers:
         moved += _module_bytes(engine.module)
-        engine.module.to(engine.device)
-    for buf in buffers:
-        buf.param_data.untyped_storage().resize_(buf._hf_param_bytes)
-        buf.param_data.copy_(buf._hf_param_host, non_blocking=True)
-        buf.grad_data.untyped_storage().resize_(buf._hf_grad_bytes)
-        buf.grad_data.zero_()
-        del buf._hf_param_host
-        moved += buf._hf_param_bytes + buf._hf_grad_bytes
-    moved += _move_optimizer(engine, engine.device)
-    torch.cuda.synchronize()
-    return moved
+        engine.module.to(device)
+    moved += sum(move_buffer(buf) for buf in buffers)
+    return moved + _move_optimizer(engine, device)
+
+
+def _offload_buffer(buf: Any) -> int:
+    """Copy a DDP buffer's parameters to the host and shrink both its storages to nothing."""
+    buf._hf_param_host = buf.param_data.detach().to("cpu")
+    buf._hf_param_bytes = buf.param_data.untyped_storage().size()
+    buf.param_data.untyped_storage().resize_(0)
+    buf._hf_grad_bytes = buf.grad_data.untyped_storage().size()
+    buf.grad_data.untyped_storage().resize_(0)
+    return buf._hf_param_bytes + buf._hf_grad_bytes
+
+
+def _onload_buffer(buf: Any) -> int:
+    """Grow a DDP buffer's storages back, copy its parameters in and zero its gradients."""
+    buf.param_data.untyped_storage().resize_(buf._hf_param_bytes)
+    buf.param_data.copy_(buf._hf_param_host, non_blocking=True)
+    buf.grad_data.untyped_storage().resize_(buf._hf_grad_bytes)
+    buf.grad_data.zero_()
+    del buf._hf_param_host
+    return buf._hf_param_bytes + buf._hf_grad_bytes

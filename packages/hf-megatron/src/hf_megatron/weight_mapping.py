@@ -1,6 +1,6 @@
 """HF (canonical) <-> megatron-core weights, per tensor-parallel rank and pipeline stage.
 
-Pure torch, no megatron import: every rank can compute every other rank's layout, which the
+Pure torch, no megatron import: every rank can compute every other rank's slices, which the
 reshard relies on.  Conventions of megatron's GPT model (local or Transformer Engine spec):
 
 * ``linear_qkv`` fuses q, k and v *interleaved per KV group*: for each query group ``g`` the
@@ -306,6 +306,13 @@ def rank_params(dims: ModelDims, pos: RankPosition, padded_vocab: int) -> list[N
         part = Part(hf_name, 0, *vocab_part)
         return NativeParam(name, (vp // t, h), "vocab", (part,), exported, groups=real_rows)
 
+    def norm(name: str, hf_name: str) -> NativeParam:
+        return NativeParam(name, (h,), "replicated", (Part(hf_name),))
+
+    def columns(name: str, hf_name: str, lo: int, hi: int) -> NativeParam:
+        """A row-parallel weight (linear_proj, linear_fc2): the rank's input columns."""
+        return NativeParam(name, (h, hi - lo), "slice", (Part(hf_name, 1, lo, hi),))
+
     out: list[NativeParam] = []
     if pos.first_stage:
         out.append(vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight"))
@@ -321,9 +328,7 @@ def rank_params(dims: ModelDims, pos: RankPosition, padded_vocab: int) -> list[N
             if dims.fused_norms
             else n + "pre_mlp_layernorm.weight"
         )
-        out.append(
-            NativeParam(attn_norm, (h,), "replicated", (Part(p + "input_layernorm.weight"),))
-        )
+        out.append(norm(attn_norm, p + "input_layernorm.weight"))
         for suffix, tail in (("weight", (h,)), ("bias", ())):
             if suffix == "bias" and not dims.qkv_bias:
                 continue
@@ -342,18 +347,11 @@ def rank_params(dims: ModelDims, pos: RankPosition, padded_vocab: int) -> list[N
                 )
             )
         out.append(
-            NativeParam(
-                n + "self_attention.linear_proj.weight",
-                (h, q_hi - q_lo),
-                "slice",
-                (Part(p + "self_attn.o_proj.weight", 1, q_lo, q_hi),),
+            columns(
+                n + "self_attention.linear_proj.weight", p + "self_attn.o_proj.weight", q_lo, q_hi
             )
         )
-        out.append(
-            NativeParam(
-                mlp_norm, (h,), "replicated", (Part(p + "post_attention_layernorm.weight"),)
-            )
-        )
+        out.append(norm(mlp_norm, p + "post_attention_layernorm.weight"))
         out.append(
             NativeParam(
                 n + "mlp.linear_fc1.weight",
@@ -365,20 +363,9 @@ def rank_params(dims: ModelDims, pos: RankPosition, padded_vocab: int) -> list[N
                 ),
             )
         )
-        out.append(
-            NativeParam(
-                n + "mlp.linear_fc2.weight",
-                (h, f_hi - f_lo),
-                "slice",
-                (Part(p + "mlp.down_proj.weight", 1, f_lo, f_hi),),
-            )
-        )
+        out.append(columns(n + "mlp.linear_fc2.weight", p + "mlp.down_proj.weight", f_lo, f_hi))
     if pos.last_stage:
-        out.append(
-            NativeParam(
-                "decoder.final_layernorm.weight", (h,), "replicated", (Part("model.norm.weight"),)
-            )
-        )
+        out.append(norm("decoder.final_layernorm.weight", "model.norm.weight"))
         if dims.head == "lm":
             if not dims.tie_word_embeddings:
                 out.append(vocab("output_layer.weight", "lm_head.weight"))

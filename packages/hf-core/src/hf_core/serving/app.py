@@ -216,20 +216,19 @@ def build_app(
     async def models(trajectory: str | None = None) -> Any:
         return {"object": "list", "data": [{"id": model_name, "object": "model"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        return await serve(request, ChatRequest, None)
+    def completions(path: str, name: str, schema: type[_Request]) -> None:
+        """POST ``/v1/<path>``, and ``/t/<trajectory>/v1/<path>`` for a trajectory named in
+        the URL (routes ``name`` and ``name_in``)."""
 
-    @app.post("/t/{trajectory}/v1/chat/completions")
-    async def chat_in(request: Request, trajectory: str) -> Any:
-        return await serve(request, ChatRequest, trajectory)
+        async def anywhere(request: Request) -> Any:
+            return await serve(request, schema, None)
 
-    @app.post("/v1/completions")
-    async def text(request: Request) -> Any:
-        return await serve(request, TextRequest, None)
+        async def in_path(request: Request, trajectory: str) -> Any:
+            return await serve(request, schema, trajectory)
 
-    @app.post("/t/{trajectory}/v1/completions")
-    async def text_in(request: Request, trajectory: str) -> Any:
-        return await serve(request, TextRequest, trajectory)
+        app.post(f"/v1/{path}", name=name)(anywhere)
+        app.post(f"/t/{{trajectory}}/v1/{path}", name=f"{name}_in")(in_path)
 
+    completions("chat/completions", "chat", ChatRequest)
+    completions("completions", "text", TextRequest)
     return app

@@ -145,11 +145,14 @@ def floor_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> di
     from hf_testing.workers import policy_loss
 
     config = load_config(TrainerConfig, None, args.overrides)
-    actor = build_training_engine(config.actor, config, head="lm", trainable=True)
-    rollout = get_rollout_engine(config.rollout.backend)(
-        **rollout_engine_args(config), **config.rollout.engine
+    layout = resolve_layout(config)
+    actor = build_training_engine(
+        config.actor, config, layout.role("actor"), head="lm", trainable=True
     )
-    tp = resolve_layout(config).generation.tp
+    rollout = get_rollout_engine(config.rollout.backend)(
+        **rollout_engine_args(config, layout.generation), **config.rollout.engine
+    )
+    tp = layout.generation.tp
     share = PROMPTS if tp == world else PROMPTS // world
     start = 0 if tp == world else rank * share
     prompts = task_prompts(config.model.path, args.data, start, share)

@@ -41,7 +41,8 @@ OVERRIDES = [
 def _peak_gib(extra: list[str]) -> float:
     """Per-device peak of the planner's best plan for the recipe on the plain ``cpu`` profile."""
     config = load_config(TrainerConfig, RECIPES / "ppo_auto.yaml", [*OVERRIDES, *extra])
-    return max(pool.peak_bytes for pool in best_plan(config).pools) / GIB
+    chosen = best_plan(config, resolve_layout(config))
+    return max(pool.peak_bytes for pool in chosen.pools) / GIB
 
 
 def small_device() -> DeviceProfile:

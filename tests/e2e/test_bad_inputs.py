@@ -363,7 +363,7 @@ def test_reward_function_that_raises_is_not_checked_at_load(
     see test_reward_function_that_raises)."""
     from hf_core.trainer.preflight import load_run_config
 
-    config = load_run_config(GRPO, ["reward.function=bad_rewards:explode_on_long"])
+    config, _ = load_run_config(GRPO, ["reward.function=bad_rewards:explode_on_long"])
     assert config.reward.function == "bad_rewards:explode_on_long" and not no_ray
 
 
@@ -375,7 +375,7 @@ class _RecordingTrainer:
 
     calls: ClassVar[list[tuple[object, bool]]] = []
 
-    def __init__(self, config: object, *, resume: bool = False) -> None:
+    def __init__(self, config: object, *, resume: bool = False, layout: object = None) -> None:
         self.calls.append((config, resume))
 
     def fit(self) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hf_core import plugins
 from hf_core.config import ConfigError, TrainerConfig
+from hf_core.config.layout import resolve_layout
 from hf_core.engines import (
     CanonicalSlice,
     GenerationRank,
@@ -380,8 +381,8 @@ def test_sequence_parallel_sizes_are_checked_when_the_recipe_loads(tmp_path: Pat
     from hf_core.roles.common import training_engine_args
 
     ok = _config(tmp_path, "sp-toy", WHOLE, sp=2)
-    preflight(ok)
-    args = training_engine_args(ok, ok.actor, head="lm", trainable=True)
+    layout = preflight(ok)
+    args = training_engine_args(ok, ok.actor, layout.role("actor"), head="lm", trainable=True)
     assert args["sequence_parallel_size"] == 2 and "tensor_parallel_size" not in args
     # a data-parallel engine beside a vLLM-style TP rollout stays unchecked against t_g
     preflight(_config(tmp_path, "sp-toy", {"backend": "tp-toy", "tensor_parallel_size": 2}))
@@ -423,11 +424,15 @@ def test_the_resolved_layout_reaches_the_engines(tmp_path: Path) -> None:
     from hf_core.roles.common import rollout_engine_args, training_engine_args
 
     config = _config(tmp_path, "mp-toy", {"backend": "tp-toy", "tensor_parallel_size": 2}, tp=2)
-    args = training_engine_args(config, config.actor, head="lm", trainable=True)
-    assert (args["tensor_parallel_size"], args["pipeline_parallel_size"]) == (2, 1)
-    assert rollout_engine_args(config)["tensor_parallel_size"] == 2
-    plain = _config(tmp_path, "dp-toy", {"backend": "whole-toy"})
-    assert "tensor_parallel_size" not in training_engine_args(
-        plain, plain.actor, head="lm", trainable=True
+    layout = resolve_layout(config)
+    args = training_engine_args(
+        config, config.actor, layout.role("actor"), head="lm", trainable=True
     )
-    assert "tensor_parallel_size" not in rollout_engine_args(plain)
+    assert (args["tensor_parallel_size"], args["pipeline_parallel_size"]) == (2, 1)
+    assert rollout_engine_args(config, layout.generation)["tensor_parallel_size"] == 2
+    plain = _config(tmp_path, "dp-toy", {"backend": "whole-toy"})
+    whole = resolve_layout(plain)
+    assert "tensor_parallel_size" not in training_engine_args(
+        plain, plain.actor, whole.role("actor"), head="lm", trainable=True
+    )
+    assert "tensor_parallel_size" not in rollout_engine_args(plain, whole.generation)

@@ -11,9 +11,11 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from hf_core import plugins
 from hf_core.config import TrainerConfig
+from hf_core.config.layout import resolve_layout
 from hf_core.engines.memory_fit import (
     GIB,
     RUNTIME_BYTES,
+    MicroBatchFit,
     TrainingFootprint,
     activation_elements_per_token_layer,
     available_bytes,
@@ -123,6 +125,16 @@ def test_budgets_stay_below_rays_kill_line(monkeypatch: pytest.MonkeyPatch) -> N
     assert process_budget_bytes(2, node_bytes=20 * GIB) == (20 - 2) * GIB // 2
 
 
+def _fit(config: TrainerConfig, node_bytes: int | None = None) -> MicroBatchFit:
+    """:func:`actor_process_fit` with the layout the config resolves to."""
+    return actor_process_fit(config, resolve_layout(config), node_bytes)
+
+
+def _check_fit(config: TrainerConfig, node_bytes: int | None = None) -> None:
+    """:func:`check_memory_fit` with the layout the config resolves to."""
+    check_memory_fit(config, resolve_layout(config), node_bytes)
+
+
 def _trainer_config(tmp_path: Path, model: dict, **sections: dict) -> TrainerConfig:
     folder = tmp_path / "model"
     folder.mkdir(exist_ok=True)
@@ -134,8 +146,8 @@ def _trainer_config(tmp_path: Path, model: dict, **sections: dict) -> TrainerCon
 
 
 def test_the_actor_process_adds_up_its_roles(tmp_path: Path) -> None:
-    alone = actor_process_fit(_trainer_config(tmp_path, QWEN_05B_CONFIG), node_bytes=64 * GIB)
-    with_ref = actor_process_fit(
+    alone = _fit(_trainer_config(tmp_path, QWEN_05B_CONFIG), node_bytes=64 * GIB)
+    with_ref = _fit(
         _trainer_config(tmp_path, QWEN_05B_CONFIG, reference={"backend": "fsdp"}),
         node_bytes=64 * GIB,
     )
@@ -149,9 +161,9 @@ def test_the_actor_process_adds_up_its_roles(tmp_path: Path) -> None:
 
 def test_a_run_that_cannot_fit_is_refused_before_it_starts(tmp_path: Path) -> None:
     config = _trainer_config(tmp_path, QWEN_05B_CONFIG, placement={"processes": 2})
-    check_memory_fit(config, node_bytes=24 * GIB)  # the bench's 0.5B layout fits 24 GiB
+    _check_fit(config, node_bytes=24 * GIB)  # the bench's 0.5B layout fits 24 GiB
     with pytest.raises(MemoryFitError, match=r"cannot fit.*estimated peak .*budget of 2\.80 GiB"):
-        check_memory_fit(config, node_bytes=8 * GIB)
+        _check_fit(config, node_bytes=8 * GIB)
     half = _trainer_config(
         tmp_path,
         QWEN_05B_CONFIG,
@@ -159,10 +171,7 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts(tmp_path: Path) -> No
         actor={"engine": {"param_dtype": "bfloat16"}},
         rollout={"engine": {"dtype": "bfloat16"}},
     )
-    assert (
-        actor_process_fit(half, 8 * GIB).total_bytes
-        < actor_process_fit(config, 8 * GIB).total_bytes
-    )
+    assert _fit(half, 8 * GIB).total_bytes < _fit(config, 8 * GIB).total_bytes
 
 
 def test_runs_on_gpus_are_left_to_the_gpu_memory_plan(
@@ -173,14 +182,14 @@ def test_runs_on_gpus_are_left_to_the_gpu_memory_plan(
     import torch
 
     on_gpus = _trainer_config(tmp_path, QWEN_05B_CONFIG, cluster={"use_gpu": True})
-    check_memory_fit(on_gpus, node_bytes=1 * GIB)
+    _check_fit(on_gpus, node_bytes=1 * GIB)
     auto = _trainer_config(tmp_path, QWEN_05B_CONFIG)
     assert auto.cluster.use_gpu == "auto"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    check_memory_fit(auto, node_bytes=1 * GIB)
+    _check_fit(auto, node_bytes=1 * GIB)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(MemoryFitError):
-        check_memory_fit(auto, node_bytes=1 * GIB)
+        _check_fit(auto, node_bytes=1 * GIB)
 
 
 class _EngineWithOverhead(BaseModel):
@@ -227,21 +236,21 @@ def test_the_rollout_engines_declared_overhead_counts_before_the_run_starts(
         placement={"processes": 2},
         rollout={"backend": overhead_engine, "engine": {"kv_gib": 1}},
     )
-    added = actor_process_fit(heavy, 24 * GIB).parts["resident"]
-    assert added - actor_process_fit(plain, 24 * GIB).parts["resident"] == 2 * GIB
-    check_memory_fit(plain, node_bytes=20 * GIB)
+    added = _fit(heavy, 24 * GIB).parts["resident"]
+    assert added - _fit(plain, 24 * GIB).parts["resident"] == 2 * GIB
+    _check_fit(plain, node_bytes=20 * GIB)
     with pytest.raises(MemoryFitError, match="cannot fit this machine: while training"):
-        check_memory_fit(heavy, node_bytes=20 * GIB)
+        _check_fit(heavy, node_bytes=20 * GIB)
     huge_kv = _trainer_config(
         tmp_path,
         QWEN_05B_CONFIG,
         placement={"processes": 2},
         rollout={"backend": overhead_engine, "engine": {"kv_gib": 9}},
     )
-    actor_process_fit(huge_kv, 24 * GIB)  # the update alone fits ...
-    check_memory_fit(heavy, node_bytes=24 * GIB)
+    _fit(huge_kv, 24 * GIB)  # the update alone fits ...
+    _check_fit(heavy, node_bytes=24 * GIB)
     with pytest.raises(MemoryFitError, match="while generating"):  # ... generation does not
-        check_memory_fit(huge_kv, node_bytes=24 * GIB)
+        _check_fit(huge_kv, node_bytes=24 * GIB)
 
 
 def test_lora_counts_the_frozen_base_weights_once(tmp_path: Path) -> None:
@@ -253,7 +262,7 @@ def test_lora_counts_the_frozen_base_weights_once(tmp_path: Path) -> None:
         placement={"processes": 2},
         actor={"engine": {"lora": {"rank": 16, "alpha": 32}}},
     )
-    fit = actor_process_fit(lora, 24 * GIB)
+    fit = _fit(lora, 24 * GIB)
     frozen = 4 * QWEN_05B.num_params // 2
     assert fit.parts["state"] == frozen
     assert fit.parts["resident"] == RUNTIME_BYTES + 4 * QWEN_05B.num_params  # + rollout copy
@@ -294,10 +303,10 @@ def test_the_training_engines_declared_state_replaces_the_default_count(
         "actor": {"backend": master_weights_engine, "engine": {"param_dtype": "bfloat16"}},
         "reference": {"backend": master_weights_engine},
     }
-    fit = actor_process_fit(_trainer_config(tmp_path, QWEN_05B_CONFIG, **sections), 24 * GIB)
+    fit = _fit(_trainer_config(tmp_path, QWEN_05B_CONFIG, **sections), 24 * GIB)
     params = QWEN_05B.num_params
     assert fit.parts["state"] == 18 * params // 2
-    default = actor_process_fit(
+    default = _fit(
         _trainer_config(
             tmp_path, QWEN_05B_CONFIG, placement={"processes": 2}, reference={"backend": "fsdp"},
             actor={"engine": {"param_dtype": "bfloat16"}},
@@ -317,7 +326,7 @@ def test_a_lora_actor_declares_its_frozen_base_weights(
     engine = {"param_dtype": "bfloat16", "lora": {"rank": 8}}
     lora = {"backend": master_weights_engine, "engine": engine}
     config = _trainer_config(tmp_path, QWEN_05B_CONFIG, placement={"processes": 2}, actor=lora)
-    assert actor_process_fit(config, 24 * GIB).parts["state"] == 2 * QWEN_05B.num_params // 2
+    assert _fit(config, 24 * GIB).parts["state"] == 2 * QWEN_05B.num_params // 2
 
 
 class _NodeSharedEngine(BaseModel):
@@ -345,7 +354,7 @@ def test_memory_the_ranks_of_a_node_share_is_split_among_them(
             tmp_path, QWEN_05B_CONFIG, placement={"processes": processes},
             actor={"backend": node_shared_engine},
         )  # fmt: skip
-        return actor_process_fit(config, 64 * GIB).parts["resident"]
+        return _fit(config, 64 * GIB).parts["resident"]
 
     # the rest of a process's resident memory does not depend on the rank count
     assert resident(2) - resident(1) == 150 * 2**20

@@ -18,12 +18,13 @@ import pytest
 from hf_core import plugins
 from hf_core.config import TrainerConfig, validate
 from hf_core.config.layout import TrainingLayout, resolve_layout
-from hf_core.planner import PROFILES
+from hf_core.planner import PROFILES, Plan
 from hf_core.resharding import GenerationLayout
 from hf_core.trainer.auto_placement import (
     apply_plan,
     best_plan,
     place_roles,
+    plan_layout,
     plan_pools,
     role_parallelism,
 )
@@ -70,7 +71,7 @@ def scaled_cpu(make_config: Callable[..., TrainerConfig], monkeypatch: pytest.Mo
     with the actor unsplit and split in two: only a model-parallel actor fits."""
 
     def peak(parallel: dict[str, int]) -> float:
-        chosen = best_plan(make_config(actor={"parallel": parallel}))
+        chosen = _best(make_config(actor={"parallel": parallel}))
         return max(pool.peak_bytes for pool in chosen.pools)
 
     unsplit = peak({"tp": 1, "pp": 1})
@@ -111,6 +112,16 @@ def make_config(tmp_path: Path, engines: None) -> Callable[..., TrainerConfig]:
     return make
 
 
+def _best(config: TrainerConfig) -> Plan:
+    """The best plan for the recipe's own resolved layout."""
+    return best_plan(config, resolve_layout(config))
+
+
+def _applied(config: TrainerConfig, chosen: Plan) -> TrainerConfig:
+    """The recipe applying ``chosen`` (its layout as :func:`plan_pools` hands it down)."""
+    return apply_plan(config, plan_layout(resolve_layout(config), chosen), chosen)
+
+
 def _tp_pp(chosen: Any, role: str) -> tuple[int, int]:
     layout = chosen.models[role].layout
     return layout.tp, layout.pp
@@ -118,7 +129,7 @@ def _tp_pp(chosen: Any, role: str) -> tuple[int, int]:
 
 def test_constraints_follow_the_backends(make_config: Callable[..., TrainerConfig]) -> None:
     config = make_config(rollout={"backend": "tp-toy"})
-    limits = role_parallelism(config, ["actor", "critic", "reference"])
+    limits = role_parallelism(config, resolve_layout(config), ["actor", "critic", "reference"])
     assert limits["actor"].axes == {"tp", "pp"} and limits["actor"].generation_axes == {"tp"}
     assert limits["actor"].shared_layout == "megatron-toy"
     assert limits["critic"].axes == frozenset() and limits["critic"].shared_layout is None
@@ -129,13 +140,14 @@ def test_planned_split_is_applied_to_the_recipe_layout(
     make_config: Callable[..., TrainerConfig], scaled_cpu: str, tmp_path: Path
 ) -> None:
     config = make_config(placement={"device": scaled_cpu})
-    placed = plan_pools(config, tmp_path / "out")
+    placed = plan_pools(config, resolve_layout(config), tmp_path / "out")
     record = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert record == placed.plan
     actor = next(p for p in record["pools"] if "actor" in p["roles"])
     train = actor["layouts"]["actor"]["train"]
     assert train["tp"] * train["pp"] == 2  # the scaled device leaves no unsplit actor layout
-    layout = resolve_layout(placed.config)
+    layout = placed.layout  # what the workers get: the plan's, not resolved again ...
+    assert layout == resolve_layout(placed.config)  # ... and what the applied recipe states
     assert layout.role("actor") == TrainingLayout(tp=train["tp"], pp=train["pp"])
     assert (record["engines"]["actor"]["tp"], record["engines"]["actor"]["pp"]) == (
         train["tp"],
@@ -151,16 +163,16 @@ def test_planned_split_is_applied_to_the_recipe_layout(
 
 def test_user_fixed_sizes_constrain_the_search(make_config: Callable[..., TrainerConfig]) -> None:
     """On a roomy device the planner keeps the tiny actor whole; fixed sizes override that."""
-    assert _tp_pp(best_plan(make_config()), "actor") == (1, 1)
+    assert _tp_pp(_best(make_config()), "actor") == (1, 1)
     for parallel, expected in (
         ({"tp": 2}, (2, 1)),
         ({"pp": 2}, (1, 2)),
         ({"tp": 2, "pp": 1}, (2, 1)),
     ):
         config = make_config(actor={"parallel": parallel})
-        chosen = best_plan(config)
+        chosen = _best(config)
         assert _tp_pp(chosen, "actor") == expected, parallel
-        applied = resolve_layout(apply_plan(config, chosen)).role("actor")
+        applied = resolve_layout(_applied(config, chosen)).role("actor")
         assert (applied.tp, applied.pp) == expected
 
 
@@ -170,7 +182,7 @@ def test_planner_and_hand_written_recipes_resolve_to_the_same_layout(
     """A recipe stating by hand the layout the planner chose resolves to the same object as
     the planner's applied recipe: one spelling, one reader."""
     config = make_config(placement={"device": scaled_cpu}, rollout={"backend": "tp-toy"})
-    planned = apply_plan(config, best_plan(config))
+    planned = _applied(config, _best(config))
     by_planner = resolve_layout(planned)
     assert by_planner.role("actor").model_parallel_size == 2  # the scaled device splits it
     stated = {key: {"tp": sizes.tp, "pp": sizes.pp} for key, sizes in by_planner.training}
@@ -190,12 +202,12 @@ def test_generation_tp_applies_only_where_the_rollout_engine_has_tp(
         actor={"parallel": {"tp": 2}},
         rollout={"backend": "tp-toy", "tensor_parallel_size": 2},
     )
-    applied = resolve_layout(apply_plan(config, best_plan(config)))
+    applied = resolve_layout(_applied(config, _best(config)))
     assert applied.generation == GenerationLayout(pp=1, tp=2)
     assert applied.role("actor").tp == 2
     no_tp = make_config(rollout={"tensor_parallel_size": 2})
     with pytest.raises(ValueError, match=r"actor\.parallel .*generation tp=2 is fixed"):
-        best_plan(no_tp)
+        _best(no_tp)
 
 
 def test_tied_backends_share_one_layout(
@@ -203,22 +215,23 @@ def test_tied_backends_share_one_layout(
 ) -> None:
     """Two megatron-like roles in one process (actor and reference) get the same (t, p)."""
     config = make_config(placement={"device": scaled_cpu}, reference={"backend": "megatron-toy"})
-    chosen = best_plan(config)
+    chosen = _best(config)
     assert _tp_pp(chosen, "actor") == _tp_pp(chosen, "reference")
-    applied = apply_plan(config, chosen)
+    applied = _applied(config, chosen)
     layout = resolve_layout(applied)
     assert layout.role("reference") == layout.role("actor")
 
 
 def test_impossible_requests_are_clear_errors(make_config: Callable[..., TrainerConfig]) -> None:
     with pytest.raises(ValueError, match=r"critic\.parallel .*'fsdp-toy'.*tp=2 is fixed"):
-        best_plan(make_config(critic={"parallel": {"tp": 2}}))
+        _best(make_config(critic={"parallel": {"tp": 2}}))
     with pytest.raises(ValueError, match="p_g = 1"):
-        best_plan(make_config(rollout={"pipeline_parallel_size": 2}))
+        _best(make_config(rollout={"pipeline_parallel_size": 2}))
 
 
 def test_fixed_placements_pass_through(make_config: Callable[..., TrainerConfig]) -> None:
     config = make_config(placement={"mode": "colocate", "processes": 2})
-    placed = place_roles(config, Path("unused"))
-    assert placed.config is config and placed.plan is None
+    layout = resolve_layout(config)
+    placed = place_roles(config, layout, Path("unused"))
+    assert placed.config is config and placed.layout is layout and placed.plan is None
     assert placed.pools == [PoolSpec(("actor", "critic"), 2)]

@@ -311,6 +311,7 @@ def test_workers_that_run_tools_take_the_recipes_sandbox(
     service: FakeService, tmp_path: Path
 ) -> None:
     """build_agent_loop (every worker that runs tools) sets the process's sandbox."""
+    from hf_core.resharding import GenerationLayout
     from hf_core.roles.common import build_agent_loop
     from hf_testing.tiny import build_tokenizer
 
@@ -325,7 +326,8 @@ def test_workers_that_run_tools_take_the_recipes_sandbox(
     )
     previous = sandbox_in_use()
     try:
-        assert build_agent_loop(config, _PythonCaller(None)) is not None
+        whole = GenerationLayout(pp=1, tp=1)
+        assert build_agent_loop(config, whole, _PythonCaller(None)) is not None
         assert sandbox_in_use() == config.sandbox
         assert run_sandboxed("print(3)").isolation == ("remote",) and len(service.requests) == 1
     finally:

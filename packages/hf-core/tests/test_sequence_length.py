@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hf_core import plugins
 from hf_core.config import ConfigError, TrainerConfig
+from hf_core.config.layout import resolve_layout
 from hf_core.trainer.sequence_length import check_sequence_length, model_positions
 
 MODEL = {
@@ -34,9 +35,13 @@ def _config(tmp_path: Path, model: dict, **sections: dict) -> TrainerConfig:
     return TrainerConfig.model_validate(doc)
 
 
+def _check(config: TrainerConfig) -> None:
+    check_sequence_length(config, resolve_layout(config))
+
+
 def test_responses_past_the_models_positions_are_refused(tmp_path: Path) -> None:
     fits = {"data": {"max_prompt_length": 96}, "rollout": {"max_new_tokens": 4000}}
-    check_sequence_length(_config(tmp_path, MODEL, **fits))
+    _check(_config(tmp_path, MODEL, **fits))
     over = {"data": {"max_prompt_length": 97}, "rollout": {"max_new_tokens": 4000}}
     with pytest.raises(
         ConfigError,
@@ -44,14 +49,14 @@ def test_responses_past_the_models_positions_are_refused(tmp_path: Path) -> None
         r"97 \+ rollout.max_new_tokens 4000\), but the model has 4096 positions "
         r"\(max_position_embeddings in .*config.json",
     ):
-        check_sequence_length(_config(tmp_path, MODEL, **over))
+        _check(_config(tmp_path, MODEL, **over))
     agent = {"agent": {"max_total_tokens": 5000}, "rollout": {"max_new_tokens": 64}}
     with pytest.raises(ConfigError, match=r"agent.max_total_tokens: a sequence may reach 5000"):
-        check_sequence_length(_config(tmp_path, MODEL, **agent))  # every turn's tokens count
+        _check(_config(tmp_path, MODEL, **agent))  # every turn's tokens count
     scaled = {**MODEL, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
     long = {"rollout": {"max_new_tokens": 16000}}
     assert model_positions(scaled) == 16384
-    check_sequence_length(_config(tmp_path, scaled, **long))
+    _check(_config(tmp_path, scaled, **long))
 
 
 class _FixedCache(BaseModel):
@@ -80,10 +85,10 @@ def test_a_response_the_rollout_engines_kv_cache_cannot_hold_is_refused(
 ) -> None:
     # K and V of 2 layers x 2 heads x 16 dims in float32: 512 bytes a token, 2,048 in 1 MiB
     rollout = {"backend": fixed_cache_engine, "max_new_tokens": 2048}
-    check_sequence_length(_config(tmp_path, MODEL, rollout=rollout))
+    _check(_config(tmp_path, MODEL, rollout=rollout))
     with pytest.raises(
         ConfigError,
         match=r"may reach 2049 tokens \(rollout.max_new_tokens 2049\), but the 'cache-toy' "
         r"rollout engine holds at most 2,048 tokens a sequence \(the toy KV cache",
     ):
-        check_sequence_length(_config(tmp_path, MODEL, rollout={**rollout, "max_new_tokens": 2049}))
+        _check(_config(tmp_path, MODEL, rollout={**rollout, "max_new_tokens": 2049}))

@@ -622,6 +622,7 @@ def test_workers_give_the_endpoint_the_models_positions(tokenizer: Any, tmp_path
     """build_agent_loop (what every rollout worker runs) bounds contexts by what the rollout
     can hold: here the model's positions, read from the recipe's model folder."""
     from hf_core.config import TrainerConfig
+    from hf_core.config.layout import resolve_layout
     from hf_core.roles.common import build_agent_loop
 
     tokenizer.save_pretrained(tmp_path)
@@ -635,7 +636,8 @@ def test_workers_give_the_endpoint_the_models_positions(tokenizer: Any, tmp_path
             "agent": {"function": f"{__name__}:long_prompt_agent", "max_total_tokens": 64},
         }
     )
-    loop = build_agent_loop(config, EmbeddingEngine(tokenizer))  # type: ignore[arg-type]
+    generation = resolve_layout(config).generation
+    loop = build_agent_loop(config, generation, EmbeddingEngine(tokenizer))  # type: ignore[arg-type]
     try:
         assert isinstance(loop, FunctionAgentLoop)
         assert loop.endpoint.limits.capacity == 48

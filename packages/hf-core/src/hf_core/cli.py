@@ -38,6 +38,7 @@ from hf_core.planner.cli import add_plan_command
 
 if TYPE_CHECKING:
     from hf_core.config import TrainerConfig
+    from hf_core.config.layout import RunLayout
     from hf_core.runtime import WorkerError, WorkerLostError
 
 EXIT_FAILED = 1
@@ -105,17 +106,17 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config: TrainerConfig | None = None
     try:
-        config = load_run_config(args.recipe, args.overrides, resume=args.resume)
-        return _train(config, args)
+        config, layout = load_run_config(args.recipe, args.overrides, resume=args.resume)
+        return _train(config, layout, args)
     except KeyboardInterrupt:
         _say("interrupted", _interrupted_line(config, args), "bold yellow")
         return EXIT_INTERRUPTED
 
 
-def _train(config: TrainerConfig, args: argparse.Namespace) -> int:
+def _train(config: TrainerConfig, layout: RunLayout, args: argparse.Namespace) -> int:
     from hf_core.trainer import RLTrainer
 
-    trainer = RLTrainer(config, resume=args.resume)
+    trainer = RLTrainer(config, resume=args.resume, layout=layout)  # resolved once, at load
     try:
         trainer.fit()  # prints its own summary table
     except DiskFullError as exc:  # a fault of the machine, like a lost worker: not a bad input

@@ -7,6 +7,13 @@ role's training engine splits one replica, and each sequence) and ``rollout.tens
 arguments, the pre-start checks, the memory check, the worker mesh and the auto-mapping
 planner all take the :class:`RunLayout` it returns, so the layout a hand-written recipe states
 and the one the planner writes into its applied recipe are the same object.
+
+:func:`resolve_layout` runs once per recipe, where the recipe is checked
+(:func:`hf_core.trainer.preflight.preflight`, which the CLI's loader and the trainer call);
+everything after takes that :class:`RunLayout` as an argument -- placement, the role workers
+(it travels to them with their config) and the engine arguments -- instead of reading the
+recipe again.  ``placement.mode: auto`` swaps it for the planner's layout once, which states
+the same as resolving the applied recipe would.
 """
 
 from __future__ import annotations
@@ -78,12 +85,12 @@ def model_roles(config: TrainerConfig) -> dict[str, ModelRoleConfig]:
     return {key: role for key, role in found.items() if role is not None}
 
 
-def training_layout(role: ModelRoleConfig) -> TrainingLayout:
+def _training_layout(role: ModelRoleConfig) -> TrainingLayout:
     """A role's training layout as its recipe section states it."""
     return TrainingLayout(tp=role.parallel.tp, pp=role.parallel.pp, sp=role.parallel.sp)
 
 
-def generation_layout(config: TrainerConfig) -> GenerationLayout:
+def _generation_layout(config: TrainerConfig) -> GenerationLayout:
     """The rollout engine's layout ``(p_g, t_g)`` as the recipe states it."""
     return GenerationLayout(
         pp=config.rollout.pipeline_parallel_size, tp=config.rollout.tensor_parallel_size
@@ -92,14 +99,16 @@ def generation_layout(config: TrainerConfig) -> GenerationLayout:
 
 def resolve_layout(config: TrainerConfig) -> RunLayout:
     """The run's layout.  Raises ``ValueError`` for a layout no placement can run (a
-    standalone rollout pool holds whole-model engines only)."""
-    generation = generation_layout(config)
+    standalone rollout pool holds whole-model engines only).
+
+    Called once per recipe, by the pre-start checks; its result is handed down from there."""
+    generation = _generation_layout(config)
     if config.placement.mode == "standalone" and (generation.tp > 1 or generation.pp > 1):
         raise ValueError(
             "placement.mode: standalone runs one whole-model rollout engine per rank: "
             "rollout.tensor_parallel_size and pipeline_parallel_size must be 1"
         )
-    training = tuple((key, training_layout(role)) for key, role in model_roles(config).items())
+    training = tuple((key, _training_layout(role)) for key, role in model_roles(config).items())
     return RunLayout(training=training, generation=generation)
 
 

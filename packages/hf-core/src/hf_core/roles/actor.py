@@ -23,7 +23,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.config.layout import resolve_layout
+from hf_core.config.layout import RunLayout
 from hf_core.engines import (
     ExportsHF,
     GenerationRank,
@@ -51,32 +51,42 @@ from hf_core.worker import Worker
 
 
 class ActorRolloutRefWorker(Worker):
-    """Actor (trainable policy) + rollout engine (+ frozen reference) in one process."""
+    """Actor (trainable policy) + rollout engine (+ frozen reference) in one process.
 
-    def __init__(self, config: TrainerConfig) -> None:
+    ``layout`` is the run's layout as the driver resolved it (it arrives with the config):
+    the engines, the weight sync and the reported mesh all follow it."""
+
+    def __init__(self, config: TrainerConfig, layout: RunLayout) -> None:
         super().__init__()
         torch.set_num_threads(torch_threads(config))
         self.config = config
-        self.actor = build_training_engine(config.actor, config, head="lm", trainable=True)
+        self.layout = layout
+        self.actor = build_training_engine(
+            config.actor, config, layout.role("actor"), head="lm", trainable=True
+        )
         # a LoRA actor's base model is the reference: adapters disabled, no second copy
         self.reference_is_base = reference_is_actor_base(config, self.actor)
         self.reference = (
-            build_training_engine(config.reference, config, head="lm", trainable=False)
+            build_training_engine(
+                config.reference, config, layout.role("reference"), head="lm", trainable=False
+            )
             if config.reference is not None and not self.reference_is_base
             else None
         )
         self.teacher = (
-            build_training_engine(config.teacher, config, head="lm", trainable=False)
+            build_training_engine(
+                config.teacher, config, layout.role("teacher"), head="lm", trainable=False
+            )
             if config.teacher is not None
             else None
         )
         """On-policy distillation's teacher: scores the student's samples per token."""
         self.standalone = config.placement.mode == "standalone"
-        self.rollout = None if self.standalone else self._build_rollout(config)
+        self.rollout = None if self.standalone else self._build_rollout(config, layout)
         self.agent = (
             None
             if self.rollout is None
-            else build_agent_loop(config, self.rollout, lambda: self.updates)
+            else build_agent_loop(config, layout.generation, self.rollout, lambda: self.updates)
         )
         """Multi-turn tool-using rollouts around the rollout engine (None: single-turn)."""
         self.loss = self._policy_loss(getattr(self.rollout, "compute_dtype", None))
@@ -92,15 +102,15 @@ class ActorRolloutRefWorker(Worker):
             kind=config.rollout.reshard,
             rank=self.rank,
             device=self.device,
-            generation=resolve_layout(config).generation,
+            generation=layout.generation,
         )
         """How the weights reach the rollout engine: in this process, or broadcast to a pool."""
         self.handover = MemoryHandover(self.actor, self.reference, self.rollout, self.teacher)
 
     @staticmethod
-    def _build_rollout(config: TrainerConfig) -> RolloutEngine:
+    def _build_rollout(config: TrainerConfig, layout: RunLayout) -> RolloutEngine:
         factory = get_rollout_engine(config.rollout.backend)
-        return factory(**rollout_engine_args(config), **config.rollout.engine)
+        return factory(**rollout_engine_args(config, layout.generation), **config.rollout.engine)
 
     def _policy_loss(self, rollout_dtype: torch.dtype | None) -> PolicyLoss:
         """The policy loss, its rollout correction following both engines' resolved dtypes
@@ -133,7 +143,7 @@ class ActorRolloutRefWorker(Worker):
         mesh = training_mesh(self.actor, self.mesh)
         backend = self.config.rollout.backend
         if self.rollout is not None and "tp" in get_engine_parallelism("rollout", backend):
-            layout = resolve_layout(self.config).generation
+            layout = self.layout.generation
             place = GenerationRank.of(layout, self.rank, self.world_size)
             if isinstance(self.rollout, HasGenerationRank):
                 built = self.rollout.generation_rank()

@@ -2,7 +2,9 @@
 
 The engine arguments are also what the pre-start checks validate a recipe's ``engine:``
 blocks against, before torch is imported: torch, the engines and the agent loop are imported
-where they are used.
+where they are used.  The layout in them is the run's :class:`~hf_core.config.layout.RunLayout`
+as the driver resolved it (a worker receives it with its config): nothing here reads the
+recipe's parallel keys again.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hf_core.config import ModelRoleConfig, TrainerConfig
-from hf_core.config.layout import ENGINE_LAYOUT_SETTINGS, resolve_layout, training_layout
+from hf_core.config.layout import ENGINE_LAYOUT_SETTINGS, TrainingLayout
 from hf_core.plugins import get_engine_parallelism, get_training_engine
 
 if TYPE_CHECKING:
@@ -22,15 +24,20 @@ if TYPE_CHECKING:
     from hf_core.batch import Batch
     from hf_core.engines import LossFn, RolloutEngine, TrainingEngine
     from hf_core.protocols import WorkerMesh
+    from hf_core.resharding import GenerationLayout
 
 
 def build_agent_loop(
-    config: TrainerConfig, engine: RolloutEngine, version: Callable[[], int] = lambda: 0
+    config: TrainerConfig,
+    generation: GenerationLayout,
+    engine: RolloutEngine,
+    version: Callable[[], int] = lambda: 0,
 ) -> AgentLoop | FunctionAgentLoop | None:
     """The agent loop the recipe's ``agent:`` section asks for around ``engine``, with the
     run's tokenizer and its tools resolved by name (or, with ``agent.function``, the user's
     agent function against the policy endpoint; ``version``: the policy version the engine
-    holds); None without that section.  Sets this process's sandbox to the recipe's
+    holds; ``generation``: the run's generation layout, which the engine was built with);
+    None without that section.  Sets this process's sandbox to the recipe's
     ``sandbox:`` section (the ``python`` tool runs there)."""
     if config.agent is None:
         return None
@@ -47,44 +54,56 @@ def build_agent_loop(
         from hf_core.agents.function_agents import FunctionAgentLoop
         from hf_core.roles.sequence_capacity import sequence_bounds  # it imports this module
 
-        capacity = sequence_bounds(config).capacity  # longer prompts are refused, not batched
+        capacity = sequence_bounds(
+            config, generation
+        ).capacity  # longer prompts are refused, not batched
         return FunctionAgentLoop(engine, tokenizer, config.agent, version, capacity)
     return AgentLoop(engine, tokenizer, config.agent, resolve_tools(config.agent.tools))
 
 
 def build_training_engine(
-    role: ModelRoleConfig, config: TrainerConfig, *, head: str, trainable: bool
+    role: ModelRoleConfig,
+    config: TrainerConfig,
+    layout: TrainingLayout,
+    *,
+    head: str,
+    trainable: bool,
 ) -> TrainingEngine:
     """Create the role's engine through the plugin registry.
 
     Every training engine factory takes ``model_path``, ``head``, ``trainable`` and ``seed``;
-    the role's ``engine:`` block adds backend-specific settings.
+    ``layout`` (the role's part of the run's resolved layout) adds the sizes of the axes the
+    engine declares; the role's ``engine:`` block adds backend-specific settings.
     """
     factory = get_training_engine(role.backend)
-    core = training_engine_args(config, role, head=head, trainable=trainable)
+    core = training_engine_args(config, role, layout, head=head, trainable=trainable)
     return factory(**{**core, **role.engine})
 
 
 def training_engine_args(
-    config: TrainerConfig, role: ModelRoleConfig, *, head: str, trainable: bool
+    config: TrainerConfig,
+    role: ModelRoleConfig,
+    layout: TrainingLayout,
+    *,
+    head: str,
+    trainable: bool,
 ) -> dict[str, Any]:
-    """The keys core passes to every training engine factory; the role's ``engine:`` block
-    is added on top (it may override ``seed``, nothing else core sets)."""
+    """The keys core passes to every training engine factory (``layout``: the role's
+    training layout, from the run's resolved layout); the role's ``engine:`` block is added
+    on top (it may override ``seed``, nothing else core sets)."""
     args: dict[str, Any] = {
         "model_path": str(config.role_model(role)),
         "head": head,
         "trainable": trainable,
         "seed": config.run.seed,
     }
-    layout = training_layout(role)
     return {**args, **_layout_args("training", role.backend, layout.tp, layout.pp, layout.sp)}
 
 
-def rollout_engine_args(config: TrainerConfig) -> dict[str, Any]:
-    """The keys core passes to the rollout engine factory: the model, and the resolved
-    generation layout for engines that declare those axes; the ``rollout.engine`` block adds
-    backend settings on top."""
-    layout = resolve_layout(config).generation
+def rollout_engine_args(config: TrainerConfig, layout: GenerationLayout) -> dict[str, Any]:
+    """The keys core passes to the rollout engine factory: the model, and the run's resolved
+    generation layout ``layout`` for engines that declare those axes; the ``rollout.engine``
+    block adds backend settings on top."""
     args: dict[str, Any] = {"model_path": str(config.role_model(config.actor))}
     return {**args, **_layout_args("rollout", config.rollout.backend, layout.tp, layout.pp)}
 

@@ -6,6 +6,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
+from hf_core.config.layout import RunLayout
 from hf_core.protocols import register
 from hf_core.roles.common import (
     build_training_engine,
@@ -19,13 +20,16 @@ from hf_core.worker import Worker
 
 
 class CriticWorker(Worker):
-    def __init__(self, config: TrainerConfig) -> None:
+    def __init__(self, config: TrainerConfig, layout: RunLayout) -> None:
+        """``layout``: the run's layout as the driver resolved it."""
         super().__init__()
         if config.critic is None:
             raise ValueError("CriticWorker needs a 'critic' section in the config")
         torch.set_num_threads(torch_threads(config))
         self.config = config
-        self.critic = build_training_engine(config.critic, config, head="value", trainable=True)
+        self.critic = build_training_engine(
+            config.critic, config, layout.role("critic"), head="value", trainable=True
+        )
         self.loss = ValueLoss(config.algorithm)
         mesh = training_mesh(self.critic, self.mesh)
         if mesh != self.mesh:

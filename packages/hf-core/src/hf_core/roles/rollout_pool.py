@@ -15,6 +15,7 @@ import torch
 
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
+from hf_core.config.layout import RunLayout
 from hf_core.engines import Closeable, SamplingParams
 from hf_core.engines.streaming import StreamRequest
 from hf_core.plugins import get_rollout_engine
@@ -31,15 +32,19 @@ ROLLOUT_VERSION = "rollout_version"
 class RolloutWorker(Worker):
     """One rank of the standalone rollout pool."""
 
-    def __init__(self, config: TrainerConfig) -> None:
+    def __init__(self, config: TrainerConfig, layout: RunLayout) -> None:
+        """``layout``: the run's layout as the driver resolved it."""
         super().__init__()
         torch.set_num_threads(torch_threads(config))
         self.config = config
         factory = get_rollout_engine(config.rollout.backend)
-        self.rollout = factory(**rollout_engine_args(config), **config.rollout.engine)
+        generation = layout.generation
+        self.rollout = factory(**rollout_engine_args(config, generation), **config.rollout.engine)
         self.receiver = BroadcastReceiver(self.rank, self.device)
         # None: single-turn rollouts
-        self.agent = build_agent_loop(config, self.rollout, lambda: self.receiver.version)
+        self.agent = build_agent_loop(
+            config, generation, self.rollout, lambda: self.receiver.version
+        )
         self.stream: StreamingGenerator | None = None
 
     @register("DP_PROTO")

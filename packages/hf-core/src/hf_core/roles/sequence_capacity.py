@@ -19,6 +19,7 @@ from hf_core.engines.capabilities import DeclaresSequenceCapacity
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.planner.models import from_hf_config
 from hf_core.plugins import validated_engine_settings
+from hf_core.resharding import GenerationLayout
 from hf_core.roles.common import rollout_engine_args
 
 
@@ -52,14 +53,17 @@ def model_positions(text: dict[str, Any]) -> int | None:
     return positions
 
 
-def sequence_bounds(config: TrainerConfig) -> SequenceBounds:
-    """The recipe's actor model's positions and its rollout engine's limit."""
+def sequence_bounds(config: TrainerConfig, generation: GenerationLayout) -> SequenceBounds:
+    """The recipe's actor model's positions and its rollout engine's limit (the engine as
+    the run's resolved ``generation`` layout builds it)."""
     folder = config.role_model(config.actor)
     hf = read_model_config(folder, key="model.path")
     positions = model_positions(hf.get("text_config") or hf)
     rollout = config.rollout
     settings = validated_engine_settings(
-        "rollout", rollout.backend, lambda: {**rollout_engine_args(config), **rollout.engine}
+        "rollout",
+        rollout.backend,
+        lambda: {**rollout_engine_args(config, generation), **rollout.engine},
     )
     engine = None
     if isinstance(settings, DeclaresSequenceCapacity):

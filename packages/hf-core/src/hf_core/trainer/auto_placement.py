@@ -15,10 +15,13 @@ the user set explicitly (a role's ``parallel.tp`` / ``parallel.pp``,
 Roles on the same model-parallel backend share one ``(t, p)`` when colocated, because such
 engines (megatron-core) keep their process groups in process-wide state.
 
-The result is applied, not just printed: :func:`plan_pools` returns the pools to spawn and a
-copy of the config stating the plan's layout the way a hand-written recipe would (each role's
-``parallel``, ``rollout.tensor_parallel_size`` = ``t_g``), so
-:func:`hf_core.config.layout.resolve_layout` reads both the same way; ``plan.json`` records it.
+The planner starts from the recipe's layout as the pre-start checks resolved it (the sizes it
+keeps: ``sp``, ``p_g``).  The result is applied, not just printed: :func:`plan_pools` returns
+the pools to spawn, the plan's :class:`~hf_core.config.layout.RunLayout` and a copy of the
+config stating that layout the way a hand-written recipe would (each role's ``parallel``,
+``rollout.tensor_parallel_size`` = ``t_g``), so :func:`hf_core.config.layout.resolve_layout`
+would read both the same way -- the run takes the plan's layout as it is, without resolving
+the applied recipe again; ``plan.json`` records it.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from hf_core.config.layout import (
     TrainingLayout,
     fixed_sizes,
     model_roles,
-    resolve_layout,
     with_layout,
 )
 from hf_core.planner import (
@@ -59,7 +61,7 @@ from hf_core.planner import (
 from hf_core.plugins import get_engine_parallelism
 from hf_core.resharding import GenerationLayout
 from hf_core.trainer.preflight import preflight
-from hf_core.trainer.spawning import PoolSpec, configured_pools, role_specs
+from hf_core.trainer.spawning import PoolSpec, configured_pools, worker_roles
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +77,24 @@ ROLE_KEYS = {
 
 @dataclass(frozen=True)
 class AutoPlacement:
-    """What a run spawns: the pools, and the config whose engine settings follow the plan.
+    """What a run spawns: the pools, the config whose engine settings follow the plan, and
+    its layout (what the role workers receive).
 
     ``plan`` is what ``plan.json`` holds (``None`` for ``colocate`` / ``split``).
     """
 
     pools: list[PoolSpec]
     config: TrainerConfig
+    layout: RunLayout
     plan: dict[str, Any] | None = None
 
 
-def place_roles(config: TrainerConfig, output_dir: Path) -> AutoPlacement:
-    """Pools and effective config for any ``placement.mode`` (only ``auto`` changes the config)."""
+def place_roles(config: TrainerConfig, layout: RunLayout, output_dir: Path) -> AutoPlacement:
+    """Pools, effective config and layout for any ``placement.mode`` (``layout``: the recipe's,
+    as :func:`~hf_core.trainer.preflight.preflight` resolved it; only ``auto`` changes them)."""
     if config.placement.mode == "auto":
-        return plan_pools(config, output_dir)
-    return AutoPlacement(configured_pools(config), config)
+        return plan_pools(config, layout, output_dir)
+    return AutoPlacement(configured_pools(config), config, layout)
 
 
 def _dataflow(config: TrainerConfig, roles: list[str]) -> Dataflow:
@@ -126,9 +131,9 @@ def _model_configs(config: TrainerConfig, roles: list[str]) -> dict[str, Any]:
     }
 
 
-def _generation_tp(config: TrainerConfig, fixed_tg: int | None) -> int | None:
+def _generation_tp(layout: RunLayout, fixed_tg: int | None) -> int | None:
     """``t_g`` the user fixed; the planner plans generation without pipeline stages."""
-    p_g = resolve_layout(config).generation.pp
+    p_g = layout.generation.pp
     if p_g != 1:
         raise ValueError(
             f"rollout.pipeline_parallel_size={p_g}: placement auto plans generation without "
@@ -137,8 +142,11 @@ def _generation_tp(config: TrainerConfig, fixed_tg: int | None) -> int | None:
     return fixed_tg
 
 
-def role_parallelism(config: TrainerConfig, roles: list[str]) -> dict[str, RoleParallelism]:
-    """What each role's engines can run, as the planner's constraint input.
+def role_parallelism(
+    config: TrainerConfig, layout: RunLayout, roles: list[str]
+) -> dict[str, RoleParallelism]:
+    """What each role's engines can run, as the planner's constraint input (``layout``: the
+    recipe's resolved layout).
 
     Training axes come from the role's backend, generation axes (actor) from the rollout
     backend; explicit sizes in the config are fixed; roles on one model-parallel backend
@@ -155,7 +163,7 @@ def role_parallelism(config: TrainerConfig, roles: list[str]) -> dict[str, RoleP
         tg = None
         if role == "actor":
             generation = get_engine_parallelism("rollout", config.rollout.backend)
-            tg = _generation_tp(config, fixed_tg)
+            tg = _generation_tp(layout, fixed_tg)
         sizes = fixed.get(ROLE_KEYS[role], {})
         try:
             out[role] = RoleParallelism(
@@ -185,10 +193,10 @@ def _workload(config: TrainerConfig) -> Workload:
     )
 
 
-def best_plan(config: TrainerConfig) -> Plan:
-    """The planner's best plan for this run, restricted to what its backends can run."""
-    worker_roles = list(role_specs(config))
-    roles = worker_roles + (["reference"] if config.reference is not None else [])
+def best_plan(config: TrainerConfig, layout: RunLayout) -> Plan:
+    """The planner's best plan for this run, restricted to what its backends can run
+    (``layout``: the recipe's resolved layout)."""
+    roles = [*worker_roles(config), *(["reference"] if config.reference is not None else [])]
     devices = config.placement.devices or config.placement.processes
     dataflow = _dataflow(config, roles)
     placements = [
@@ -204,46 +212,47 @@ def best_plan(config: TrainerConfig) -> Plan:
         cluster,
         top_k=1,
         placements=placements,
-        parallelism=role_parallelism(config, roles),
+        parallelism=role_parallelism(config, layout, roles),
     )[0]
 
 
-def plan_layout(config: TrainerConfig, chosen: Plan) -> RunLayout:
-    """The run layout the plan implies: each role's ``(t, p)`` (a data-parallel backend only
-    ever gets ``1, 1`` from the constrained search) and the actor's ``t_g``."""
+def plan_layout(layout: RunLayout, chosen: Plan) -> RunLayout:
+    """The run layout the plan implies for a recipe of ``layout``: each role's ``(t, p)`` (a
+    data-parallel backend only ever gets ``1, 1`` from the constrained search), its ``sp`` as
+    the recipe set it, and the actor's ``t_g``."""
     keys = {ROLE_KEYS[role]: model.layout for role, model in chosen.models.items()}
-    roles = model_roles(config)
     training = tuple(
         (
             key,
-            TrainingLayout(tp=keys[key].tp, pp=keys[key].pp, sp=roles[key].parallel.sp)
+            TrainingLayout(tp=keys[key].tp, pp=keys[key].pp, sp=sizes.sp)
             if key in keys
-            else TrainingLayout(sp=roles[key].parallel.sp),
+            else TrainingLayout(sp=sizes.sp),
         )
-        for key in roles
+        for key, sizes in layout.training
     )
     actor = chosen.models["actor"]
     tg = actor.generation.tp if actor.generation is not None else 1
     return RunLayout(training=training, generation=GenerationLayout(pp=1, tp=tg))
 
 
-def apply_plan(config: TrainerConfig, chosen: Plan) -> TrainerConfig:
+def apply_plan(config: TrainerConfig, planned: RunLayout, chosen: Plan) -> TrainerConfig:
     """A re-validated copy of ``config`` running the plan: each role's ``parallel`` and
-    ``rollout.tensor_parallel_size`` state its layout, ``placement.processes`` is the actor
-    pool's size."""
-    data = with_layout(config.model_dump(), plan_layout(config, chosen))
+    ``rollout.tensor_parallel_size`` state ``planned`` (:func:`plan_layout`), and
+    ``placement.processes`` is the actor pool's size.  Checked with ``planned`` as its layout
+    (resolving the copy would give the same)."""
+    data = with_layout(config.model_dump(), planned)
     actor_pool = next(p for p in chosen.pools if "actor" in p.roles)
     data["placement"]["processes"] = actor_pool.devices
     applied = validate(TrainerConfig, data, "placement auto (the planner's layout)")
-    preflight(applied)  # the engines' own settings models accept the sizes
+    preflight(applied, planned)  # the engines' own settings models accept the sizes
     return applied
 
 
-def _plan_record(config: TrainerConfig, chosen: Plan) -> dict[str, Any]:
-    """``plan.json``: the planner's placement plus the layout each engine runs."""
+def _plan_record(config: TrainerConfig, chosen: Plan, layout: RunLayout) -> dict[str, Any]:
+    """``plan.json``: the planner's placement plus the layout each engine runs (``layout``,
+    the plan's: :func:`plan_layout`)."""
     record = plan_to_placement(chosen)
     configs = role_configs(config)
-    layout = plan_layout(config, chosen)
     engines: dict[str, Any] = {}
     for role, rc in configs.items():
         if role not in chosen.models:
@@ -284,14 +293,16 @@ def _pools(config: TrainerConfig, record: Mapping[str, Any]) -> list[PoolSpec]:
     return pools
 
 
-def plan_pools(config: TrainerConfig, output_dir: Path) -> AutoPlacement:
-    """Run the planner, log and save the chosen plan, and return the pools to spawn with the
-    config that applies the plan's parallel sizes."""
-    chosen = best_plan(config)
+def plan_pools(config: TrainerConfig, layout: RunLayout, output_dir: Path) -> AutoPlacement:
+    """Run the planner for a recipe of ``layout`` (its resolved layout), log and save the
+    chosen plan, and return the pools to spawn with the config that applies the plan's
+    parallel sizes and the plan's layout."""
+    chosen = best_plan(config, layout)
     Console(stderr=True, width=140).print(plan_table(chosen))
-    record = _plan_record(config, chosen)
+    planned = plan_layout(layout, chosen)
+    record = _plan_record(config, chosen, planned)
     pools = _pools(config, record)
-    applied = apply_plan(config, chosen)
+    applied = apply_plan(config, planned, chosen)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "plan.json").write_text(json.dumps(record, indent=2))
     log.info(
@@ -300,4 +311,4 @@ def plan_pools(config: TrainerConfig, output_dir: Path) -> AutoPlacement:
         record["engines"],
         output_dir / "plan.json",
     )
-    return AutoPlacement(pools, applied, record)
+    return AutoPlacement(pools, applied, planned, record)

@@ -21,7 +21,7 @@ import os
 from typing import Any, get_args
 
 from hf_core.config import TrainerConfig
-from hf_core.config.layout import resolve_layout
+from hf_core.config.layout import RunLayout, TrainingLayout
 from hf_core.engines.capabilities import (
     DeclaresHostOverhead,
     DeclaresNodeSharedMemory,
@@ -40,6 +40,7 @@ from hf_core.engines.memory_fit import (
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import ModelSpec, from_hf_config
 from hf_core.plugins import validated_engine_settings
+from hf_core.resharding import GenerationLayout
 from hf_core.roles.common import rollout_engine_args, training_engine_args
 
 
@@ -57,19 +58,22 @@ def _spec(config: TrainerConfig, role: Any, key: str) -> ModelSpec:
     return from_hf_config(read_model_config(folder, key=key), name=str(folder))
 
 
-def _training_settings(config: TrainerConfig, role: Any, *, trainable: bool) -> Any:
+def _training_settings(
+    config: TrainerConfig, role: Any, sizes: TrainingLayout, *, trainable: bool
+) -> Any:
     """The role's training-engine settings, validated (None: not installed here)."""
 
     def block() -> dict[str, Any]:
-        return {**training_engine_args(config, role, head="lm", trainable=trainable), **role.engine}
+        args = training_engine_args(config, role, sizes, head="lm", trainable=trainable)
+        return {**args, **role.engine}
 
     return validated_engine_settings("training", role.backend, block)
 
 
-def _node_shared_share(config: TrainerConfig, per_node: int) -> int:
+def _node_shared_share(config: TrainerConfig, layout: RunLayout, per_node: int) -> int:
     """One process's share of what the actor engine's ranks on a node hold together
     (:class:`~hf_core.engines.DeclaresNodeSharedMemory`; e.g. FSDP's shared-memory file)."""
-    settings = _training_settings(config, config.actor, trainable=True)
+    settings = _training_settings(config, config.actor, layout.role("actor"), trainable=True)
     if not isinstance(settings, DeclaresNodeSharedMemory):
         return 0
     return settings.node_shared_bytes(per_node) // per_node
@@ -78,6 +82,7 @@ def _node_shared_share(config: TrainerConfig, per_node: int) -> int:
 def _declared_state_bytes(
     config: TrainerConfig,
     role: Any,
+    sizes: TrainingLayout,
     spec: ModelSpec,
     ranks: int,
     *,
@@ -88,39 +93,51 @@ def _declared_state_bytes(
     optimizer state (:class:`~hf_core.engines.DeclaresTrainingState`), or None.
     ``weights_only``: a trained engine whose base weights are frozen (LoRA)."""
 
-    settings = _training_settings(config, role, trainable=trainable)
+    settings = _training_settings(config, role, sizes, trainable=trainable)
     if not isinstance(settings, DeclaresTrainingState):
         return None
     return settings.state_bytes_per_rank(spec.num_params, ranks, trainable and not weights_only)
 
 
-def _frozen_bytes(config: TrainerConfig, role: Any, spec: ModelSpec, ranks: int) -> int:
-    declared = _declared_state_bytes(config, role, spec, ranks, trainable=False)
+def _frozen_bytes(
+    config: TrainerConfig, role: Any, sizes: TrainingLayout, spec: ModelSpec, ranks: int
+) -> int:
+    declared = _declared_state_bytes(config, role, sizes, spec, ranks, trainable=False)
     if declared is not None:
         return declared
     return _bytes(role.engine, "param_dtype", "dtype") * spec.num_params // ranks
 
 
-def rollout_overhead_bytes(config: TrainerConfig, *, training: bool = False) -> int:
-    """What the rollout engine holds beyond its weights (``training``: while the actor
-    updates): its settings' own estimate when they declare one
-    (:class:`~hf_core.engines.DeclaresHostOverhead`), else an explicit ``kv_cache_bytes``."""
+def rollout_overhead_bytes(
+    config: TrainerConfig, generation: GenerationLayout, *, training: bool = False
+) -> int:
+    """What the rollout engine (built with the run's ``generation`` layout) holds beyond its
+    weights (``training``: while the actor updates): its settings' own estimate when they
+    declare one (:class:`~hf_core.engines.DeclaresHostOverhead`), else an explicit
+    ``kv_cache_bytes``."""
     rollout = config.rollout
     settings = validated_engine_settings(
-        "rollout", rollout.backend, lambda: {**rollout_engine_args(config), **rollout.engine}
+        "rollout",
+        rollout.backend,
+        lambda: {**rollout_engine_args(config, generation), **rollout.engine},
     )
     if isinstance(settings, DeclaresHostOverhead):
         return settings.training_overhead_bytes() if training else settings.host_overhead_bytes()
     return int(rollout.engine.get("kv_cache_bytes", 0) or 0)
 
 
-def actor_process_fit(config: TrainerConfig, node_bytes: int | None = None) -> MicroBatchFit:
+def actor_process_fit(
+    config: TrainerConfig, layout: RunLayout, node_bytes: int | None = None
+) -> MicroBatchFit:
     """The smallest update of one actor process and the budget it has (see the module); the
-    rollout engine counts what it keeps while the actor trains."""
-    return _actor_process(config, node_bytes)[0]
+    rollout engine counts what it keeps while the actor trains.  ``layout``: the run's
+    resolved layout."""
+    return _actor_process(config, layout, node_bytes)[0]
 
 
-def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[MicroBatchFit, int]:
+def _actor_process(
+    config: TrainerConfig, layout: RunLayout, node_bytes: int | None
+) -> tuple[MicroBatchFit, int]:
     """The update's fit, and what the rollout engine adds back while generating (what it
     hands back during training)."""
     placement = config.placement
@@ -136,31 +153,37 @@ def _actor_process(config: TrainerConfig, node_bytes: int | None) -> tuple[Micro
         compute_bytes=min(param, _bytes(engine, "mixed_precision", "param_dtype")),
         trainable=not lora,
         declared_state_bytes=_declared_state_bytes(
-            config, config.actor, spec, ranks, trainable=True, weights_only=lora
+            config,
+            config.actor,
+            layout.role("actor"),
+            spec,
+            ranks,
+            trainable=True,
+            weights_only=lora,
         ),
     )
     resident = RUNTIME_BYTES  # LoRA's frozen base weights are the footprint's state
     rollout_growth = 0
     if config.reference is not None and not lora:
-        resident += _frozen_bytes(config, config.reference, spec, ranks)
+        resident += _frozen_bytes(config, config.reference, layout.role("reference"), spec, ranks)
     if config.teacher is not None:  # another model: its own size
         teacher = _spec(config, config.teacher, "teacher.model_path")
-        resident += _frozen_bytes(config, config.teacher, teacher, ranks)
+        resident += _frozen_bytes(config, config.teacher, layout.role("teacher"), teacher, ranks)
     if placement.mode != "standalone":  # the rollout engine lives in this process
-        generation = resolve_layout(config).generation
+        generation = layout.generation
         shards = generation.tp * generation.pp
         resident += _bytes(config.rollout.engine, "dtype") * spec.num_params // shards
-        while_training = rollout_overhead_bytes(config, training=True)
+        while_training = rollout_overhead_bytes(config, generation, training=True)
         resident += while_training
-        rollout_growth = rollout_overhead_bytes(config) - while_training
+        rollout_growth = rollout_overhead_bytes(config, generation) - while_training
     if placement.mode == "colocate":
         if config.critic is not None:
             critic = _spec(config, config.critic, "critic.model_path").with_value_head()
             resident += 4 * _bytes(config.critic.engine, "param_dtype") * critic.num_params // ranks
     per_node = max(1, ranks // placement.nodes)
-    resident += _node_shared_share(config, per_node)
+    resident += _node_shared_share(config, layout, per_node)
     budget = process_budget_bytes(per_node, node_bytes)
-    sp = resolve_layout(config).role("actor").sp  # a sequence-parallel rank holds its share
+    sp = layout.role("actor").sp  # a sequence-parallel rank holds its share
     sample = -(-(config.rollout.max_new_tokens + 1) // sp)
     fit = fit_micro_batch(
         footprint, budget, resident_bytes=resident, checkpointing=True, min_tokens=sample
@@ -177,13 +200,16 @@ def _runs_on_gpus(config: TrainerConfig) -> bool:
     return bool(config.cluster.use_gpu)
 
 
-def check_memory_fit(config: TrainerConfig, node_bytes: int | None = None) -> None:
-    """Raise :class:`MemoryFitError` when the actor's process cannot fit (local CPU runs)."""
+def check_memory_fit(
+    config: TrainerConfig, layout: RunLayout, node_bytes: int | None = None
+) -> None:
+    """Raise :class:`MemoryFitError` when the actor's process cannot fit (local CPU runs);
+    ``layout``: the run's resolved layout."""
     if config.cluster.address or os.environ.get("RAY_ADDRESS") or _runs_on_gpus(config):
         return
     if config.placement.mode == "auto" or config.placement.nodes != 1:
         return
-    fit, rollout_growth = _actor_process(config, node_bytes)
+    fit, rollout_growth = _actor_process(config, layout, node_bytes)
     # while generating: no update, but the rollout engine whole (its KV cache back)
     generating = fit.parts["state"] + fit.parts["resident"] + rollout_growth
     shortfall = ""

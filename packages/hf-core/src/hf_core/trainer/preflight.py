@@ -4,7 +4,9 @@ The recipe schema (:mod:`hf_core.config`) types every field; what it cannot know
 algorithms, engines, engine settings and reward functions exist -- lives in registries that
 the algorithms and the installed backend plugins fill.  :func:`preflight` checks those names
 and ``engine:`` blocks so a typo exits with a :class:`~hf_core.config.ConfigError` naming the
-key, not a traceback from a worker after Ray has started.
+key, not a traceback from a worker after Ray has started.  It is also where a recipe's
+parallel layout is resolved (:func:`hf_core.config.layout.resolve_layout`), once: it returns
+the :class:`~hf_core.config.layout.RunLayout`, which every later step takes as an argument.
 
 :func:`check_inputs` checks what the run reads from disk: every role's model folder
 (``config.json``, safetensors weights), the tokenizer, the prompt files and, for ``--resume``,
@@ -54,33 +56,43 @@ EngineKind = Literal["training", "rollout"]
 
 def load_run_config(
     recipe: str | Path | None, overrides: Sequence[str] = (), *, resume: bool = False
-) -> TrainerConfig:
+) -> tuple[TrainerConfig, RunLayout]:
     """Read a recipe with overrides, validate its schema, :func:`preflight` it and
-    :func:`check_inputs` (``resume``: the run continues from its latest checkpoint)."""
+    :func:`check_inputs` (``resume``: the run continues from its latest checkpoint): the
+    config and its layout, resolved here once for the whole run (hand both to
+    :class:`~hf_core.trainer.RLTrainer`)."""
     config = load_config(TrainerConfig, recipe, overrides)
-    preflight(config)
-    check_inputs(config, resume=resume)
-    return config
+    layout = preflight(config)
+    check_inputs(config, layout, resume=resume)
+    return config, layout
 
 
-def preflight(config: TrainerConfig) -> None:
-    """Raise :class:`ConfigError` naming the key if a name or an ``engine:`` block is wrong."""
+def preflight(config: TrainerConfig, layout: RunLayout | None = None) -> RunLayout:
+    """Raise :class:`ConfigError` naming the key if a name or an ``engine:`` block is wrong;
+    return the run's layout.
+
+    ``layout``: the recipe's layout when the caller has it already (the planner's, for the
+    recipe it applied); ``None``: resolved here -- the one place a recipe's layout is
+    resolved, so pass the result on rather than resolving it again.
+    """
     _check_algorithm(config)
     _check_reward_functions(config)
     _check_agent(config)
-    try:
-        layout = resolve_layout(config)
-    except ValueError as exc:
-        raise ConfigError(f"invalid configuration:\n  rollout: {exc}") from None
-    for key, kind, backend, block, supplied in _engine_blocks(config):
+    if layout is None:
+        try:
+            layout = resolve_layout(config)
+        except ValueError as exc:
+            raise ConfigError(f"invalid configuration:\n  rollout: {exc}") from None
+    for key, kind, backend, block, supplied in _engine_blocks(config, layout):
         _check_engine_block(key, kind, backend, block, supplied)
     _check_training_layouts(config, layout)  # every backend name is known by now
     _check_generation_layout(config, layout)
+    return layout
 
 
-def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
+def check_inputs(config: TrainerConfig, layout: RunLayout, *, resume: bool = False) -> None:
     """Check every file the run reads before it starts: a :class:`HybridFlowError` naming the
-    recipe key and the file otherwise.
+    recipe key and the file otherwise (``layout``: what :func:`preflight` returned).
 
     Cheap checks first (existence, sizes, JSON), the tokenizer load last.  Reads only: a
     run that fails here has not created its output folder.
@@ -97,8 +109,8 @@ def check_inputs(config: TrainerConfig, *, resume: bool = False) -> None:
     from hf_core.trainer.memory_check import check_memory_fit  # torch, as the tokenizer
     from hf_core.trainer.sequence_length import check_sequence_length
 
-    check_sequence_length(config)
-    check_memory_fit(config)
+    check_sequence_length(config, layout)
+    check_memory_fit(config, layout)
 
 
 def _model_folders(config: TrainerConfig) -> Iterator[tuple[str, Path]]:
@@ -315,7 +327,7 @@ def _check_algorithm(config: TrainerConfig) -> None:
 
 
 def _engine_blocks(
-    config: TrainerConfig,
+    config: TrainerConfig, layout: RunLayout
 ) -> Iterator[tuple[str, EngineKind, str, dict[str, Any], dict[str, Any]]]:
     """(YAML key, kind, backend, the ``engine:`` block, what the role worker adds) per engine."""
     training: list[tuple[str, ModelRoleConfig | None, str, bool]] = [
@@ -329,12 +341,14 @@ def _engine_blocks(
     for key, role, head, trainable in training:
         if role is not None:
             try:
-                supplied = training_engine_args(config, role, head=head, trainable=trainable)
+                supplied = training_engine_args(
+                    config, role, layout.role(key), head=head, trainable=trainable
+                )
             except UnknownNameError as exc:
                 raise ConfigError(f"invalid configuration:\n  {key}.backend: {exc}") from None
             yield key, "training", role.backend, role.engine, supplied
     try:
-        supplied = rollout_engine_args(config)
+        supplied = rollout_engine_args(config, layout.generation)
     except UnknownNameError as exc:
         raise ConfigError(f"invalid configuration:\n  rollout.backend: {exc}") from None
     yield "rollout", "rollout", config.rollout.backend, config.rollout.engine, supplied

@@ -46,6 +46,7 @@ from hf_core.algorithms import (
 from hf_core.algorithms.distill import reverse_kl_advantage
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
+from hf_core.config.layout import RunLayout
 from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, token_ids
 from hf_core.engines.hf_folder import read_model_config
@@ -102,10 +103,16 @@ HANDOVER_LOG_STEPS = 100
 class RLTrainer:
     """Owns the cluster, the worker groups, the data and the metrics of one run."""
 
-    def __init__(self, config: TrainerConfig, *, resume: bool = False) -> None:
+    def __init__(
+        self, config: TrainerConfig, *, resume: bool = False, layout: RunLayout | None = None
+    ) -> None:
+        """``layout``: the recipe's layout as :func:`~hf_core.trainer.preflight.load_run_config`
+        returned it with ``config``; ``None``: resolved here, by the pre-start checks."""
         from transformers import AutoTokenizer
 
-        preflight(config)  # names and engine blocks, before any process starts
+        # names and engine blocks, before any process starts; the layout resolved (once)
+        self.layout = preflight(config, layout)
+        """The run's layout: placement and every role worker take it from here."""
         self.config = config
         algo = config.algorithm
         self.recompute_behaviour_log_probs = (
@@ -225,8 +232,10 @@ class RLTrainer:
     def fit(self) -> RunSummary:
         self._seed()
         remove_partial_checkpoints(self.output_dir)  # a failed or killed save's leftovers
-        placed = place_roles(self.config, self.output_dir)  # auto: the planner's pools, layouts
+        # auto: the planner's pools and layout
+        placed = place_roles(self.config, self.layout, self.output_dir)
         self.config = cfg = placed.config
+        self.layout = placed.layout
         with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):
             return self._fit_with_restarts(placed.pools)
 
@@ -248,7 +257,7 @@ class RLTrainer:
         while True:
             try:
                 self.roles = spawn_roles(
-                    self.config, pools, stacks_dir=str(self.output_dir / "stacks")
+                    self.config, self.layout, pools, stacks_dir=str(self.output_dir / "stacks")
                 )
                 return self._fit()
             except WorkerLostError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hf_core.config import ConfigError, TrainerConfig
+from hf_core.config.layout import RunLayout
 from hf_core.roles.sequence_capacity import model_positions, sequence_bounds
 
 __all__ = ["LongestSequence", "check_sequence_length", "longest_sequence", "model_positions"]
@@ -49,10 +50,11 @@ def longest_sequence(config: TrainerConfig) -> LongestSequence:
     )
 
 
-def check_sequence_length(config: TrainerConfig) -> None:
-    """Raise :class:`ConfigError` when the longest sequence cannot be generated whole."""
+def check_sequence_length(config: TrainerConfig, layout: RunLayout) -> None:
+    """Raise :class:`ConfigError` when the longest sequence cannot be generated whole by the
+    rollout engine the run's resolved ``layout`` builds."""
     longest = longest_sequence(config)
-    bounds = sequence_bounds(config)
+    bounds = sequence_bounds(config, layout.generation)
     if bounds.positions is not None and longest.tokens > bounds.positions:
         folder = config.role_model(config.actor)
         raise longest.refusal(

@@ -3,7 +3,8 @@
 Roles listed in one pool share its processes (hybrid colocation); separate pools are separate
 processes (split placement).  The reference policy always lives in the actor's worker.
 A standalone placement adds a ``rollout`` pool of rollout workers (the actor then holds no
-rollout engine).
+rollout engine).  The workers get the run's layout as the driver resolved it, beside their
+config (:func:`role_specs`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hf_core.config import TrainerConfig
+from hf_core.config.layout import RunLayout
 from hf_core.roles import (
     ActorRolloutRefWorker,
     CriticWorker,
@@ -57,25 +59,42 @@ def _shutdown(groups: Sequence[WorkerGroup | None], pools: Sequence[ResourcePool
         pool.release()
 
 
-def role_specs(config: TrainerConfig) -> dict[str, RoleSpec]:
-    """The worker of every role the config uses."""
-    specs = {"actor": RoleSpec(ActorRolloutRefWorker, (config,))}
+def worker_roles(config: TrainerConfig) -> tuple[str, ...]:
+    """The roles the config asks workers for, in :func:`role_specs`' order (the reference
+    lives in the actor's worker; a generative judge fills the reward role's place)."""
+    wanted = {
+        "actor": True,
+        "critic": config.critic is not None,
+        "reward": config.reward.model is not None or config.reward.judge is not None,
+        "cost": config.cost is not None and config.cost.model is not None,
+        "rollout": config.placement.mode == "standalone",
+    }
+    return tuple(role for role, used in wanted.items() if used)
+
+
+def role_specs(config: TrainerConfig, layout: RunLayout) -> dict[str, RoleSpec]:
+    """The worker of every role the config uses.  The workers that build engines get
+    ``layout``, the run's layout resolved on the driver: it reaches them pickled with the
+    config, so no worker resolves it again."""
+    specs = {"actor": RoleSpec(ActorRolloutRefWorker, (config, layout))}
     if config.critic is not None:
-        specs["critic"] = RoleSpec(CriticWorker, (config,))
+        specs["critic"] = RoleSpec(CriticWorker, (config, layout))
     if config.reward.model is not None:
-        specs["reward"] = RoleSpec(ScoreModelWorker, (config, config.reward.model, "reward"))
+        specs["reward"] = RoleSpec(
+            ScoreModelWorker, (config, config.reward.model, "reward", layout)
+        )
     elif config.reward.judge is not None:  # a judge fills the reward role's place
         specs["reward"] = RoleSpec(JudgeWorker, (config, config.reward.judge))
     if config.cost is not None and config.cost.model is not None:
-        specs["cost"] = RoleSpec(ScoreModelWorker, (config, config.cost.model, "cost"))
+        specs["cost"] = RoleSpec(ScoreModelWorker, (config, config.cost.model, "cost", layout))
     if config.placement.mode == "standalone":
-        specs["rollout"] = RoleSpec(RolloutWorker, (config,))
+        specs["rollout"] = RoleSpec(RolloutWorker, (config, layout))
     return specs
 
 
 def configured_pools(config: TrainerConfig) -> list[PoolSpec]:
     """Pools for ``colocate`` and ``split`` (``auto`` comes from the planner)."""
-    roles = tuple(role_specs(config))
+    roles = worker_roles(config)
     placement = config.placement
     if placement.mode == "standalone":
         models = tuple(r for r in roles if r != "rollout")
@@ -105,14 +124,19 @@ def _per_node(processes: int, nodes: int) -> list[int]:
 
 
 def spawn_roles(
-    config: TrainerConfig, pools: Sequence[PoolSpec], *, stacks_dir: str | None = None
+    config: TrainerConfig,
+    layout: RunLayout,
+    pools: Sequence[PoolSpec],
+    *,
+    stacks_dir: str | None = None,
 ) -> RoleGroups:
     """One process per rank; every role of a pool shares its processes.
 
-    ``stacks_dir``: where every rank's Python stacks are dumped when one is lost or hangs
-    (the trainer passes ``<output_dir>/stacks``).
+    ``layout``: the run's layout (the recipe's as resolved by the pre-start checks, or the
+    planner's), handed to the workers.  ``stacks_dir``: where every rank's Python stacks are
+    dumped when one is lost or hangs (the trainer passes ``<output_dir>/stacks``).
     """
-    specs = role_specs(config)
+    specs = role_specs(config, layout)
     placed = sorted(r for pool in pools for r in pool.roles)
     if placed != sorted(specs):
         raise ValueError(f"pools place roles {placed}, but the config has {sorted(specs)}")

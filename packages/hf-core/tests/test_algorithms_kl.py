@@ -119,23 +119,22 @@ def test_apply_kl_penalty_metrics() -> None:
 
 
 # -------------------------------------------------------------------------------- controllers
-def test_adaptive_kl_controller_one_update_clipped() -> None:
-    # beta 0.1, target 6, horizon 10000; observed KL 9 over 256 samples:
-    #   e = clip(9/6 - 1 = 0.5, -0.2, 0.2) = 0.2;  beta = 0.1 * (1 + 0.2*256/10000) = 0.100512
+@pytest.mark.parametrize(
+    ("observed_kl", "n_steps", "beta"),
+    [
+        # e = clip(9/6 - 1 = 0.5, -0.2, 0.2) = 0.2;  beta = 0.1 * (1 + 0.2*256/10000)
+        (9.0, 256, 0.100512),
+        # e = 0.1 (unclipped);  beta = 0.1 * (1 + 0.1*256/10000)
+        (6.6, 256, 0.100256),
+        # e = 3/6 - 1 = -0.5, clipped to -0.2;  beta = 0.1 * (1 - 0.2*1000/10000), downwards
+        (3.0, 1000, 0.098),
+    ],
+)
+def test_adaptive_kl_controller_one_update(observed_kl: float, n_steps: int, beta: float) -> None:
+    """beta 0.1, target 6, horizon 10000; one observed KL over ``n_steps`` samples."""
     controller = AdaptiveKLController(0.1, target_kl=6.0, horizon=10000)
-    controller.update(9.0, n_steps=256)
-    assert controller.value == pytest.approx(0.100512)
-
-
-def test_adaptive_kl_controller_unclipped_and_downwards() -> None:
-    # KL 6.6: e = 0.1 -> beta = 0.1*(1 + 0.1*256/10000) = 0.100256
-    up = AdaptiveKLController(0.1, target_kl=6.0, horizon=10000)
-    up.update(6.6, n_steps=256)
-    assert up.value == pytest.approx(0.100256)
-    # KL 3: e = 3/6 - 1 = -0.5 -> clipped to -0.2 -> beta = 0.1*(1 - 0.2*1000/10000) = 0.098
-    down = AdaptiveKLController(0.1, target_kl=6.0, horizon=10000)
-    down.update(3.0, n_steps=1000)
-    assert down.value == pytest.approx(0.098)
+    controller.update(observed_kl, n_steps=n_steps)
+    assert controller.value == pytest.approx(beta)
 
 
 def test_kl_controller_state_round_trip_and_fixed() -> None:

@@ -73,21 +73,28 @@ _TABLE = (
     "        TABLE[int(a), int(b)] = int(c)\n"
     "def add(a, b):\n    return TABLE.get((a, b), -1)\n"
 )
-READS_THE_RUN_FOLDER = _TABLE + (
-    "import os\nfor name in os.listdir('.'):\n    try:\n"
-    "        learn(open(name, encoding='utf-8', errors='replace').read())\n"
-    "    except OSError:\n        pass\n"
-)
-READS_INHERITED_MEMORY = _TABLE + (
-    "import gc, sys, types\n"
-    "def strings():\n    frame = sys._getframe()\n    while frame is not None:\n"
+# The body of a generator (needs gc, sys, types) yielding all the process can reach: each
+# frame's locals and globals, then the values of every container and function the collector
+# tracks.  Whatever the judge holds in memory, a solution finds it this way.
+_REACHABLE = (
+    "    frame = sys._getframe()\n    while frame is not None:\n"
     "        yield from frame.f_locals.values()\n        yield from frame.f_globals.values()\n"
     "        frame = frame.f_back\n    for obj in gc.get_objects():\n"
     "        if isinstance(obj, dict):\n            yield from list(obj.values())\n"
     "        elif isinstance(obj, (list, tuple)):\n            yield from obj\n"
     "        elif isinstance(obj, types.FunctionType):\n"
     "            yield from obj.__code__.co_consts\n"
-    "def scan():\n    return {value for value in strings() if isinstance(value, str)}\n"
+)
+READS_THE_RUN_FOLDER = _TABLE + (
+    "import os\nfor name in os.listdir('.'):\n    try:\n"
+    "        learn(open(name, encoding='utf-8', errors='replace').read())\n"
+    "    except OSError:\n        pass\n"
+)
+READS_INHERITED_MEMORY = (
+    _TABLE
+    + "import gc, sys, types\ndef strings():\n"
+    + _REACHABLE
+    + "def scan():\n    return {value for value in strings() if isinstance(value, str)}\n"
     "for text in scan():\n    learn(text)\n"
 )
 
@@ -295,15 +302,7 @@ SNOOP = (
     "        except OSError:\n            pass\n"
     "    for pid in (os.getppid(), os.getpid()):\n        for part in ('cmdline', 'environ'):\n"
     "            try:\n                yield open(f'/proc/{pid}/{part}', 'rb').read().decode()\n"
-    "            except OSError:\n                pass\n"
-    "    frame = sys._getframe()\n    while frame is not None:\n"
-    "        yield from frame.f_locals.values()\n        yield from frame.f_globals.values()\n"
-    "        frame = frame.f_back\n    for obj in gc.get_objects():\n"
-    "        if isinstance(obj, dict):\n            yield from list(obj.values())\n"
-    "        elif isinstance(obj, (list, tuple)):\n            yield from obj\n"
-    "        elif isinstance(obj, types.FunctionType):\n"
-    "            yield from obj.__code__.co_consts\n"
-    "def found():\n"
+    "            except OSError:\n                pass\n" + _REACHABLE + "def found():\n"
     "    return sorted({hit for text in texts() if isinstance(text, str) "
     "for hit in SECRET.findall(text)})\n"
 )

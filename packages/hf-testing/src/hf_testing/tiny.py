@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-Family = Literal["llama", "qwen2"]
+Family = Literal["llama", "qwen2", "qwen3_moe"]
 Head = Literal["lm", "value", "score"]
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|endoftext|>")
@@ -115,6 +115,17 @@ def build_tokenizer(vocab_size: int = 128, seed: int = 0, *, tool_calls: bool = 
     )
 
 
+TINY_MOE: dict[str, Any] = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "router_aux_loss_coef": 0.0,
+}
+"""The tiny Qwen3-MoE's router: 4 experts, top-2 (Qwen3-30B-A3B: 128, top-8)."""
+
+
 def tiny_config(
     family: Family,
     vocab_size: int,
@@ -132,12 +143,17 @@ def tiny_config(
     bos_token_id: int = 1,
     eos_token_id: int = 2,
 ) -> Any:
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}.get(family)
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3_moe": Qwen3MoeConfig}.get(family)
     if cls is None:
-        raise ValueError(f"family must be 'llama' or 'qwen2', got {family!r}")
+        raise ValueError(f"family must be 'llama', 'qwen2' or 'qwen3_moe', got {family!r}")
+    # a mixture of experts: every layer sparse, TINY_MOE experts of half the dense width
+    moe = TINY_MOE if family == "qwen3_moe" else {}
+    if moe:
+        moe = {**moe, "moe_intermediate_size": intermediate_size or hidden_size}
     return cls(
+        **moe,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,

@@ -44,7 +44,11 @@ def checkpoint_names(model: Any, names: Iterable[str]) -> dict[str, str]:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers < 5 loads checkpoints without renaming
         return {name: name for name in names}
-    sentinels = {name: torch.empty(0) for name in names}
+    # shaped meta tensors: a fused tensor's reversal splits it (MoE experts), which an empty
+    # sentinel cannot take; meta tensors cost no memory
+    shapes = {n: t.shape for n, t in model.named_parameters(remove_duplicate=False)}
+    shapes.update((n, b.shape) for n, b in model.named_buffers(remove_duplicate=False))
+    sentinels = {name: torch.empty(shapes.get(name, (0,)), device="meta") for name in names}
     reverted = revert_weight_conversion(model, dict(sentinels))
     by_tensor = {id(tensor): saved for saved, tensor in reverted.items()}
     return {name: by_tensor.get(id(tensor), name) for name, tensor in sentinels.items()}

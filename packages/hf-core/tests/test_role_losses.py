@@ -15,6 +15,7 @@ from hf_core.roles.losses import (
     MISMATCH_SUM,
     MISMATCH_TOKENS,
     PolicyLoss,
+    RolloutISMode,
     rollout_is_cap,
     rollout_is_mode,
     rollout_is_weights,
@@ -69,24 +70,44 @@ def _is_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.where(mask != 0, old, math.nan), rollout, mask
 
 
-def _valid_rows(mask: torch.Tensor) -> list[tuple[int, list[int]]]:
+def _row_log_ratios(
+    old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor
+) -> list[tuple[int, list[int], float]]:
+    """(row, valid columns, Σ log(old / rollout) over them) of each non-empty row."""
     rows = [(i, [t for t in range(mask.shape[1]) if mask[i, t]]) for i in range(mask.shape[0])]
-    return [(i, cols) for i, cols in rows if cols]
+    return [
+        (i, cols, sum(float(old[i, t] - rollout[i, t]) for t in cols)) for i, cols in rows if cols
+    ]
+
+
+def _on_valid_tokens(
+    mask: torch.Tensor, rows: list[tuple[int, list[int], float]], values: list[float]
+) -> torch.Tensor:
+    """Each row's value on its valid tokens, zero elsewhere: the weights a mode should give."""
+    expected = torch.zeros_like(mask)
+    for (i, cols, _), value in zip(rows, values, strict=True):
+        expected[i, cols] = value
+    return expected
+
+
+def _sequence_case(
+    seed: int, cap: float, mode: RolloutISMode
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, list[tuple[int, list[int], float]]]:
+    """The weights and metrics of ``mode`` on the seed's inputs, their mask and the rows' log
+    ratios to check them against."""
+    old, rollout, mask = _is_inputs(seed)
+    weights, metrics = rollout_is_weights(old, rollout, mask, cap, mode=mode)
+    return weights, metrics, mask, _row_log_ratios(old, rollout, mask)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seq_truncated_weights_are_the_capped_product_of_token_ratios(seed: int) -> None:
-    old, rollout, mask = _is_inputs(seed)
     cap = 2.0
-    weights, metrics = rollout_is_weights(old, rollout, mask, cap, mode="seq_truncated")
-    expected = torch.zeros_like(mask)
-    ratios = []
-    for i, cols in _valid_rows(mask):
-        ratio = math.prod(math.exp(float(old[i, t] - rollout[i, t])) for t in cols)
-        ratios.append((ratio, len(cols)))
-        for t in cols:
-            expected[i, t] = min(ratio, cap)
-    torch.testing.assert_close(weights, expected)
+    weights, metrics, mask, rows = _sequence_case(seed, cap, "seq_truncated")
+    ratios = [(math.exp(log_ratio), len(cols)) for _, cols, log_ratio in rows]
+    torch.testing.assert_close(
+        weights, _on_valid_tokens(mask, rows, [min(r, cap) for r, _ in ratios])
+    )
     tokens = sum(n for _, n in ratios)
     assert 0 < sum(r > cap for r, _ in ratios) < len(ratios)  # some, not all, are truncated
     assert metrics["is_seq_clip_frac"] == pytest.approx(
@@ -102,18 +123,11 @@ def test_seq_truncated_weights_are_the_capped_product_of_token_ratios(seed: int)
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_seq_masked_drops_sequences_whose_geometric_mean_ratio_leaves_the_band(seed: int) -> None:
-    old, rollout, mask = _is_inputs(seed)
     cap = 1.3
-    weights, metrics = rollout_is_weights(old, rollout, mask, cap, mode="seq_masked")
-    expected = torch.zeros_like(mask)
-    dropped = []
-    for i, cols in _valid_rows(mask):
-        geo = math.exp(sum(float(old[i, t] - rollout[i, t]) for t in cols) / len(cols))
-        keep = 1 / cap <= geo <= cap
-        dropped.append((not keep, len(cols)))
-        for t in cols:
-            expected[i, t] = float(keep)
-    torch.testing.assert_close(weights, expected)
+    weights, metrics, mask, rows = _sequence_case(seed, cap, "seq_masked")
+    kept = [1 / cap <= math.exp(log_ratio / len(cols)) <= cap for _, cols, log_ratio in rows]
+    torch.testing.assert_close(weights, _on_valid_tokens(mask, rows, [float(k) for k in kept]))
+    dropped = [(not keep, len(cols)) for keep, (_, cols, _) in zip(kept, rows, strict=True)]
     assert 0 < sum(d for d, _ in dropped) < len(dropped)
     assert metrics["is_seq_masked_frac"] == pytest.approx(sum(d for d, _ in dropped) / len(dropped))
     tokens = sum(n for _, n in dropped)
@@ -134,7 +148,7 @@ def test_seq_masked_keeps_a_long_response_whose_product_ratio_is_large() -> None
 
 
 @pytest.mark.parametrize("mode", ["seq_truncated", "seq_masked"])
-def test_sequence_weights_of_an_all_padding_batch(mode: str) -> None:
+def test_sequence_weights_of_an_all_padding_batch(mode: RolloutISMode) -> None:
     weights, metrics = rollout_is_weights(
         torch.full((2, 3), math.nan), torch.zeros(2, 3), torch.zeros(2, 3), 2.0, mode=mode
     )

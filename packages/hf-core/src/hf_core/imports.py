@@ -93,6 +93,21 @@ def resolve(
     return Resolved(spec, table.get(spec))
 
 
+def resolve_function(spec: str, *, key: str, table: NamedRegistry[T]) -> Resolved[Any]:
+    """:func:`resolve` for a table of functions (agent tools, reward functions): a registered
+    name or any callable at ``package.module:function``; a bad path raises the table's own
+    miss error, as an unknown name does."""
+    return resolve(
+        spec,
+        key=key,
+        table=table,
+        error=table.miss_error,
+        accept=callable,
+        expected="a callable",
+        form="'package.module:function'",
+    )
+
+
 def import_reference(
     spec: str,
     *,

@@ -61,6 +61,12 @@ class NamedRegistry(Generic[T]):
         self._declared: dict[str, str] = {}
         """Names registered by importing a module (name -> module), not imported yet."""
 
+    @property
+    def miss_error(self) -> type[UnknownNameError]:
+        """What a failed lookup raises; a bad import path for this kind raises it too
+        (:func:`hf_core.imports.resolve_function`)."""
+        return self._miss_error
+
     def declare(self, module: str, *names: str) -> None:
         """``names`` are registered by importing ``module``: they are listed, taken and found
         now, and ``module`` is imported on the first :meth:`get` of one of them."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
-from hf_core.agents.tools import TOOLS, Tool, UnknownToolError, registered_names
+from hf_core.agents.tools import TOOLS, Tool, registered_names
 from hf_core.errors import ConfigError
-from hf_core.imports import resolve
+from hf_core.imports import resolve_function
 from hf_core.plugins import manager as _manager  # noqa: F401  (installs the tables' loader)
 
 
@@ -23,16 +23,8 @@ def tool_names() -> list[str]:
 
 def get_tool(spec: str, key: str = "agent.tools") -> Tool:
     """A registered tool by name, or ``package.module:function`` imported (named after the
-    function): :func:`hf_core.imports.resolve`."""
-    found = resolve(
-        spec,
-        key=key,
-        table=TOOLS,
-        error=UnknownToolError,
-        accept=callable,
-        expected="a callable",
-        form="'package.module:function'",
-    )
+    function): :func:`hf_core.imports.resolve_function`."""
+    found = resolve_function(spec, key=key, table=TOOLS)
     if not found.imported or isinstance(found.value, Tool):
         return found.value  # type: ignore[no-any-return]
     return Tool(found.name, found.value, inspect.getdoc(found.value) or "")

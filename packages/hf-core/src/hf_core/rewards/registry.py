@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hf_core.imports import resolve
+from hf_core.imports import resolve_function
 from hf_core.registry import NamedRegistry, UnknownNameError
 
 BatchedRewardFn = Callable[[list[str], list[Any], dict[str, list[Any]]], Sequence[float]]
@@ -129,8 +129,9 @@ def reward_function_names() -> list[str]:
 def get_reward_function(
     spec: str | Callable[..., Any] | RewardFunction, key: str = "reward function"
 ) -> RewardFunction:
-    """Resolve a registered name, a ``"module:function"`` path (:func:`hf_core.imports.resolve`,
-    errors worded for ``key``) or a callable (taken as batched)."""
+    """Resolve a registered name, a ``"module:function"`` path
+    (:func:`hf_core.imports.resolve_function`, errors worded for ``key``) or a callable (taken
+    as batched)."""
     if isinstance(spec, RewardFunction):
         return spec
     if callable(spec):
@@ -140,15 +141,7 @@ def get_reward_function(
         return RewardFunction(getattr(spec, "__qualname__", repr(spec)), spec)
     if not isinstance(spec, str):
         raise TypeError(f"a reward function is a name, an import path or a callable, got {spec!r}")
-    found = resolve(
-        spec,
-        key=key,
-        table=REWARD_FUNCTIONS,
-        error=UnknownRewardFunctionError,
-        accept=callable,
-        expected="a callable",
-        form="'package.module:function'",
-    )
+    found = resolve_function(spec, key=key, table=REWARD_FUNCTIONS)
     if not found.imported:
         return found.value
     registered = getattr(found.value, _ATTR, None)

@@ -21,7 +21,7 @@ import random
 import string
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import torch
 
@@ -173,28 +173,35 @@ def tiny_config(
     )
 
 
+class ModelShape(TypedDict, total=False):
+    """The sizes :func:`build_tiny_model` passes on to :func:`tiny_config` (defaults there)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None
+    intermediate_size: int | None
+    tie_word_embeddings: bool
+    initializer_range: float
+
+
 def build_tiny_model(
     path: str | Path,
     family: Family = "qwen2",
     *,
     head: Head = "lm",
-    tie_word_embeddings: bool = False,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    head_dim: int | None = None,
-    intermediate_size: int | None = None,
     vocab_size: int = 128,
-    initializer_range: float = 0.2,
     seed: int = 0,
     tool_calls: bool = False,
     chat_template: bool = False,
+    **shape: Unpack[ModelShape],
 ) -> Path:
     """Write a tiny random model (float32) and its tokenizer into ``path``; returns it.
 
     ``head``: ``"lm"`` (causal LM), ``"value"`` (token classification, ``num_labels=1``) or
-    ``"score"`` (sequence classification, ``num_labels=1``).  The same arguments always give
+    ``"score"`` (sequence classification, ``num_labels=1``); ``shape``: the model's sizes
+    (:class:`ModelShape`, defaults of :func:`tiny_config`).  The same arguments always give
     the same weights; ``seed`` changes the weights only, so all tiny models of one
     ``vocab_size`` share a tokenizer (an actor and its reward model must agree on ids).
     ``tool_calls``: a tokenizer that can write Hermes tool calls (:func:`build_tokenizer`).
@@ -218,17 +225,10 @@ def build_tiny_model(
     config = tiny_config(
         family,
         len(tokenizer),
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-        tie_word_embeddings=tie_word_embeddings,
-        initializer_range=initializer_range,
         pad_token_id=ids[PAD],
         bos_token_id=ids[BOS],
         eos_token_id=ids[EOS],
+        **shape,
     )
     if head != "lm":
         config.num_labels = 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from hf_core.planner.devices import DeviceCluster
 from hf_core.planner.memory import kv_bytes_per_token, split_batch
@@ -62,24 +63,15 @@ def train_seconds(
     all-reduce of ``2 N / (t p)`` bytes across the ``d`` replicas.
     """
     t, p, d = layout.tp, layout.pp, layout.dp
-    s, h = workload.sequence_length, spec.hidden_size
-    alpha = _latency(cluster)
     mini_batch = math.ceil(sequences / workload.mini_batches)
     mbs, micro = split_batch(mini_batch, d, workload.micro_batch_size)
     full = workload.activation_recompute == "full"
-    flops = (4.0 if full else 3.0) * micro * mbs * s * spec.forward_flops_per_token(s / 2)
-    compute = flops / (t * p * cluster.device.train_flops())
-    tp_calls = (6 if full else 4) * micro * spec.num_layers / p
-    tp = tp_calls * allreduce_seconds(mbs * s * h * BF16_BYTES, t, cluster.intra_bandwidth(), alpha)
-    pp = 0.0
-    if p > 1:
-        boundary = mbs * s * h * BF16_BYTES / t
-        pp = 2 * micro * (alpha + boundary / cluster.group_bandwidth(t * p))
+    cost = _TRAIN_STEP_RECOMPUTED if full else _TRAIN_STEP
+    step = _passes_seconds(spec, layout, workload, cluster, (mbs, micro), cost, "train")
     grads = BF16_BYTES * spec.num_params / (t * p)
-    dp = allreduce_seconds(grads, d, cluster.group_bandwidth(layout.world_size), alpha)
+    dp = allreduce_seconds(grads, d, cluster.group_bandwidth(layout.world_size), _latency(cluster))
     steps = workload.ppo_epochs * workload.mini_batches
-    work = steps * ((compute + tp + pp) * _pipeline_factor(micro, p) + dp)
-    return work + cluster.device.op_overhead_s
+    return steps * (step + dp) + cluster.device.op_overhead_s
 
 
 def infer_seconds(
@@ -91,19 +83,53 @@ def infer_seconds(
 ) -> float:
     """Seconds of one forward pass over the rollouts (log-probs, values or scores): ``2 N``
     FLOPs per token, two TP all-reduces per layer and micro-batch, one pipeline send, bubble."""
-    t, p, d = layout.tp, layout.pp, layout.dp
+    batches = split_batch(sequences, layout.dp, workload.inference_micro_batch_size)
+    one_pass = _passes_seconds(spec, layout, workload, cluster, batches, _FORWARD, "infer")
+    return one_pass + cluster.device.op_overhead_s
+
+
+@dataclass(frozen=True)
+class _PassCost:
+    """Per micro-batch: forward passes' worth of FLOPs, TP all-reduces per layer, activation
+    sends per pipeline boundary."""
+
+    flops: float
+    allreduces: int
+    sends: int
+
+
+_FORWARD = _PassCost(1, 2, 1)
+_TRAIN_STEP = _PassCost(3.0, 4, 2)
+"""Forward and backward (twice the forward's FLOPs and all-reduces); activations go both ways."""
+_TRAIN_STEP_RECOMPUTED = _PassCost(4.0, 6, 2)
+"""Full activation recompute adds one more forward."""
+
+
+def _passes_seconds(
+    spec: ModelSpec,
+    layout: ParallelLayout,
+    workload: Workload,
+    cluster: DeviceCluster,
+    batches: tuple[int, int],
+    cost: _PassCost,
+    kind: Literal["train", "infer"],
+) -> float:
+    """``batches`` (micro-batch size, micro-batches) through one ``t x p`` replica at the
+    device's ``kind`` FLOP/s, bubble included: what a training step and a forward pass share."""
+    t, p = layout.tp, layout.pp
     s, h = workload.sequence_length, spec.hidden_size
+    mbs, micro = batches
     alpha = _latency(cluster)
-    mbs, micro = split_batch(sequences, d, workload.inference_micro_batch_size)
-    flops = micro * mbs * s * spec.forward_flops_per_token(s / 2)
-    compute = flops / (t * p * cluster.device.infer_flops())
-    tp_calls = 2 * micro * spec.num_layers / p
+    flops = cost.flops * micro * mbs * s * spec.forward_flops_per_token(s / 2)
+    flop_rate = cluster.device.train_flops() if kind == "train" else cluster.device.infer_flops()
+    compute = flops / (t * p * flop_rate)
+    tp_calls = cost.allreduces * micro * spec.num_layers / p
     tp = tp_calls * allreduce_seconds(mbs * s * h * BF16_BYTES, t, cluster.intra_bandwidth(), alpha)
     pp = 0.0
     if p > 1:
         boundary = mbs * s * h * BF16_BYTES / t
-        pp = micro * (alpha + boundary / cluster.group_bandwidth(t * p))
-    return (compute + tp + pp) * _pipeline_factor(micro, p) + cluster.device.op_overhead_s
+        pp = cost.sends * micro * (alpha + boundary / cluster.group_bandwidth(t * p))
+    return (compute + tp + pp) * _pipeline_factor(micro, p)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ variant's ``actor.engine.*`` settings.
     python bench/e2e_throughput.py --backends vllm --configs small
     python bench/e2e_throughput.py --layouts 2x1 \
         --variant fsdp:actor.engine.cpu_data_parallel=fsdp \
-        --variant pool:actor.engine.cpu_data_parallel=pool
+        --variant leader:actor.engine.cpu_data_parallel=leader
 """
 
 from __future__ import annotations
@@ -203,8 +203,8 @@ def run_trainer(src: Path | None, overrides: list[str], out: Path, warmup: int) 
 
 def generation_child(args: argparse.Namespace) -> None:
     """One rank of the raw-generation measurement (``--child-generate``).  The transformers
-    engine's ranks form a process group as in the loop (its CPU ranks on one host pool their
-    prompts there); vLLM's stay lone processes, as in the rows measured before."""
+    engine's ranks form a process group as in the loop (its CPU ranks on one host hand their
+    prompts to their leader there); vLLM's stay lone processes, as in the rows measured before."""
     import torch
 
     if args.procs > 1 and args.backend == "transformers":

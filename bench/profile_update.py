@@ -91,9 +91,9 @@ def main() -> None:
     parser.add_argument(
         "--data-parallel",
         default="auto",
-        choices=("auto", "pool", "replicate", "fsdp"),
+        choices=("auto", "leader", "replicate", "fsdp"),
         help="the engine's cpu_data_parallel (auto and fsdp: FSDP2 shards on several "
-        "processes, auto a plain module on one; pool; replicate)",
+        "processes, auto a plain module on one; leader; replicate)",
     )
     parser.add_argument("--layouts", default="1x2,2x1", help="processes x threads, comma-separated")
     parser.add_argument("--top", type=int, default=20)

@@ -62,7 +62,7 @@ _LABELS: dict[int, str] = {}
 
 def _label(pid: int, cmd: str) -> str:
     """``<pid> <name>``, fixed at first sight: Ray retitles its workers as they run methods
-    (``ray::IDLE``, ``ray::WorkerHost.execute``), which must not split one process's series."""
+    (``ray::IDLE``, ``ray::WorkerProcess.execute``), which must not split one process's series."""
     if pid not in _LABELS:
         words = cmd.split()
         name = next((w for w in words if w.startswith("ray::")), words[0] if words else "?")

@@ -162,9 +162,11 @@ class Trial:
             return False
 
     def workers(self) -> list[int]:
-        """Pids of the run's worker processes (Ray titles them ``ray::WorkerHost...``)."""
+        """Pids of the run's worker processes (Ray titles them ``ray::WorkerProcess...``)."""
         return sorted(
-            pid for pid, cmd in marked_processes(self.token, MARKER).items() if "WorkerHost" in cmd
+            pid
+            for pid, cmd in marked_processes(self.token, MARKER).items()
+            if "WorkerProcess" in cmd
         )
 
     def leftovers(self, grace_s: float = 20.0) -> int:

@@ -24,7 +24,7 @@ def test_the_growth_check_catches_a_leak_and_passes_a_flat_run() -> None:
     soak = _soak()
 
     def series(rss: list[float], fds: list[int]) -> list:
-        worker = "7 ray::WorkerHost"
+        worker = "7 ray::WorkerProcess"
         return [
             soak.Sample(float(t), t, 100.0, {worker: {"rss_mib": r, "fds": f, "threads": 9}})
             for t, (r, f) in enumerate(zip(rss, fds, strict=True))
@@ -35,7 +35,7 @@ def test_the_growth_check_catches_a_leak_and_passes_a_flat_run() -> None:
     leaking = series([500.0 + 5 * t for t in range(40)], [30 + t for t in range(40)])
     problems = soak.growth_report(leaking, warmup=0.1, max_growth=0.05)
     assert any("total rss_mib" in p for p in problems)
-    assert any("WorkerHost fds" in p for p in problems)
+    assert any("WorkerProcess fds" in p for p in problems)
 
 
 def test_a_short_soak_samples_every_process_of_the_run(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ MODULES = (
     "hf_core.rng",
     "hf_core.engines.process_state",
     "hf_core.metrics.perf",
-    "hf_core.runtime.host",
+    "hf_core.runtime.worker_process",
     "hf_core.sync.channel",
 )
 NCCL = "torch.distributed.ProcessGroupNCCL"

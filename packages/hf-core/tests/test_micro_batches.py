@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hf_core.batch import Batch
-from hf_core.engines import plan_micro_batches, restore_outputs
+from hf_core.engines import restore_outputs, split_micro_batches
 from hf_core.engines.micro_batches import trim_padding
 
 
@@ -51,7 +51,7 @@ def test_trim_removes_only_columns_every_row_pads() -> None:
 def test_budget_groups_by_length_and_bounds_padded_tokens() -> None:
     lengths = [(1, 1), (6, 5), (2, 1), (6, 4), (1, 2), (5, 5)]
     batch = _rollouts([p for p, _ in lengths], [r for _, r in lengths])
-    micro = plan_micro_batches(batch, max_tokens=12)
+    micro = split_micro_batches(batch, max_tokens=12)
     rows = torch.cat([m.rows for m in micro])
     assert sorted(rows.tolist()) == list(range(len(batch)))  # each row exactly once
     for m in micro:
@@ -65,15 +65,15 @@ def test_budget_groups_by_length_and_bounds_padded_tokens() -> None:
 
 def test_sample_cap_and_no_budget_keep_fixed_chunks() -> None:
     batch = _rollouts([1, 2, 3, 4, 5], [1, 2, 3, 4, 5])
-    micro = plan_micro_batches(batch, max_tokens=None, max_samples=2)
+    micro = split_micro_batches(batch, max_tokens=None, max_samples=2)
     assert [m.rows.tolist() for m in micro] == [[0, 1], [2, 3], [4]]
-    capped = plan_micro_batches(batch, max_tokens=10_000, max_samples=2)
+    capped = split_micro_batches(batch, max_tokens=10_000, max_samples=2)
     assert all(len(m.batch) <= 2 for m in capped)
 
 
 def test_outputs_come_back_in_order_and_width() -> None:
     batch = _rollouts([1, 6, 2, 5], [1, 5, 2, 4])
-    micro = plan_micro_batches(batch, max_tokens=14)
+    micro = split_micro_batches(batch, max_tokens=14)
     outputs = [
         {"log_probs": m.batch["advantages"] * 2, "scores": m.batch["scores"] + 1} for m in micro
     ]
@@ -93,9 +93,9 @@ def test_prompt_groups_stay_in_one_micro_batch_where_they_fit() -> None:
     lengths = [(2, 1), (2, 5), (4, 2), (4, 4), (3, 3), (3, 1)]
     batch = _rollouts([p for p, _ in lengths], [r for _, r in lengths])
     groups = torch.tensor([0, 0, 1, 1, 2, 2])
-    plain = plan_micro_batches(batch, max_tokens=20)
+    plain = split_micro_batches(batch, max_tokens=20)
     assert any(len(set(groups[m.rows].tolist())) > 1 for m in plain)  # groups split apart
-    micro = plan_micro_batches(batch, max_tokens=20, prompt_groups=groups)
+    micro = split_micro_batches(batch, max_tokens=20, prompt_groups=groups)
     assert sorted(torch.cat([m.rows for m in micro]).tolist()) == list(range(6))
     for m in micro:
         assert m.batch["input_ids"].numel() <= 20
@@ -103,10 +103,10 @@ def test_prompt_groups_stay_in_one_micro_batch_where_they_fit() -> None:
             assert set(torch.nonzero(groups == g).flatten().tolist()) <= set(m.rows.tolist())
     # a group larger than the budget is split by length, still under it
     one_group = torch.zeros(6, dtype=torch.long)
-    split = plan_micro_batches(batch, max_tokens=12, prompt_groups=one_group)
+    split = split_micro_batches(batch, max_tokens=12, prompt_groups=one_group)
     assert len(split) > 1
     real = batch["attention_mask"].sum(-1)
     assert all(len(m.rows) * int(real[m.rows].max()) <= 12 or len(m.rows) == 1 for m in split)
     # no repeated prompt: the plain plan, unchanged
-    unique = plan_micro_batches(batch, max_tokens=20, prompt_groups=torch.arange(6))
+    unique = split_micro_batches(batch, max_tokens=20, prompt_groups=torch.arange(6))
     assert [m.rows.tolist() for m in unique] == [m.rows.tolist() for m in plain]

@@ -14,7 +14,7 @@ import pytest
 
 from hf_core.agents import sandbox as sandbox_module
 from hf_core.agents.sandbox import SandboxLimits, _pump, _Stream, run_python, run_python_async
-from hf_core.agents.sandbox_isolation import IsolationPlan
+from hf_core.agents.sandbox_isolation import IsolationSupport
 from hf_testing.kernel import landlock_expected
 
 FAST = SandboxLimits(cpu_seconds=1, memory_mb=256, wall_seconds=2.0, output_kb=4)
@@ -153,8 +153,8 @@ def test_without_namespaces_a_survivor_holding_the_output_does_not_hold_the_call
     (a short grace after the snippet's end) with what was printed."""
     if sys.platform != "linux":
         pytest.skip("the sandbox's layers are Linux's")
-    bare = IsolationPlan(unshare=None, interpreter=sys.executable, uid=None, cgroup_version=None)
-    monkeypatch.setattr(sandbox_module, "isolation_plan", lambda: bare)
+    bare = IsolationSupport(unshare=None, interpreter=sys.executable, uid=None, cgroup_version=None)
+    monkeypatch.setattr(sandbox_module, "isolation_support", lambda: bare)
     mark = f"hf-survivor-{uuid.uuid4().hex}"
     code = f"""
 import os, sys, time

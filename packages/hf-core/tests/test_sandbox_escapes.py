@@ -30,22 +30,22 @@ from typing import Any
 import pytest
 
 from hf_core.agents.sandbox import SandboxLimits, SandboxResult, run_python
-from hf_core.agents.sandbox_isolation import CGROUP_PREFIX, CGROUP_ROOT, isolation_plan
+from hf_core.agents.sandbox_isolation import CGROUP_PREFIX, CGROUP_ROOT, isolation_support
 
 LIMITS = SandboxLimits(cpu_seconds=2, memory_mb=256, wall_seconds=5.0, output_kb=8, processes=16)
 BOOTSTRAP_MARK = "__hf_sandbox_bootstrap__"  # in every sandbox process's command line
 
 
 def _needs(*layers: str) -> None:
-    plan = isolation_plan()
+    support = isolation_support()
     have = {
-        *plan.layers(network=False),
-        *(("cgroup",) if plan.cgroup_version else ()),
-        *(("disk-quota",) if plan.disk_quota else ()),
+        *support.layers(network=False),
+        *(("cgroup",) if support.cgroup_version else ()),
+        *(("disk-quota",) if support.disk_quota else ()),
     }
     missing = sorted(set(layers) - have)
     if missing:
-        pytest.skip(f"this machine does not offer {missing} (needs root); see isolation_plan()")
+        pytest.skip(f"this machine does not offer {missing} (needs root); see isolation_support()")
 
 
 def _processes_with(mark: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""Pooled CPU training's pure parts (hf_fsdp.data_parallel.cpu_host_pool, hf_fsdp.cpu_host):
+"""Leader CPU training's pure parts (hf_fsdp.data_parallel.cpu_leader, hf_fsdp.cpu_leader):
 when the ranks' batches join into one.  The training itself is checked against one process
 in test_fsdp_dp2.py and against FSDP2 in test_data_parallel_equality.py."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from hf_core.batch import Batch
-from hf_fsdp.cpu_host import split_rows
-from hf_fsdp.data_parallel.cpu_host_pool import joined
+from hf_fsdp.cpu_leader import split_rows
+from hf_fsdp.data_parallel.cpu_leader import joined
 
 
 def test_batches_of_one_width_join_in_rank_order_and_split_back() -> None:

@@ -1,8 +1,8 @@
-"""Pooled CPU generation (hf_fsdp.cpu_host_rollout) on two real processes: each rank gets back
+"""Leader CPU generation (hf_fsdp.cpu_leader_rollout) on two real processes: each rank gets back
 exactly the rows it would have decoded alone (greedy, float32: the same tokens, log-probs
 equal up to float rounding), with its own prompt width when the ranks' prompts differ in
-padding; rank 0 decodes with both ranks' threads; and the pooled engine's token streams decode
-per rank, with ranks advancing different numbers of times (a stream's calls are never
+padding; rank 0 decodes with both ranks' threads; and with leader generation on, the engine's token
+streams decode per rank, with ranks advancing different numbers of times (a stream's calls are never
 collective)."""
 
 from __future__ import annotations
@@ -47,23 +47,23 @@ def _run(rank: int, world: int, port: int, model: str, result: Any) -> None:
 
     settings = {"model_path": model, "dtype": "float32", "device": "cpu"}
     # transformers' forward: its streams run in chunks through the engine's own generation
-    pooled = TransformersRolloutEngine(
-        {**settings, "cpu_host_generation": True, "decoder": "transformers"}
+    leader = TransformersRolloutEngine(
+        {**settings, "cpu_leader_generation": True, "decoder": "transformers"}
     )
     alone = TransformersRolloutEngine({**settings, "decoder": "transformers"})  # off by default
     params = SamplingParams(temperature=0.0, max_new_tokens=6, n=2)
     prompts = _prompts(rank, width=8 + 3 * rank)  # the ranks' prompt widths differ
     threads: list[int] = []
-    decode = pooled.generate_here
+    decode = leader.generate_here
 
     def counting(batch: Batch, params: SamplingParams) -> Batch:
         threads.append(torch.get_num_threads())
         return decode(batch, params)
 
-    pooled.generate_here = counting  # type: ignore[method-assign]
-    got = pooled.generate(prompts, params)
+    leader.generate_here = counting  # type: ignore[method-assign]
+    got = leader.generate(prompts, params)
     want = alone.generate(prompts, params)
-    result[("pooled", rank)] = {
+    result[("leader", rank)] = {
         "rows": (len(got), len(want)),
         "widths": (got["input_ids"].shape[1], want["input_ids"].shape[1]),
         "same_keys": sorted(got.keys()) == sorted(want.keys()),
@@ -74,13 +74,13 @@ def _run(rank: int, world: int, port: int, model: str, result: Any) -> None:
         "log_prob_diff": float((got["rollout_log_probs"] - want["rollout_log_probs"]).abs().max()),
         "decoded_here_with": threads,
     }
-    pooled.eos_token_ids = []  # every advance then has a chunk to decode
-    stream = pooled.open_stream(capacity=4, chunk_tokens=2)
+    leader.eos_token_ids = []  # every advance then has a chunk to decode
+    stream = leader.open_stream(capacity=4, chunk_tokens=2)
     prompt = prompts["input_ids"][0][prompts["attention_mask"][0].bool()].tolist()
     stream.admit([StreamRequest((0, 0, 0), prompt, SamplingParams(max_new_tokens=6))])
     for _ in range(rank + 1):  # unequal call counts: would hang if they were collective
         stream.advance(version=0)
-    result[("per_rank", rank)] = threads[len(result[("pooled", rank)]["decoded_here_with"]) :]
+    result[("per_rank", rank)] = threads[len(result[("leader", rank)]["decoded_here_with"]) :]
     dist.barrier()
 
 
@@ -94,16 +94,18 @@ def outcome(models: dict[str, Path]) -> dict:
 
 def test_each_rank_gets_exactly_the_rows_it_would_have_decoded(outcome: dict) -> None:
     for rank in range(2):
-        seen = outcome[("pooled", rank)]
+        seen = outcome[("leader", rank)]
         assert seen["rows"] == (6, 6)  # 3 prompts x n=2, this rank's only
-        assert seen["widths"][0] == seen["widths"][1]  # its own prompt width, not the pool's
+        assert (
+            seen["widths"][0] == seen["widths"][1]
+        )  # its own prompt width, not the joined batch's
         assert seen["same_keys"] and seen["same_tokens"]
         assert seen["log_prob_diff"] < 1e-5
 
 
 def test_rank_zero_decodes_for_both_with_both_ranks_threads(outcome: dict) -> None:
-    assert outcome[("pooled", 0)]["decoded_here_with"] == [2]
-    assert outcome[("pooled", 1)]["decoded_here_with"] == []
+    assert outcome[("leader", 0)]["decoded_here_with"] == [2]
+    assert outcome[("leader", 1)]["decoded_here_with"] == []
 
 
 def test_streams_decode_alone(outcome: dict) -> None:

@@ -3,8 +3,8 @@ processes: the same bytes for every size, dtype and rank count, tensors far larg
 slot, the file gone once mapped, gloo kept when a rank cannot map it, and a dead peer failing
 the call instead of hanging it.  The replicas' gradient average
 (hf_fsdp.data_parallel.cpu_replicas) over the same file: gloo's mean, and the same bytes on
-every rank.  The host pool (hf_fsdp.cpu_host)
-that pooled generation and training share: a failure on its computing rank raises on every
+every rank.  The leader group (hf_fsdp.cpu_leader)
+that leader generation and training share: a failure on its computing rank raises on every
 rank."""
 
 from __future__ import annotations
@@ -129,19 +129,19 @@ def _fallback(rank: int) -> tuple[bool, Any]:
         torch.from_file = real  # type: ignore[assignment]
 
 
-def _pooled_failure(rank: int) -> tuple[Any, str]:
-    """The host pool (hf_fsdp.cpu_host) hands each rank its item, then the leader's compute
+def _leader_failure(rank: int) -> tuple[Any, str]:
+    """The leader group (hf_fsdp.cpu_leader) hands each rank its item, then the leader's compute
     raises: every rank raises, none is left waiting."""
-    from hf_fsdp.cpu_host import HostPool
+    from hf_fsdp.cpu_leader import LeaderGroup
 
-    pool = HostPool(threads=1)
-    items = pool.lead(10 * rank, lambda values: [v + 1 for v in values], scatter=True)
+    ranks = LeaderGroup(threads=1)
+    items = ranks.lead(10 * rank, lambda values: [v + 1 for v in values], scatter=True)
 
     def broken(values: list[Any]) -> Any:
         raise ValueError("a bad batch")
 
     try:
-        pool.lead(rank, broken, scatter=False)
+        ranks.lead(rank, broken, scatter=False)
         return items, "returned"
     except Exception as error:
         return items, f"{type(error).__name__}: {error}"
@@ -190,7 +190,7 @@ def _run(rank: int, world: int, port: int, result: Any) -> None:
     if world == 2:
         result[("fallback", rank)] = _fallback(rank)
         result[("sized", rank)] = _sized_file(rank)
-        result[("pooled_failure", rank)] = _pooled_failure(rank)
+        result[("leader_failure", rank)] = _leader_failure(rank)
         result[("dead_peer", rank)] = _dead_peer(rank)
 
 
@@ -250,9 +250,9 @@ def test_the_file_is_sized_to_the_largest_unit_shard_and_capped(two_ranks: dict)
         assert big == SHARED_MEMORY_FILE_BYTES  # a 128 MiB shard goes through in pieces
 
 
-def test_a_failure_on_the_pooling_rank_raises_on_every_rank(two_ranks: dict) -> None:
-    assert two_ranks[("pooled_failure", 0)] == (1, "ValueError: a bad batch")
-    items, said = two_ranks[("pooled_failure", 1)]
+def test_a_failure_on_the_leader_raises_on_every_rank(two_ranks: dict) -> None:
+    assert two_ranks[("leader_failure", 0)] == (1, "ValueError: a bad batch")
+    items, said = two_ranks[("leader_failure", 1)]
     assert items == 11  # its own item of the leader's list
     assert said.startswith("RuntimeError: rank 0 failed") and "ValueError: a bad batch" in said
 

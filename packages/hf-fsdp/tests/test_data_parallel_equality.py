@@ -1,7 +1,7 @@
 """The CPU data-parallel strategies against FSDP2 on the same batch (two Ray ranks, gloo).
 
 FSDP2 shards are the path every multi-rank feature is tested on (the default); a CPU strategy
-(:mod:`hf_fsdp.data_parallel.cpu_replicas`, :mod:`hf_fsdp.data_parallel.cpu_host_pool`) is
+(:mod:`hf_fsdp.data_parallel.cpu_replicas`, :mod:`hf_fsdp.data_parallel.cpu_leader`) is
 only welcome if it computes the same update: the same loss, the same gradients before the
 optimizer step and the same weights after it.  Gradients are compared directly because the
 weights alone would hide a wrong scale: AdamW's first step is nearly ``lr * sign(g)``, and a
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 B, P, R = 8, 6, 7  # global batch, prompt and response lengths
 # eps=1e-5: see test_fsdp_dp2.TRAIN; no clipping (it would rescale a wrong gradient back)
 SETTINGS = {"lr": 1e-3, "eps": 1e-5, "micro_batch_size": 2, "grad_clip": None}
-STRATEGIES = {"replicate": "cpu_replicas", "pool": "cpu_host_pool"}
+STRATEGIES = {"replicate": "cpu_replicas", "leader": "cpu_leader"}
 """cpu_data_parallel -> the CPU strategy compared with FSDP2"""
 GRAD_ATOL, WEIGHT_ATOL, REL = 1e-6, 1e-6, 1e-5
 WRONG_SCALE = 1.01

@@ -154,6 +154,23 @@ def test_the_retired_hf_class_names_are_refused_naming_the_new_ones() -> None:
         plugins.reset()
 
 
+def test_the_retired_pool_spellings_are_refused_naming_the_leader() -> None:
+    """``pool`` means a resource pool (issue 58): the CPU strategy where the host's first rank
+    trains for every rank is ``leader``, its decoding switch ``cpu_leader_generation``."""
+    with pytest.raises(
+        EngineConfigError,
+        match=r"cpu_data_parallel: got 'pool': cpu_data_parallel 'pool' was renamed 'leader' "
+        r"\('pool' means a resource pool",
+    ):
+        parse_config(FSDPEngineConfig, {"model_path": "/x", "cpu_data_parallel": "pool"})
+    with pytest.raises(
+        EngineConfigError,
+        match=r"key 'cpu_host_generation' was renamed 'cpu_leader_generation'",
+    ):
+        parse_config(TransformersRolloutConfig, {"model_path": "/x", "cpu_host_generation": True})
+    assert parse_config(FSDPEngineConfig, {"model_path": "/x", "cpu_data_parallel": "leader"})
+
+
 def test_plugin_factory_validates_config() -> None:
     from hf_fsdp.plugin import create_training_engine
 
@@ -205,7 +222,7 @@ def test_rollout_dtype_auto_loads_bfloat16_weights_where_the_cpu_computes_them(
 def test_the_data_parallel_rule_shards_by_default() -> None:
     """hf_fsdp.data_parallel.choice's rule, which the engine and the pre-start memory check
     share: FSDP2 on GPUs and, by default, on CPU ranks; replicas where asked and they fit;
-    the pooled host where asked; one CPU process a plain module."""
+    the host's leader where asked; one CPU process a plain module."""
     from hf_fsdp.data_parallel.choice import (
         REPLICA_MEMORY_SHARE,
         replica_state_bytes,
@@ -221,7 +238,7 @@ def test_the_data_parallel_rule_shards_by_default() -> None:
     assert strategy_for(replicate, cpu, params, 2, host_bytes=roomy) == "cpu_replicas"
     assert strategy_for(replicate, cpu, params, 2, host_bytes=roomy - 1) == "fsdp2"
     assert strategy_for(replicate, gpu, params, 2, host_bytes=roomy) == "fsdp2"  # GPUs shard
-    for mode, two_ranks in (("auto", "fsdp2"), ("fsdp", "fsdp2"), ("pool", "cpu_host_pool")):
+    for mode, two_ranks in (("auto", "fsdp2"), ("fsdp", "fsdp2"), ("leader", "cpu_leader")):
         cfg = FSDPEngineConfig(model_path="m", cpu_data_parallel=mode)
         for size in (1_000_000, params):  # the model's size does not change the default
             assert strategy_for(cfg, cpu, size, 2, host_bytes=roomy) == two_ranks, (mode, size)
@@ -232,11 +249,11 @@ def test_the_data_parallel_rule_shards_by_default() -> None:
         {"cpu_collectives": "process_group"},  # both CPU strategies exchange through the file
         {"mixed_precision": "bfloat16"},  # FSDP's policy casts the weights
     ):
-        for mode in ("replicate", "pool"):
+        for mode in ("replicate", "leader"):
             other = FSDPEngineConfig(model_path="m", cpu_data_parallel=mode, **overrides)
             assert strategy_for(other, cpu, params, 2, host_bytes=roomy) == "fsdp2"
-    pooled_sp = FSDPEngineConfig(model_path="m", cpu_data_parallel="pool", sequence_parallel_size=2)
-    assert strategy_for(pooled_sp, cpu, params, 2, host_bytes=roomy) == "fsdp2"
+    led_sp = FSDPEngineConfig(model_path="m", cpu_data_parallel="leader", sequence_parallel_size=2)
+    assert strategy_for(led_sp, cpu, params, 2, host_bytes=roomy) == "fsdp2"
     lora = FSDPEngineConfig(model_path="m", lora={"rank": 4})
     assert replica_state_bytes(lora, params) == 4 * params  # frozen weights only
 
@@ -250,8 +267,8 @@ def test_training_state_declared_per_rank_follows_the_data_parallel_rule() -> No
     replicate = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="replicate")
     assert replicate.state_bytes_per_rank(small, 2, True) == 16 * small  # replicas: all of it
     assert replicate.state_bytes_per_rank(huge, 2, True) == 16 * huge // 2  # too big: FSDP2
-    pool = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="pool")
+    leader = FSDPEngineConfig(model_path="m", device="cpu", cpu_data_parallel="leader")
     # one state a host and a weight mirror, as equal shares of the ranks
-    assert pool.state_bytes_per_rank(huge, 2, True) == (16 + 4) * huge // 2
-    assert pool.state_bytes_per_rank(huge, 4, False) == (4 + 4) * huge // 4
-    assert pool.state_bytes_per_rank(small, 1, True) == 16 * small  # one process: no mirror
+    assert leader.state_bytes_per_rank(huge, 2, True) == (16 + 4) * huge // 2
+    assert leader.state_bytes_per_rank(huge, 4, False) == (4 + 4) * huge // 4
+    assert leader.state_bytes_per_rank(small, 1, True) == 16 * small  # one process: no mirror

@@ -116,10 +116,12 @@ def test_values_match_single_process(group: WorkerGroup, models: dict) -> None:
 
 def test_scores_match_single_process(group: WorkerGroup, models: dict) -> None:
     out, _, logits = _frozen_head(group, models["score"], "score", "scores", seed=13)
-    expected = logits[:, 0]  # HF pools at the last token that is not pad: the same token here
+    expected = logits[
+        :, 0
+    ]  # transformers reads the score at the last non-pad token: the same one here
     assert out["scores"].shape == (B,)
     assert float((out["scores"] - expected).abs().max()) < ATOL
-    assert float(expected.std()) > 1e-3  # scores differ across sequences: pooling matters
+    assert float(expected.std()) > 1e-3  # scores differ across sequences: the token read matters
 
 
 # --------------------------------------------------------------------------- updates
@@ -153,8 +155,8 @@ def _assert_same_weights(got: dict[str, torch.Tensor], model: torch.nn.Module) -
 
 FSDP = {"cpu_data_parallel": "fsdp"}  # the default (auto) too: FSDP2 shards
 REPLICATE = {"cpu_data_parallel": "replicate"}  # hf_fsdp.data_parallel.cpu_replicas
-POOL = {"cpu_data_parallel": "pool"}  # hf_fsdp.data_parallel.cpu_host_pool
-STRATEGY = {"fsdp": "fsdp2", "replicate": "cpu_replicas", "pool": "cpu_host_pool"}
+LEADER = {"cpu_data_parallel": "leader"}  # hf_fsdp.data_parallel.cpu_leader
+STRATEGY = {"fsdp": "fsdp2", "replicate": "cpu_replicas", "leader": "cpu_leader"}
 """cpu_data_parallel -> the strategy two CPU ranks of one host run (auto: FSDP2)"""
 MICRO_BATCHING = {
     "fixed-chunks": {"max_tokens_per_micro_batch": None},
@@ -162,10 +164,10 @@ MICRO_BATCHING = {
     # ~2 sequences per micro-batch, ranks get different counts: the short rank pads passes
     "small-token-budget": {"micro_batch_size": None, "max_tokens_per_micro_batch": 2 * (P + R)},
     "replicas": REPLICATE,
-    "pooled": POOL,
-    "pooled-small-token-budget": {**POOL, "micro_batch_size": None,
+    "leader": LEADER,
+    "leader-small-token-budget": {**LEADER, "micro_batch_size": None,
                                   "max_tokens_per_micro_batch": 2 * (P + R)},
-    "pooled-chunked-head": {**POOL, **CHUNKED_HEAD},
+    "leader-chunked-head": {**LEADER, **CHUNKED_HEAD},
     "replicas-small-token-budget": {**REPLICATE, "micro_batch_size": None,
                                     "max_tokens_per_micro_batch": 2 * (P + R)},
     "per-layer-units": {**FSDP, "fsdp_unit": "layer"},  # tiny models default to one unit
@@ -226,14 +228,14 @@ def _single_process_update(path: Path, batch: Batch) -> tuple[torch.nn.Module, f
     return model, loss_value, _reference_step(model, loss)
 
 
-def test_pooled_ranks_with_batches_of_different_widths_match_single_process(
+def test_leader_training_of_batches_of_different_widths_matches_single_process(
     group: WorkerGroup, models: dict
 ) -> None:
-    """Pooled training joins the ranks' batches when they have one width; otherwise it runs
+    """Leader training joins the ranks' batches when they have one width; otherwise it runs
     each rank's share as that rank would and averages (this path)."""
     path = models["qwen2_tied"]
-    built = group.build("actor_widths", {"model_path": str(path), **TRAIN, **POOL})
-    assert [b["strategy"] for b in built] == ["cpu_host_pool"] * 2
+    built = group.build("actor_widths", {"model_path": str(path), **TRAIN, **LEADER})
+    assert [b["strategy"] for b in built] == ["cpu_leader"] * 2
     batch = rollout_batch(B, P, R, _vocab(path), seed=25)
     metrics = group.train_widened(batch, name="actor_widths", loss="policy")
     got = group.weights("actor_widths")[0]
@@ -244,14 +246,14 @@ def test_pooled_ranks_with_batches_of_different_widths_match_single_process(
     group.drop("actor_widths")
 
 
-@pytest.mark.parametrize("data_parallel", ["pool", "replicate", "fsdp"])
+@pytest.mark.parametrize("data_parallel", ["leader", "replicate", "fsdp"])
 def test_update_budget_is_what_the_ranks_grow_into(
     group: WorkerGroup, models: dict, data_parallel: str
 ) -> None:
     """The automatic micro-batch budget: ranks that update side by side (replicas, FSDP)
-    split the node's free memory; a pooled host's first rank updates alone while the others
-    wait, so it may grow into all of it (a rank's share turned recomputation on at the 0.5B
-    shape)."""
+    split the node's free memory; under the leader, the host's first rank updates alone
+    while the others wait, so it may grow into all of it (a rank's share turned recomputation
+    on at the 0.5B shape)."""
     path = models["qwen2_tied"]
     name = f"actor_budget_{data_parallel}"
     group.build(name, {"model_path": str(path), **TRAIN, "cpu_data_parallel": data_parallel})
@@ -259,7 +261,7 @@ def test_update_budget_is_what_the_ranks_grow_into(
     free = 12 * 1024**3
     rows = group.train_with_free_memory(batch, name=name, loss="policy", free_bytes=free)
     assert len(rows) == 2 and rows[0]["share"] < rows[0]["alone"]  # two ranks on this node
-    expected = "alone" if data_parallel == "pool" else "share"
+    expected = "alone" if data_parallel == "leader" else "share"
     assert [row["chosen"] for row in rows] == [rows[0][expected]] * 2
     group.drop(name)
 
@@ -270,7 +272,7 @@ VALUE_AND_SCORE = {  # head: (model, its HF class, the loss's inputs from the HF
         AutoModelForTokenClassification,
         lambda logits: {"values": logits[..., 0][:, P - 1 : -1]},
     ),
-    # the last real token: HF pools there too
+    # the last real token: transformers reads the score there too
     "score": ("score", AutoModelForSequenceClassification, lambda logits: {"scores": logits[:, 0]}),
 }
 
@@ -365,32 +367,32 @@ def test_weight_sync_then_rollout_matches_exported_model(
     group.drop("rollout")
 
 
-def test_pooled_ranks_sync_as_any_engine_then_decode_as_the_trained_model(
+def test_leader_ranks_sync_as_any_engine_then_decode_as_the_trained_model(
     group: WorkerGroup, models: dict, tmp_path: Path
 ) -> None:
-    """Pooled training with pooled decoding (both CPU-only, asked for): core's standard
+    """Leader training with leader decoding (both CPU-only, asked for): core's standard
     sync, every rank exporting its weights (the others read the first rank's mirror) into
-    its rollout engine, after which the pool decodes as the trained model does."""
+    its rollout engine, after which the leader decodes as the trained model does."""
     path = models["qwen2_tied"]
-    group.build("actor_pool", {"model_path": str(path), **POOL, **TRAIN, "lr": 1e-2})
-    group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor_pool", loss="policy")
+    group.build("actor_leader", {"model_path": str(path), **LEADER, **TRAIN, "lr": 1e-2})
+    group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor_leader", loss="policy")
     _, _, prompts = _text_prompts(path)
-    rollout = {"model_path": str(path), "dtype": "float32", "cpu_host_generation": True}
-    group.build_rollout("rollout_pool", rollout)
-    before = group.generate(prompts, rollout="rollout_pool", params=GREEDY)
-    loaded = group.hybrid_sync("actor_pool", rollout="rollout_pool", bucket_bytes=8 * 1024)
+    rollout = {"model_path": str(path), "dtype": "float32", "cpu_leader_generation": True}
+    group.build_rollout("rollout_leader", rollout)
+    before = group.generate(prompts, rollout="rollout_leader", params=GREEDY)
+    loaded = group.hybrid_sync("actor_leader", rollout="rollout_leader", bucket_bytes=8 * 1024)
     assert loaded[0] > 0 and loaded == [loaded[0]] * 2  # every rank loaded every weight
-    after = group.generate(prompts, rollout="rollout_pool", params=GREEDY)
+    after = group.generate(prompts, rollout="rollout_leader", params=GREEDY)
     assert not torch.equal(before["responses"], after["responses"])  # the sync did something
-    _assert_decodes_as_exported(group, "actor_pool", after, path, tmp_path / "pool_hf")
-    group.drop("actor_pool")
-    group.drop("rollout_pool")
+    _assert_decodes_as_exported(group, "actor_leader", after, path, tmp_path / "leader_export")
+    group.drop("actor_leader")
+    group.drop("rollout_leader")
 
 
 # --------------------------------------------------------------------- checkpoints
 
 
-@pytest.mark.parametrize("data_parallel", ["pool", "replicate", "fsdp"])
+@pytest.mark.parametrize("data_parallel", ["leader", "replicate", "fsdp"])
 def test_resume_from_checkpoint_is_identical(
     group: WorkerGroup, models: dict, tmp_path: Path, data_parallel: str
 ) -> None:

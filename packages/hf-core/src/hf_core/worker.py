@@ -16,7 +16,7 @@ from hf_core.device import default_device
 from hf_core.protocols.mesh import WorkerMesh
 
 _LOCAL_WORKERS: dict[str, Worker] = {}
-"""Role name -> worker object for the roles hosted in this process."""
+"""Role name -> worker object for the roles running in this process."""
 
 _ROLE_BEING_BUILT: list[str] = []
 
@@ -70,7 +70,7 @@ class Worker:
 
     # ------------------------------------------------------------ colocation
     def colocated(self, role: str) -> Worker:
-        """The worker of another role hosted in this same process (shares its memory)."""
+        """The worker of another role running in this same process (shares its memory)."""
         if role not in self._known_roles:
             raise KeyError(
                 f"role {role!r} is not colocated with {self.role!r} in this process "

@@ -1,6 +1,6 @@
 """Resumable checkpoints with torch.distributed.checkpoint (DCP), written atomically.
 
-Layout of a checkpoint folder::
+Files of a checkpoint folder::
 
     dcp/                    sharded model (+ optimiser) state, each rank writes its shards
     rng-rank00000.pt ...    each rank's RNG states (torch, CUDA, python, numpy) as tensors
@@ -57,7 +57,7 @@ FORMAT = "hybridflow-fsdp-checkpoint"
 VERSION = 3
 """2: RNG and engine files hold only weights_only-loadable values; 3: the optimizer state is
 keyed by parameter name throughout (DCP's flattened form), param groups included: ranks whose
-optimizers step different parameters (pooled training's shares) then save distinct keys
+optimizers step different parameters (leader training's shares) then save distinct keys
 instead of one ``param_groups.0`` each, of which DCP would keep one."""
 READABLE_VERSIONS = (2, 3)
 

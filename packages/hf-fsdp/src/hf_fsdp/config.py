@@ -22,7 +22,14 @@ from hf_core.engines import (  # noqa: F401  (HeadKind, to_dtype re-exported)
     TrainingEngineConfig,
     to_dtype,
 )
-from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed_attributes
+from hf_core.renamed import (
+    HF_MEANS_HYBRIDFLOW,
+    POOL_MEANS_RESOURCES,
+    THE_LEADER,
+    refuse_renamed_keys,
+    refuse_renamed_value,
+    renamed_attributes,
+)
 from hf_fsdp.data_parallel import choice
 
 CPULinear = Annotated[
@@ -111,14 +118,14 @@ class FSDPEngineConfig(TrainingEngineConfig):
         "a /dev/shm file (hf_fsdp.cpu_shared_memory; gloo where ranks cannot share one), or "
         "process_group: always gloo.  GPUs use NCCL either way",
     )
-    cpu_data_parallel: Literal["auto", "fsdp", "replicate", "pool"] = Field(
+    cpu_data_parallel: Literal["auto", "fsdp", "replicate", "leader"] = Field(
         "auto",
         description="CPU ranks' data-parallel strategy (hf_fsdp.data_parallel): auto and fsdp: "
         "FSDP2 shards, the path GPU runs take; replicate: plain replicas averaging their "
         "gradients through shared memory (hf_fsdp.data_parallel.cpu_replicas) when they fit "
-        "in a quarter of the host's memory; pool: the host's first rank trains for every "
+        "in a quarter of the host's memory; leader: the host's first rank trains for every "
         "rank with every rank's threads, the others reading a shared-memory mirror of its "
-        "weights (hf_fsdp.data_parallel.cpu_host_pool).  Where replicate or pool cannot run, "
+        "weights (hf_fsdp.data_parallel.cpu_leader).  Where replicate or leader cannot run, "
         "FSDP2 shards; one CPU process trains a plain module unless fsdp is set; GPUs always "
         "use FSDP2",
     )
@@ -151,6 +158,12 @@ class FSDPEngineConfig(TrainingEngineConfig):
         if self.cpu_collectives != "shared_memory" or ranks_per_node < 2:
             return 0
         return SHARED_MEMORY_FILE_BYTES
+
+    @field_validator("cpu_data_parallel", mode="before")
+    @classmethod
+    def _renamed_strategy(cls, value: object) -> object:
+        refuse_renamed_value(value, {"pool": "leader"}, "cpu_data_parallel", POOL_MEANS_RESOURCES)
+        return value
 
     @model_validator(mode="after")
     def _lora_needs_training(self) -> FSDPEngineConfig:
@@ -203,15 +216,21 @@ class TransformersRolloutConfig(BaseModel):
         "hf_fsdp.decoder) where it applies, transformers' forward otherwise",
     )
     seed: int = Field(0, description="sampling seed when SamplingParams.seed is None")
-    cpu_host_generation: bool = Field(
+    cpu_leader_generation: bool = Field(
         False,
         description="CPU ranks of one process group on one host decode every rank's prompts "
-        "on the host's first rank with all their threads (hf_fsdp.cpu_host_rollout): "
+        "on the host's first rank with all their threads (hf_fsdp.cpu_leader_rollout): "
         "decoding reads every weight once a step instead of once per rank.  Every rank must "
         "then call generate together, as the single-turn rollout does: leave it off with an "
         "agent loop or the policy endpoint, whose ranks call it their own numbers of times "
         "(token streams always decode per rank)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: object) -> object:
+        refuse_renamed_keys(data, {"cpu_host_generation": "cpu_leader_generation"}, THE_LEADER)
+        return data
 
 
 # Validation with errors naming key, value and expectation is core's (shared by backends).

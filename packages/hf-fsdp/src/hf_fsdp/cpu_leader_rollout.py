@@ -4,19 +4,19 @@ with all the ranks' threads while the others wait (CPU only).
 Why: decoding is bound by reading the weights, once per generated token.  Ranks that each decode
 their share of the batch each read every weight, so two processes of one thread decoding half
 the rows each took longer a step than one process of two threads decoding all of them, even with
-the weights in one shared file (docs/performance.md, "Measured choices").  Pooling the host's
-prompts on one rank reads the weights once per step with the same cores; the waiting ranks block
+the weights in one shared file (docs/performance.md, "Measured choices").  Decoding the host's
+prompts on its leader reads the weights once per step with the same cores; the waiting ranks block
 in a gloo receive, which takes no CPU.
 
 The ranks' prompt batches are gathered (token ids: small), decoded together, and each rank
 gets back exactly its rows, with its own prompt width.  Every rank of the group must call
 ``generate`` at the same time, equally often, as core's single-turn rollout does: so it is
-asked for (``rollout.engine.cpu_host_generation: true``), never on by default, and left off
+asked for (``rollout.engine.cpu_leader_generation: true``), never on by default, and left off
 for an agent loop or the policy endpoint, whose ranks call ``generate`` their own numbers of
 times.  The engine's token streams decode per rank whatever the setting.  Used only when
 every rank of the default process group is on this host and computes on the CPU; GPUs and
 multi-host groups decode per rank.  Proven equal to per-rank decoding by
-``packages/hf-fsdp/tests/test_cpu_host_rollout.py``.
+``packages/hf-fsdp/tests/test_cpu_leader_rollout.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from hf_core.batch import Batch
-from hf_fsdp.cpu_host import HostPool, split_rows
+from hf_fsdp.cpu_leader import LeaderGroup, split_rows
 
 PROMPT_WIDTH_KEYS = ("input_ids", "attention_mask", "position_ids")
 """Prompt-batch keys of width ``prompt_len`` (left-padded)"""
@@ -34,18 +34,18 @@ OUTPUT_WIDTH_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
 """Rollout-output keys whose leading columns are the prompt's (left padding first)"""
 
 
-class HostGeneration:
-    """Pooled generation over the default process group (all on one host)."""
+class LeaderGeneration:
+    """Generation on the leader of the default process group (all on one host)."""
 
-    def __init__(self, pool: HostPool) -> None:
-        self.pool = pool
+    def __init__(self, ranks: LeaderGroup) -> None:
+        self.ranks = ranks
 
     @classmethod
-    def for_this_process(cls, device: torch.device) -> HostGeneration | None:
-        """Pooling for this engine, or None (a GPU, no process group, one rank, or ranks
+    def for_this_process(cls, device: torch.device) -> LeaderGeneration | None:
+        """Leader generation for this engine, or None (a GPU, no process group, one rank, or ranks
         on several hosts).  Collective: every rank of the group builds its engine."""
-        pool = HostPool.for_this_process(device)
-        return None if pool is None else cls(pool)
+        ranks = LeaderGroup.for_this_process(device)
+        return None if ranks is None else cls(ranks)
 
     def generate(self, prompts: Batch, decode: Callable[[Batch], Batch]) -> Batch:
         """``decode`` (the engine's own generate, closed over its sampling settings) of every
@@ -62,7 +62,7 @@ class HostGeneration:
                 for piece, part in zip(pieces, parts, strict=True)
             ]
 
-        mine: Batch = self.pool.lead(prompts, decode_all, scatter=True)
+        mine: Batch = self.ranks.lead(prompts, decode_all, scatter=True)
         return mine
 
 

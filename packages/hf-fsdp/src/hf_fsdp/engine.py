@@ -18,7 +18,8 @@ ranks; the same formulas then hold.
 
 How the ranks hold the model and combine their work is the engine's data-parallel strategy
 (:mod:`hf_fsdp.data_parallel`: FSDP2 shards, or on CPU ranks of one host replicas or one
-pooled model), chosen once when the engine is built; nothing below asks which one runs.
+model on the host's leader), chosen once when the engine is built; nothing below asks which
+one runs.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ from hf_core.engines import (
     combine_metric_rows,
     is_adapter_name,
     iter_buckets,
-    plan_micro_batches,
     restore_outputs,
     save_hf_folder,
+    split_micro_batches,
     write_peft_folder,
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
@@ -187,7 +188,7 @@ class FSDPEngine(TrainingEngine):
 
     def data_parallel_strategy(self) -> str:
         """The data-parallel strategy this engine runs (``fsdp2``, ``cpu_replicas``,
-        ``cpu_host_pool``; :mod:`hf_fsdp.data_parallel`), also in every update's metrics
+        ``cpu_leader``; :mod:`hf_fsdp.data_parallel`), also in every update's metrics
         as ``data_parallel/<name>``."""
         return self.data_parallel.name
 
@@ -254,7 +255,7 @@ class FSDPEngine(TrainingEngine):
         budget = self._token_budget(training)
         if budget is not None:  # a budget is per rank: a sequence-parallel group splits tokens
             budget *= self.sp_size
-        return plan_micro_batches(batch, budget, cfg.micro_batch_size, groups)
+        return split_micro_batches(batch, budget, cfg.micro_batch_size, groups)
 
     def _passes(self, micro: list[MicroBatch], peers: Peers) -> int:
         """How many forward passes this process runs over ``micro``: the largest count of any
@@ -386,7 +387,7 @@ class FSDPEngine(TrainingEngine):
         :func:`~hf_core.engines.loss_totals.loss_totals` (``global_batch_size``,
         ``global_response_tokens``, ``global_nonempty_rows``, ``global_response_length``,
         ``global_group_tokens`` when the batch has ``group_index``).
-        The actor's log-probs use ``batch.meta["temperature"]`` (default 1.0).  Under pooled
+        The actor's log-probs use ``batch.meta["temperature"]`` (default 1.0).  Under leader
         training the host's first rank calls ``loss_fn`` for every rank's micro-batches, so
         it must depend only on its arguments and on settings every rank shares.
 
@@ -443,7 +444,7 @@ class FSDPEngine(TrainingEngine):
 
     def _update(self, shares: list[Share], peers: Peers, loss_fn: LossFn) -> UpdateResult:
         """Gradients of ``shares`` (the ranks' batches this process computes: its own, or
-        under pooled training every rank's), averaged over the ranks, then the optimizer
+        under leader training every rank's), averaged over the ranks, then the optimizer
         step; the metrics, and the fit and checkpointing the update ran with."""
         cfg = self.config
         if self.fit is None and "auto" in (
@@ -485,7 +486,7 @@ class FSDPEngine(TrainingEngine):
         """Forward and backward over ``count`` passes of ``micro`` (extra passes repeat the
         first and add nothing: FSDP's collectives need every rank in every pass); each real
         micro-batch's metrics.  ``ranks_summed``: how many ranks' batches this process
-        computes one after another (pooled training of batches that cannot be joined), whose
+        computes one after another (leader training of batches that cannot be joined), whose
         gradients add up here: each loss is scaled down to keep the average."""
         temperature = float(batch.meta.get("temperature", 1.0))
         self.model.train()

@@ -151,7 +151,7 @@ def stream_canonical(
 
 
 def _dim0_sharded(param: torch.Tensor) -> bool:
-    """FSDP2's layout over several ranks: a DTensor on a 1-D mesh, sharded along dim 0.
+    """FSDP2's sharding over several ranks: a DTensor on a 1-D mesh, sharded along dim 0.
 
     On one rank the local shard is the whole tensor (``full_tensor`` runs no collective); a gloo
     all-gather there only costs time, and once a large one has run, this process's
@@ -176,7 +176,7 @@ def _gathered(
 
     Rank ``r`` holds rows ``[r c, (r + 1) c)`` of each parameter (``c = ceil(rows / world)``,
     ``torch.chunk`` semantics; trailing ranks may hold fewer or none): every rank pads its
-    shards to ``c`` rows, so all send the same layout and each full tensor is the ranks'
+    shards to ``c`` rows, so all send the same shapes and each full tensor is the ranks'
     pieces, unpadded, concatenated.
     """
     if not params:

@@ -93,7 +93,7 @@ def _images_in_prompt(model: nn.Module, batch: Batch) -> AbstractContextManager[
 
 
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager"})
-"""Attention implementations that take a ready 4D mask (the packed layout's block mask)."""
+"""Attention implementations that take a ready 4D mask (packed rows' block mask)."""
 
 
 def packed_inputs(
@@ -331,8 +331,8 @@ def _inputs_and_positions(
     tokens: ForwardTokens | None = None,
     sequence_packing: bool = True,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, int]:
-    """Model inputs, the packed layout's response index (``None``: plain rows), and how many
-    last positions the head must keep (0: all, for the packed layout's index).  Shared-prefix
+    """Model inputs, the packed rows' response index (``None``: plain rows), and how many
+    last positions the head must keep (0: all, for the packed rows' index).  Shared-prefix
     packing first (it also saves the repeated prompts), else sequence packing."""
     packed = packed_inputs(model, batch, device) if shared_prefix else None
     if packed is None and sequence_packing:
@@ -418,8 +418,8 @@ def score_forward(model: nn.Module, batch: Batch, device: torch.device) -> dict[
     head = getattr(model, "score", None)
     if head is None:
         raise AttributeError(f"{type(model).__name__} has no 'score' head module")
-    # HF pools at the last token that is not pad_token_id; we pool at the attention mask
-    # instead (a pad id equal to eos would otherwise pick the wrong token).
+    # transformers scores the last token that is not pad_token_id; we score the attention
+    # mask's last token instead (a pad id equal to eos would otherwise pick the wrong token).
     with _capture_output(head) as captured:
         outputs = model(**inputs, use_cache=False)
     per_token = _through_outputs(captured[-1], outputs).squeeze(-1).float()
@@ -458,7 +458,7 @@ def sequence_parallel_forward(
         key: shards.local(value, rank, size).to(device)
         for key, value in (("input_ids", shards.input_ids), ("position_ids", shards.position_ids))
     }
-    ulysses.set_layout(model, group, shards.segments)
+    ulysses.set_segments(model, group, shards.segments)
     if head == "lm":
         targets = shards.local(shards.targets, rank, size).to(device)
         pairs = _token_pairs(model, inputs, targets, temperature, with_entropy, logits_budget_bytes)

@@ -101,7 +101,8 @@ def load_hf_config(cfg: FSDPEngineConfig, folder: Path) -> PretrainedConfig:
                 setattr(hf_config, key, 0.0)
         hf_config.classifier_dropout = 0.0
     if cfg.head == "score" and getattr(hf_config, "pad_token_id", None) is None:
-        # HF's sequence classifier refuses batches > 1 without one; we pool ourselves anyway.
+        # transformers' sequence classifier refuses batches > 1 without one (we pick the
+        # scored token ourselves anyway).
         hf_config.pad_token_id = getattr(hf_config, "eos_token_id", None) or 0
     return hf_config
 
@@ -244,7 +245,7 @@ def local_index(param: torch.Tensor) -> tuple[slice, ...]:
         local = param.to_local()
         if tuple(local.shape) != tuple(shape):
             raise RuntimeError(
-                f"unexpected shard layout {param.placements}: local shape {tuple(local.shape)}"
+                f"unexpected shard placements {param.placements}: local shape {tuple(local.shape)}"
                 f" but computed {tuple(shape)}"
             )
     return tuple(slice(o, o + s) for o, s in zip(offsets, shape, strict=True))

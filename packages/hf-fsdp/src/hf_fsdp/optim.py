@@ -51,7 +51,7 @@ def clip_grad_norm(
     local tensors, rather than through DTensor ops, also works when FSDP's CPU offload keeps
     the gradients in host memory while the process group is nccl-only.  Plain (non-DTensor)
     gradients are the same on every rank (replicas: counted once), or, without
-    ``across_ranks``, this process's alone (pooled training's first rank, which holds every
+    ``across_ranks``, this process's alone (the leader under leader training, which holds every
     gradient while the others wait: no collective).  Same formula as
     ``torch.nn.utils.clip_grad_norm_``: scale by ``max_norm / (norm + 1e-6)`` when below 1.
     """

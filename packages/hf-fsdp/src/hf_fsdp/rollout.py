@@ -44,7 +44,7 @@ from hf_core.engines.streaming import ChunkedStream, TokenStream
 from hf_core.multimodal import MULTI_MODAL_KEY, ImageFeatures, has_images
 from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed_attributes
 from hf_fsdp.config import TransformersRolloutConfig, parse_config
-from hf_fsdp.cpu_host_rollout import HostGeneration
+from hf_fsdp.cpu_leader_rollout import LeaderGeneration
 from hf_fsdp.decoder import (
     DecodeSession,
     LlamaFamilyDecoder,
@@ -74,7 +74,7 @@ def _own_storage(model: torch.nn.Module) -> None:
 
 
 class _ThisRank:
-    """An engine's generation of this rank's prompts alone, never pooled: what a chunked
+    """An engine's generation of this rank's prompts alone, never on the leader: what a chunked
     token stream calls (each rank's stream advances on its own schedule)."""
 
     def __init__(self, engine: TransformersRolloutEngine) -> None:
@@ -119,10 +119,10 @@ class TransformersRolloutEngine(RolloutEngine):
         self._tensors_this_sync = 0
         self._released = False
         self._model_bytes: int | None = None
-        self._host: HostGeneration | None = None
-        """Set with ``cpu_host_generation``: CPU ranks of one host decode on its first rank."""
-        if cfg.cpu_host_generation:
-            self._host = HostGeneration.for_this_process(self.device)
+        self._leader: LeaderGeneration | None = None
+        """Set with ``cpu_leader_generation``: CPU ranks of one host decode on its first rank."""
+        if cfg.cpu_leader_generation:
+            self._leader = LeaderGeneration.for_this_process(self.device)
 
     def _lean_decoder(self, onednn: bool) -> LlamaFamilyDecoder | None:
         if self.config.decoder == "transformers":
@@ -200,17 +200,17 @@ class TransformersRolloutEngine(RolloutEngine):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Sample ``params.n`` responses per prompt (consecutive rows), right-padded to
         ``max_new_tokens`` so batches from different ranks concatenate.  With
-        ``cpu_host_generation`` CPU ranks on one host pool their prompts on one rank
-        (:mod:`hf_fsdp.cpu_host_rollout`): every rank must then call this together."""
-        if self._host is not None:
-            return self._host.generate(prompts, lambda whole: self.generate_here(whole, params))
+        ``cpu_leader_generation`` CPU ranks on one host hand their prompts to its first rank
+        (:mod:`hf_fsdp.cpu_leader_rollout`): every rank must then call this together."""
+        if self._leader is not None:
+            return self._leader.generate(prompts, lambda whole: self.generate_here(whole, params))
         return self.generate_here(prompts, params)
 
     def open_stream(self, capacity: int, chunk_tokens: int) -> TokenStream:
         """Streaming rollouts: continuous batching on the lean decoder
         (:mod:`hf_fsdp.stream_decoder`, the KV cache kept between weight updates and
         recomputed after one); with transformers' forward, chunks of ``chunk_tokens``
-        through this rank's own generation.  Streams never pool: each rank's advances on
+        through this rank's own generation.  Streams never go to the leader: each rank's advances on
         its own schedule."""
         if self._released:
             self.resume_memory()
@@ -222,7 +222,7 @@ class TransformersRolloutEngine(RolloutEngine):
         )
 
     def generate_here(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """:meth:`generate` of this rank's ``prompts`` in this process (never pooled)."""
+        """:meth:`generate` of this rank's ``prompts`` in this process (never on the leader)."""
         batch = expand_prompts(prompts, params)
         if self._released:
             self.resume_memory()

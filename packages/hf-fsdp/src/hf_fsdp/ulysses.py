@@ -9,7 +9,7 @@ attention runs over whole samples, and a second all-to-all trades back (DeepSpee
 arXiv 2309.14509).  Activation memory per rank falls by ``S``; the weights stay FSDP-sharded
 over all ranks as without SP.
 
-Two layouts (:func:`lay_out`): packed, the micro-batch's real tokens back to back in one row
+Two arrangements (:func:`lay_out`): packed, the micro-batch's real tokens back to back in one row
 (attention runs per sample, each a causal block: no mask, no padding beyond rounding ``L``
 up); or padded rows, each sample's tokens left-aligned in its own row (causal attention
 without a mask is exact for the real tokens, which come first).
@@ -59,7 +59,7 @@ class SequenceShards:
     segments: tuple[tuple[int, int], ...]
     """Column ranges attention stays inside (the same in every row)."""
     padding: int
-    """Padding tokens the layout computes."""
+    """Padding tokens the arrangement computes."""
 
     def local(self, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
         """Rank ``rank``'s columns of a ``[rows, L, ...]`` tensor."""
@@ -77,7 +77,7 @@ def lay_out(
 ) -> SequenceShards:
     """The micro-batch as :class:`SequenceShards` for ``size`` ranks: one packed row, or one
     left-aligned row per sample.  Real tokens must be contiguous in each row (left-padded
-    prompt, right-padded response), the layout rollouts produce."""
+    prompt, right-padded response), the rows rollouts produce."""
     mask = attention_mask.bool().cpu()
     lengths = mask.sum(-1)
     if packed:
@@ -182,22 +182,22 @@ def gather_columns(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 # ------------------------------------------------------------------ attention
 @dataclass(frozen=True)
-class _Layout:
+class _Segments:
     group: dist.ProcessGroup
     segments: tuple[tuple[int, int], ...]
 
 
-_LAYOUTS: dict[int, _Layout] = {}
-"""The current micro-batch's layout per model config (by id): set before each forward and
+_SEGMENTS: dict[int, _Segments] = {}
+"""The current micro-batch's sample segments per model config (by id): set before each forward and
 kept until the next, so a backward that recomputes the forward (gradient checkpointing)
 sees the same one."""
 
 
-def set_layout(
+def set_segments(
     model: nn.Module, group: dist.ProcessGroup, segments: Sequence[tuple[int, int]]
 ) -> None:
     """The group and sample segments the model's next forward (and its recomputation) uses."""
-    _LAYOUTS[id(model.config)] = _Layout(group, tuple(segments))
+    _SEGMENTS[id(model.config)] = _Segments(group, tuple(segments))
 
 
 def _attention(
@@ -213,18 +213,18 @@ def _attention(
     """transformers' attention signature: ``[B, heads, L / S, D]`` per rank in, ``[B, L / S,
     heads, D]`` out.  Attention itself runs on every token of ``heads / S`` heads, causal
     inside each segment."""
-    layout = _LAYOUTS.get(id(module.config))
-    if layout is None:
+    current = _SEGMENTS.get(id(module.config))
+    if current is None:
         raise RuntimeError(
-            f"{type(module).__name__}: sequence-parallel attention without a layout; the "
-            "engine sets one before each forward (hf_fsdp.ulysses.set_layout)"
+            f"{type(module).__name__}: sequence-parallel attention without sample segments; "
+            "the engine sets them before each forward (hf_fsdp.ulysses.set_segments)"
         )
-    size = dist.get_world_size(layout.group)
+    size = dist.get_world_size(current.group)
     if key.shape[1] % size:  # fewer key/value heads than ranks: give each query head its own
         repeat = query.shape[1] // key.shape[1]
         key = key.repeat_interleave(repeat, dim=1)
         value = value.repeat_interleave(repeat, dim=1)
-    q, k, v = (_AllToAll.apply(t, 1, 2, layout.group) for t in (query, key, value))
+    q, k, v = (_AllToAll.apply(t, 1, 2, current.group) for t in (query, key, value))
     gqa = k.shape[1] != q.shape[1]
     parts = [
         F.scaled_dot_product_attention(
@@ -236,10 +236,10 @@ def _attention(
             is_causal=True,
             enable_gqa=gqa,
         )
-        for s, e in layout.segments
+        for s, e in current.segments
     ]
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-    out = _AllToAll.apply(out, 2, 1, layout.group)
+    out = _AllToAll.apply(out, 2, 1, current.group)
     return out.transpose(1, 2).contiguous(), None
 
 

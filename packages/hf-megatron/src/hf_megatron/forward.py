@@ -56,7 +56,7 @@ def pack_left(
     """Shift each row left past its left padding; returns ``(ids, shift, lengths)``.
 
     Raises ``ValueError`` unless each row's real tokens are contiguous (left padding, tokens,
-    right padding), the only layout a rollout produces.
+    right padding), the only row format a rollout produces.
     """
     mask = attention_mask.long()
     seq = mask.shape[1]

@@ -10,7 +10,7 @@ from hf_core.batch import Batch
 
 
 def encode(path: Path, texts: list[str]) -> dict[str, torch.Tensor]:
-    """Left-padded token ids and mask for ``texts`` (the layout rollout engines take)."""
+    """Left-padded token ids and mask for ``texts`` (the format rollout engines take)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")

@@ -96,7 +96,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 # The tokenizer every shape gets: tiny.py's, with tool-call text so tool tasks can run too.
 _TOKENIZER: dict[str, Any] = {"vocab_size": 256, "tool_calls": True}
-# Bump when the folder layout or the builder changes, so old cache entries are not reused.
+# Bump when the folder format or the builder changes, so old cache entries are not reused.
 _FORMAT = 1
 _STALE_TMP_S = 3600.0
 _CHECK_TEXT = "reverse 90210: 01209. 12+34=46? Hello, World! (x-y)*z/2; ok"

@@ -66,9 +66,9 @@ def rollout_batch(
 ) -> Batch:
     """Left-padded prompts + right-padded responses with uneven lengths, and RL targets.
 
-    Real tokens are never ``pad_id``, so HF's own pad-based pooling finds the same last
-    token as the attention mask.  ``group_size`` consecutive rows share one prompt (GRPO's
-    samples of a prompt).
+    Real tokens are never ``pad_id``, so transformers' own pad-based choice of the scored
+    token finds the same last token as the attention mask.  ``group_size`` consecutive rows
+    share one prompt (GRPO's samples of a prompt).
     """
     gen = torch.Generator().manual_seed(seed)
     prompts = torch.randint(first_id, vocab_size, (batch_size, prompt_len), generator=gen)

@@ -19,7 +19,7 @@ from hf_core.errors import EngineDiedError
 def _dead_error_type() -> type[BaseException] | None:
     try:
         from vllm.v1.engine.exceptions import EngineDeadError
-    except ImportError:  # another vLLM layout: fall back to the scheduler check
+    except ImportError:  # another vLLM version's modules: fall back to the scheduler check
         return None
     return EngineDeadError
 

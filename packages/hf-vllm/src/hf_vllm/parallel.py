@@ -111,22 +111,22 @@ def prompts_digest(input_ids: torch.Tensor, attention_mask: torch.Tensor, *extra
     return digest.hexdigest()
 
 
-def check_lockstep(digest: str, layout: GenerationRank) -> None:
+def check_lockstep(digest: str, place: GenerationRank) -> None:
     """Fail fast when the ranks of one TP engine were given different work.
 
     Each rank of an ``external_launcher`` engine schedules on its own; different prompts would
     make their collectives disagree (a hang, or silently wrong tokens).
     """
-    if layout.tp_size == 1:
+    if place.tp_size == 1:
         return
     from vllm.distributed import parallel_state
 
     group = parallel_state.get_tp_group()
-    seen: list[str | None] = [None] * layout.tp_size
+    seen: list[str | None] = [None] * place.tp_size
     dist.all_gather_object(seen, digest, group=group.cpu_group)
     if len(set(seen)) != 1:
         raise RuntimeError(
-            f"the {layout.tp_size} ranks of tensor-parallel engine {layout.dp_rank} were given "
+            f"the {place.tp_size} ranks of tensor-parallel engine {place.dp_rank} were given "
             "different prompts or sampling settings; dispatch generate with 3D_ALL_MICRO_DP "
             "(one chunk per generation replica, the same chunk on each of its TP ranks)"
         )

@@ -67,8 +67,8 @@ from hf_core.agents.sandbox_isolation import (
     SANDBOX_GID,
     CallCgroup,
     DiskQuota,
-    IsolationPlan,
-    isolation_plan,
+    IsolationSupport,
+    isolation_support,
     open_cgroup,
 )
 
@@ -324,28 +324,28 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     limit plus the time to kill it).  Never raises for anything the code does; nothing the
     code started is left running afterwards."""
     limits = limits or SandboxLimits()
-    plan = isolation_plan()
+    support = isolation_support()
     network = limits.network == "allow"
     start = time.monotonic()
-    cgroup = open_cgroup(plan, limits.processes, limits.memory_mb * 2**20)
+    cgroup = open_cgroup(support, limits.processes, limits.memory_mb * 2**20)
     work = Path(tempfile.mkdtemp(prefix="hf-sandbox-"))
     try:
         main = code.encode("utf-8")
         (work / "main.py").write_bytes(main)
-        if plan.uid is not None:  # the unprivileged user works in it
-            os.chown(work, plan.uid, SANDBOX_GID)
+        if support.uid is not None:  # the unprivileged user works in it
+            os.chown(work, support.uid, SANDBOX_GID)
         quota = None
-        if plan.disk_quota:
-            uid = plan.uid if plan.uid is not None else os.getuid()
-            gid = SANDBOX_GID if plan.uid is not None else os.getgid()
+        if support.disk_quota:
+            uid = support.uid if support.uid is not None else os.getuid()
+            gid = SANDBOX_GID if support.uid is not None else os.getgid()
             quota = DiskQuota(work, limits.disk_mb, limits.disk_files, uid, gid, main)
-        end = _run(work, limits, plan, cgroup, quota)
+        end = _run(work, limits, support, cgroup, quota)
         killed = _classify(end, cgroup)
     finally:
         if cgroup is not None:
             cgroup.remove()  # sweeps any member left (a namespace-less run's survivors)
         _remove_directory(work)
-    isolation = (*end.layers, *plan.layers(network=network), *(("cgroup",) if cgroup else ()))
+    isolation = (*end.layers, *support.layers(network=network), *(("cgroup",) if cgroup else ()))
     seconds = time.monotonic() - start
     return SandboxResult(end.stdout, end.stderr, end.exit_code, killed, seconds, isolation)
 
@@ -353,7 +353,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
 def _run(
     work: Path,
     limits: SandboxLimits,
-    plan: IsolationPlan,
+    support: IsolationSupport,
     cgroup: CallCgroup | None,
     quota: DiskQuota | None,
 ) -> _Ending:
@@ -364,17 +364,17 @@ def _run(
     nothing is opened by a path the snippet could replace, and nothing is read past its cap
     or waited for past the wall limit (plus :data:`_OUTPUT_GRACE_S` once the call is killed),
     whatever the snippet or a process it hijacked holds open."""
-    readable = os.pathsep.join(_read_dirs(plan.interpreter))
+    readable = os.pathsep.join(_read_dirs(support.interpreter))
     cap = limits.output_kb * 1024
     pipes = [os.pipe() for _ in range(3)]  # stdout, stderr, status (all close-on-exec)
     (out_read, out_write), (err_read, err_write), (status_read, status_write) = pipes
-    argv = [plan.interpreter, "-I", "-S", "-c", _BOOTSTRAP, readable, limits.network]
+    argv = [support.interpreter, "-I", "-S", "-c", _BOOTSTRAP, readable, limits.network]
     argv.append(str(status_write))
-    cap_processes = cgroup is None and plan.uid is not None
+    cap_processes = cgroup is None and support.uid is not None
     streams = [_Stream(out_read, cap), _Stream(err_read, cap), _Stream(status_read, 4096)]
     try:
         proc = subprocess.Popen(
-            plan.command(argv, network=limits.network == "allow"),
+            support.command(argv, network=limits.network == "allow"),
             cwd=work,
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"},
             stdin=subprocess.DEVNULL,

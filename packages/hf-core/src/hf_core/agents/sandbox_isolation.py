@@ -46,6 +46,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hf_core.renamed import PLAN_MEANS_PLACEMENT, renamed_attributes
 
 SANDBOX_UID = SANDBOX_GID = 65534
 """``nobody``: owns no file, has no home and no capabilities."""
@@ -93,7 +96,7 @@ def _interpreter_for(uid: int | None) -> tuple[str, int | None]:
 
 
 @dataclass(frozen=True)
-class IsolationPlan:
+class IsolationSupport:
     """What this machine lets the sandbox use (worked out once per process)."""
 
     unshare: str | None
@@ -106,7 +109,7 @@ class IsolationPlan:
     """A tmpfs can be mounted over the call's directory (:class:`DiskQuota`; root)."""
 
     def command(self, argv: list[str], *, network: bool) -> list[str]:
-        """``argv`` wrapped in the namespaces (and user) this plan has."""
+        """``argv`` wrapped in the namespaces (and user) this machine supports."""
         if self.unshare is None:
             return argv
         # /proc stays the host's mount: Landlock refuses reading it
@@ -163,7 +166,7 @@ def _own_v2_cgroup() -> Path | None:
 
 
 @functools.cache
-def isolation_plan() -> IsolationPlan:
+def isolation_support() -> IsolationSupport:
     """What the sandbox can use on this machine (checked once, on first use)."""
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     binary = shutil.which("unshare") if root and sys.platform == "linux" else None
@@ -171,7 +174,7 @@ def isolation_plan() -> IsolationPlan:
     interpreter, uid = _interpreter_for(SANDBOX_UID if unshare is not None else None)
     cgroups = _cgroup_version() if root and sys.platform == "linux" else None
     quota = root and sys.platform == "linux" and _disk_quota_works(interpreter)
-    return IsolationPlan(unshare, interpreter, uid, cgroups, quota)
+    return IsolationSupport(unshare, interpreter, uid, cgroups, quota)
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -366,11 +369,19 @@ def _field(path: Path, key: str) -> int:
     return 0
 
 
-def open_cgroup(plan: IsolationPlan, processes: int, memory_bytes: int) -> CallCgroup | None:
+def open_cgroup(support: IsolationSupport, processes: int, memory_bytes: int) -> CallCgroup | None:
     """This call's cgroup, or None where cgroups are not writable (or creating one failed)."""
-    if plan.cgroup_version is None:
+    if support.cgroup_version is None:
         return None
     try:
-        return CallCgroup(plan.cgroup_version, processes, memory_bytes)
+        return CallCgroup(support.cgroup_version, processes, memory_bytes)
     except OSError:
         return None
+
+
+if not TYPE_CHECKING:  # type checkers keep flagging unknown names
+    __getattr__ = renamed_attributes(
+        __name__,
+        {"IsolationPlan": "IsolationSupport", "isolation_plan": "isolation_support"},
+        PLAN_MEANS_PLACEMENT,
+    )

@@ -3,7 +3,7 @@
 A record is a mapping with a prompt field (``prompt_key``; a raw string or a chat ``messages``
 list of ``{"role": ..., "content": ...}``), an optional ground truth (``ground_truth_key``) and
 any other fields, which travel with the sample as per-sample non-tensors.  Both keys may be
-dotted paths into nested records (``"reward_model.ground_truth"``, the verl parquet layout); an
+dotted paths into nested records (``"reward_model.ground_truth"``, the verl parquet format); an
 exact top-level key wins over the dotted reading.
 
 All prompts are tokenised once, when the dataset is built, so over-long prompts are dropped up

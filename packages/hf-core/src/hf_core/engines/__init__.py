@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hf_core.lazy_imports import lazy_package
+from hf_core.renamed import PLAN_MEANS_PLACEMENT, renamed_attributes
 
 if TYPE_CHECKING:
     from hf_core.engines.adapters import LoRAConfig as LoRAConfig
@@ -44,8 +45,8 @@ if TYPE_CHECKING:
     from hf_core.engines.metric_rows import rank_zero_row as rank_zero_row
     from hf_core.engines.metric_rows import worst_rank as worst_rank
     from hf_core.engines.micro_batches import MicroBatch as MicroBatch
-    from hf_core.engines.micro_batches import plan_micro_batches as plan_micro_batches
     from hf_core.engines.micro_batches import restore_outputs as restore_outputs
+    from hf_core.engines.micro_batches import split_micro_batches as split_micro_batches
     from hf_core.engines.process_state import preserve_process_state as preserve_process_state
     from hf_core.engines.process_state import torch_threads as torch_threads
     from hf_core.engines.rollout import PROMPT_KEYS as PROMPT_KEYS
@@ -65,3 +66,10 @@ if TYPE_CHECKING:
     from hf_core.engines.weights import tensor_nbytes as tensor_nbytes
 # The re-exports above; the typed ones load on first use (hf_core.lazy_imports).
 __all__, __getattr__, __dir__ = lazy_package(__name__)
+if not TYPE_CHECKING:  # a retired name is refused naming the new one (hf_core.renamed)
+    __getattr__ = renamed_attributes(
+        __name__,
+        {"plan_micro_batches": "split_micro_batches"},
+        PLAN_MEANS_PLACEMENT,
+        fallback=__getattr__,
+    )

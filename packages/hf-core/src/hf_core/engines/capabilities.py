@@ -164,7 +164,7 @@ class DeclaresTrainingState(Protocol):
     """A training engine's *settings* that know the bytes one rank holds for its weights,
     gradients and optimizer state.
 
-    The pre-start memory check otherwise assumes FSDP's layout: four copies (weights,
+    The pre-start memory check otherwise assumes FSDP's sharding: four copies (weights,
     gradients, Adam's two moments) in the parameter dtype, all sharded over every rank.  An
     engine that keeps float32 master weights and gradients for 16-bit parameters, or shards
     its weights over model-parallel ranks only, says so here.

@@ -1,7 +1,7 @@
 """HuggingFace model folders: checking one, listing its weight files, its stop and pad tokens,
 and writing one that ``from_pretrained`` loads.
 
-Every backend reads and writes the same folder layout (``config.json``, optional
+Every backend reads and writes the same folder format (``config.json``, optional
 ``generation_config.json``, ``model.safetensors`` or shards with an index), so these live here
 once: engines of different backends built from one folder agree on stop and pad ids, and an
 export from any training engine looks the same.

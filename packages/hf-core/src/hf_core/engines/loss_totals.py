@@ -94,7 +94,7 @@ def loss_totals(parts: Sequence[Batch], reduce: Reduce | None = None) -> dict[st
     """The meta entries of the module docstring for the mini-batch made of ``parts``.
 
     ``parts``: this process's share of the mini-batch (one batch per replica it trains: a
-    single one, or every rank's under pooled training).  ``reduce``: how this process's
+    single one, or every rank's under leader training).  ``reduce``: how this process's
     counts combine with the other replicas' (:func:`all_reduce_over`); ``None`` when
     ``parts`` are the whole mini-batch.  With ``reduce`` every replica must call this
     together (it runs two collectives).

@@ -3,7 +3,7 @@
 A rollout batch is rectangular: prompts left-padded to the longest prompt, responses
 right-padded to ``max_new_tokens``.  Cutting it into fixed-size micro-batches wastes most of
 a forward on padding when lengths vary, and small micro-batches waste per-call overhead.
-:func:`plan_micro_batches` instead groups samples of similar length (sorted by their real
+:func:`split_micro_batches` instead groups samples of similar length (sorted by their real
 token count) into micro-batches of at most ``max_tokens`` *padded* tokens, and
 :func:`trim_padding` cuts each micro-batch down to its own longest prompt and response, so
 columns that are padding for every row are never computed.
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from hf_core.renamed import PLAN_MEANS_PLACEMENT, renamed_attributes
 
 if TYPE_CHECKING:
     from hf_core.batch import Batch
@@ -42,7 +44,7 @@ def sample_lengths(batch: Batch) -> torch.Tensor:
     return batch["attention_mask"].sum(-1)
 
 
-def plan_micro_batches(
+def split_micro_batches(
     batch: Batch,
     max_tokens: int | None,
     max_samples: int | None = None,
@@ -172,3 +174,9 @@ def restore_outputs(
             full = full * response_mask.to(full.dtype).reshape(size, width, *[1] * (full.ndim - 2))
         merged[key] = full
     return merged
+
+
+if not TYPE_CHECKING:  # type checkers keep flagging unknown names
+    __getattr__ = renamed_attributes(
+        __name__, {"plan_micro_batches": "split_micro_batches"}, PLAN_MEANS_PLACEMENT
+    )

@@ -48,8 +48,8 @@ def preserve_process_state() -> Iterator[None]:
 def torch_threads(count: int | None) -> Iterator[None]:
     """Run the block with ``count`` torch intra-op threads (None: as they are), then restore
     the caller's count: an engine that decodes with a different count than the trainer
-    trains with (vLLM's 1 on CPU, the pooled transformers engine's whole host) changes it for the
-    call only."""
+    trains with (vLLM's 1 on CPU, the transformers engine's whole host under leader
+    generation) changes it for the call only."""
     before = torch.get_num_threads()
     if count is None or count == before:  # setting it anyway is not free
         yield

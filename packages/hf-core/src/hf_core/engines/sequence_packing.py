@@ -3,7 +3,7 @@
 A micro-batch of left-padded prompts and right-padded responses spends a forward on every
 padding position.  Packed, each sample's real tokens follow the previous sample's in one row
 of ``N`` tokens, with position ids restarting at 0 for each sample.  transformers reads that
-layout itself: given ``position_ids`` and no ``attention_mask`` (and no KV cache) its mask
+format itself: given ``position_ids`` and no ``attention_mask`` (and no KV cache) its mask
 builder finds where positions restart and lets attention stay inside each sample (a document
 mask; varlen kernels on GPU flash attention).  Every token then sees exactly the context it
 saw padded: outputs agree to rounding.
@@ -74,7 +74,7 @@ def pack_sequences(
     """The micro-batch's real tokens (``attention_mask == 1``) in row order, as one row.
 
     Needs every sample's real tokens to be contiguous with positions counting up from 0 (a
-    left-padded prompt followed by a right-padded response), the layout rollouts produce.
+    left-padded prompt followed by a right-padded response), the rows rollouts produce.
     """
     mask = attention_mask.bool().cpu()
     keep = mask.reshape(-1)

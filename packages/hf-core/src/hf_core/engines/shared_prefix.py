@@ -15,7 +15,7 @@ positions (the prompt's last token for ``t = 0``).  Both functions work on the h
 device their inputs are on (a few small integer tensors, built in Python loops that would be
 hundreds of tiny kernel launches on a GPU); the caller moves the result to its device.
 It packs only where the dense work saved outweighs the larger attention of a longer sequence
-and the block mask stays small, so long responses keep the plain layout.
+and the block mask stays small, so long responses keep plain rows.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch
 
 
 def _right_padded(mask: torch.Tensor) -> bool:
-    """Every row's ones come first (no holes): the layout packing assumes for responses."""
+    """Every row's ones come first (no holes): the row format packing assumes for responses."""
     lengths = mask.sum(-1, keepdim=True)
     columns = torch.arange(mask.shape[1])
     return bool(torch.equal(mask.bool(), columns < lengths))
@@ -109,7 +109,7 @@ def pack_shared_prefixes(
     hidden_size: int,
 ) -> PackedPrefixes | None:
     """The micro-batch packed by prompt group, or ``None`` where packing does not pay (no
-    prompt repeats, long rows) or the layout is not left-padded prompt + right-padded
+    prompt repeats, long rows) or the rows are not left-padded prompt + right-padded
     response."""
     input_ids, attention_mask, position_ids = (
         input_ids.cpu(),

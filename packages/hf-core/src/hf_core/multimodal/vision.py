@@ -4,7 +4,7 @@ Prompts mark each image with :data:`IMAGE_PLACEHOLDER` (``<image>``, the convent
 geometry3k-style datasets).  :class:`VisionProcessor` renders it as the model's own tokens
 (``<|vision_start|><|image_pad|><|vision_end|>`` for Qwen2-VL), encodes the images with the
 folder's image processor (``preprocessor_config.json``), and expands each image-pad token to
-as many copies as the image has merged patches -- the layout the model's forward and vLLM's
+as many copies as the image has merged patches -- the format the model's forward and vLLM's
 prompt processing both expect.
 
 Checks, each a :class:`~hf_core.errors.DataError` naming the row: an image that does not

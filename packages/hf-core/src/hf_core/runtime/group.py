@@ -1,6 +1,6 @@
 """WorkerGroup: the controller's handle on one role's ranks.
 
-``spawn(pool, {"actor": Actor, "ref": Reference})`` starts one :class:`WorkerHost` per bundle
+``spawn(pool, {"actor": Actor, "ref": Reference})`` starts one :class:`WorkerProcess` per bundle
 of the pool, sets up torch.distributed across them (gloo on CPU, nccl on GPU) and returns one
 :class:`WorkerGroup` per role.  Roles spawned together share processes (colocation); roles
 spawned on different pools are split.
@@ -16,8 +16,8 @@ Failures never hang the controller: an exception on any rank becomes a
 dead or unresponsive process becomes a :class:`~hf_core.runtime.errors.WorkerLostError` within
 ``failure_timeout_s``.  Before raising it the controller has every rank append its Python
 stacks to a file in ``stacks_dir`` (a rank frozen with the GIL held dumps its own, from a
-watchdog: see :class:`~hf_core.runtime.host.StackWatchdog`); the error names the folder.
-Starting the processes lives in :mod:`hf_core.runtime.host_set`, failure detection in
+watchdog: see :class:`~hf_core.runtime.worker_process.StackWatchdog`); the error names the folder.
+Starting the processes lives in :mod:`hf_core.runtime.process_set`, failure detection in
 :mod:`hf_core.runtime.liveness`; this module dispatches and collects.
 """
 
@@ -34,9 +34,9 @@ from hf_core.plugins import get_protocol
 from hf_core.protocols.decorator import MethodSpec, registered_methods
 from hf_core.protocols.mesh import WorkerMesh
 from hf_core.protocols.transfer import GroupContext, TransferProtocol
-from hf_core.runtime.host import RoleSpec
-from hf_core.runtime.host_set import HostSet
 from hf_core.runtime.pool import ResourcePool
+from hf_core.runtime.process_set import ProcessSet
+from hf_core.runtime.worker_process import RoleSpec
 from hf_core.worker import StaleMeshError, Worker
 
 
@@ -101,7 +101,7 @@ class GroupFuture:
 
     def _wait(self) -> dict[int, Any]:
         ranks = sorted(self.refs)
-        outputs = self.group.hosts.wait(
+        outputs = self.group.processes.wait(
             [self.refs[r] for r in ranks], ranks, self.group.role, self.method
         )
         return dict(zip(ranks, outputs, strict=True))
@@ -154,8 +154,8 @@ class WorkerGroup:
         # Each @register-ed method of the worker class becomes a BoundMethod attribute.
         def __getattr__(self, name: str) -> BoundMethod: ...
 
-    def __init__(self, hosts: HostSet, role: str, cls: type[Worker]) -> None:
-        self.hosts, self.role, self.worker_cls = hosts, role, cls
+    def __init__(self, processes: ProcessSet, role: str, cls: type[Worker]) -> None:
+        self.processes, self.role, self.worker_cls = processes, role, cls
         self._meshes: tuple[tuple[int, WorkerMesh], ...] | None = None
         for name, spec in registered_methods(cls).items():
             if hasattr(type(self), name):
@@ -164,18 +164,18 @@ class WorkerGroup:
 
     @property
     def world_size(self) -> int:
-        return self.hosts.world_size
+        return self.processes.world_size
 
     @property
     def pids(self) -> list[int]:
-        return list(self.hosts.pids)
+        return list(self.processes.pids)
 
     def meshes(self, refresh: bool = False) -> tuple[WorkerMesh, ...]:
         """Every rank's mesh, as the workers last reported it."""
         if self._meshes is None or refresh:
             ranks = list(range(self.world_size))
-            refs = [a.mesh.remote(self.role) for a in self.hosts.actors]
-            self._meshes = tuple(self.hosts.wait(refs, ranks, self.role, "mesh"))
+            refs = [a.mesh.remote(self.role) for a in self.processes.actors]
+            self._meshes = tuple(self.processes.wait(refs, ranks, self.role, "mesh"))
         return tuple(mesh for _, mesh in self._meshes)
 
     def dispatch(self, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> GroupFuture:
@@ -237,7 +237,7 @@ class WorkerGroup:
         refs = {}
         for rank in ranks:
             c = owner[rank]
-            refs[rank] = self.hosts.actors[rank].execute.remote(
+            refs[rank] = self.processes.actors[rank].execute.remote(
                 self.role,
                 method,
                 versions[rank] if versions else None,
@@ -264,7 +264,7 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         """Kill this group's processes (and those of roles colocated with it)."""
-        self.hosts.shutdown()
+        self.processes.shutdown()
 
     def __repr__(self) -> str:
         return f"WorkerGroup(role={self.role!r}, world_size={self.world_size})"
@@ -281,7 +281,7 @@ def spawn(
     startup_timeout_s: float = 300.0,
     stacks_dir: str | None = None,
 ) -> dict[str, WorkerGroup]:
-    """Start one process per bundle hosting every role given; one group per role.
+    """Start one process per bundle running every role given; one group per role.
 
     ``dist_backend``: ``"auto"`` (gloo on CPU pools, nccl on GPU pools), an explicit backend,
     or ``None`` to skip torch.distributed.  ``failure_timeout_s`` bounds how long a running
@@ -295,7 +295,7 @@ def spawn(
     for role, spec in specs.items():
         if not (isinstance(spec.cls, type) and issubclass(spec.cls, Worker)):
             raise TypeError(f"role {role!r}: {spec.cls!r} is not a Worker subclass")
-    hosts = HostSet(
+    processes = ProcessSet(
         pool,
         specs,
         name=name or "_".join(specs),
@@ -305,4 +305,4 @@ def spawn(
         startup_timeout_s=startup_timeout_s,
         stacks_dir=stacks_dir,
     )
-    return {role: WorkerGroup(hosts, role, spec.cls) for role, spec in specs.items()}
+    return {role: WorkerGroup(processes, role, spec.cls) for role, spec in specs.items()}

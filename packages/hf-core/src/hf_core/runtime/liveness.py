@@ -39,7 +39,7 @@ def kernel_oom_kills() -> int:
 
 
 class Liveness:
-    """Failure detection for the host actors of one spawn (``actors[rank]``)."""
+    """Failure detection for the worker processes of one spawn (``actors[rank]``)."""
 
     def __init__(
         self,
@@ -167,7 +167,7 @@ class Liveness:
             return ray.get(ref)
         except RayTaskError as exc:
             cause = exc.cause
-            if isinstance(cause, WorkerLostError):  # the host found its engine dead
+            if isinstance(cause, WorkerLostError):  # the worker process found its engine dead
                 self.broken = f"rank {rank} ({role}) lost its engine during {method!r}"
                 raise cause from None
             if isinstance(cause, (WorkerError, StaleMeshError)):

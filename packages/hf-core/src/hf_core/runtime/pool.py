@@ -10,7 +10,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one rank's host process goes: a bundle of a placement group."""
+    """Where one rank's worker process goes: a bundle of a placement group."""
 
     placement_group: PlacementGroup
     bundle_index: int
@@ -62,7 +62,7 @@ class ResourcePool:
         return bundle
 
     def actor_resources(self) -> dict[str, float]:
-        """What one host actor asks for: its share of a bundle."""
+        """What one worker process asks for: its share of a bundle."""
         share = 1.0 / self.max_colocate
         resources = {"num_cpus": self.cpus_per_process * share}
         if self.use_gpu:

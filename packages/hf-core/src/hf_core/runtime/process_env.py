@@ -1,6 +1,6 @@
 """Environment variables every worker process starts with.
 
-They go into each host actor's Ray ``runtime_env``, so they are set before the interpreter
+They go into each worker process's Ray ``runtime_env``, so they are set before the interpreter
 starts: torch reads them once, at its first allocation, too early for a worker to set them.
 
 ``THP_MEM_ALLOC_ENABLE=1`` (a torch switch): CPU tensors of 2 MiB and more are 2 MiB-aligned and

@@ -1,9 +1,9 @@
-"""HostSet: the Ray actors of one spawn, one process per rank, shared by colocated roles.
+"""ProcessSet: the Ray actors of one spawn, one process per rank, shared by colocated roles.
 
-Starts one :class:`~hf_core.runtime.host.WorkerHost` per bundle of a resource pool (each with
-its stack watchdog and the workers' process environment), waits for them to come up and sets
-up torch.distributed across them (gloo on CPU, nccl on GPU).  Waiting on their results goes
-through :class:`~hf_core.runtime.liveness.Liveness`, so a start-up that hangs or dies is
+Starts one :class:`~hf_core.runtime.worker_process.WorkerProcess` per bundle of a resource pool
+(each with its stack watchdog and the workers' process environment), waits for them to come up
+and sets up torch.distributed across them (gloo on CPU, nccl on GPU).  Waiting on their results
+goes through :class:`~hf_core.runtime.liveness.Liveness`, so a start-up that hangs or dies is
 reported like any other call; a half-started set is shut down, leaving no bundles held.
 """
 
@@ -16,18 +16,18 @@ from collections.abc import Mapping
 
 import ray
 
-from hf_core.runtime.host import CONTROL_GROUP, RoleSpec, WorkerHost
 from hf_core.runtime.liveness import Liveness
 from hf_core.runtime.pool import ResourcePool
 from hf_core.runtime.process_env import worker_process_env
+from hf_core.runtime.worker_process import CONTROL_GROUP, RoleSpec, WorkerProcess
 
 _WATCHDOG_SHARE = 0.8
 """A rank's own stack watchdog fires after this share of ``failure_timeout_s`` without a
 heartbeat, so its dump is written before the controller (bound: the whole timeout) reports it."""
 
 
-class HostSet:
-    """The host actors of one spawn: shared by the role groups colocated on them."""
+class ProcessSet:
+    """The worker processes of one spawn: shared by the role groups colocated on them."""
 
     def __init__(
         self,
@@ -45,9 +45,9 @@ class HostSet:
         stacks_dir = stacks_dir or os.path.join(tempfile.gettempdir(), "hybridflow-stacks")
         # No task events: Ray's GCS would keep one per method call (the trainer's metrics
         # time every stage), growing for the whole run until its cap (the soak showed it).
-        remote_host = ray.remote(concurrency_groups={CONTROL_GROUP: 1}, enable_task_events=False)(
-            WorkerHost
-        )
+        remote_process = ray.remote(
+            concurrency_groups={CONTROL_GROUP: 1}, enable_task_events=False
+        )(WorkerProcess)
         slots = pool.slots()
         uid = uuid.uuid4().hex[:6]
         stack_files = [
@@ -56,7 +56,7 @@ class HostSet:
         env_vars = worker_process_env()
         process_env = {"runtime_env": {"env_vars": env_vars}} if env_vars else {}
         self.actors = [
-            remote_host.options(
+            remote_process.options(
                 **pool.actor_resources(),
                 scheduling_strategy=ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
                     placement_group=slot.placement_group,

@@ -1,13 +1,13 @@
-"""WorkerHost: the Ray actor (one process per rank) that hosts one or more role workers.
+"""WorkerProcess: the Ray actor (one process per rank) that runs one or more role workers.
 
-Hosting several roles in one host is how colocation works: the roles share the process, its
-memory and its torch.distributed group, and the controller still addresses each role as its
-own :class:`~hf_core.runtime.group.WorkerGroup`.
+Running several roles in one worker process is how colocation works: the roles share the process,
+its memory and its torch.distributed group, and the controller still addresses each role as its own
+:class:`~hf_core.runtime.group.WorkerGroup`.
 
-Hang diagnosis: each host appends its Python stacks to one file (``stacks_file``) when the
-controller asks (:meth:`WorkerHost.dump_stacks`, on the control thread), and by itself when a
-running call goes ``watchdog_s`` without a heartbeat (:class:`StackWatchdog`), which covers a
-rank frozen while holding the GIL, whose control thread can answer nothing.
+Hang diagnosis: each worker process appends its Python stacks to one file (``stacks_file``) when the
+controller asks (:meth:`WorkerProcess.dump_stacks`, on the control thread), and by itself when a
+running call goes ``watchdog_s`` without a heartbeat (:class:`StackWatchdog`), which covers a rank
+frozen while holding the GIL, whose control thread can answer nothing.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class RoleSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-class WorkerHost:
+class WorkerProcess:
     """Runs in its own process; constructs role workers and executes their methods."""
 
     def __init__(

@@ -52,8 +52,8 @@ def _shutdown(groups: Sequence[WorkerGroup | None], pools: Sequence[ResourcePool
     """Kill each group's processes once (colocated roles share them), release the bundles."""
     seen: set[int] = set()
     for group in groups:
-        if group is not None and id(group.hosts) not in seen:
-            seen.add(id(group.hosts))
+        if group is not None and id(group.processes) not in seen:
+            seen.add(id(group.processes))
             group.shutdown()
     for pool in pools:
         pool.release()

@@ -12,12 +12,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from hf_fsdp.config import FSDPEngineConfig
 from hf_fsdp.data_parallel.base import DataParallel
 from hf_fsdp.data_parallel.choice import (
-    CPU_HOST_POOL,
+    CPU_LEADER,
     CPU_REPLICAS,
     STRATEGIES,
     strategy_for,
 )
-from hf_fsdp.data_parallel.cpu_host_pool import CPUHostPool
+from hf_fsdp.data_parallel.cpu_leader import CPULeader
 from hf_fsdp.data_parallel.cpu_replicas import CPUReplicas
 from hf_fsdp.data_parallel.fsdp2 import FSDP2Shards
 from hf_fsdp.distributed import all_reduce_int
@@ -37,8 +37,8 @@ def build(
     if world > 1:
         wanted = STRATEGIES[all_reduce_int(STRATEGIES.index(wanted), dist.ReduceOp.MIN)]
     strategy: DataParallel | None = None
-    if wanted == CPU_HOST_POOL:
-        strategy = CPUHostPool.build(model, device, group)
+    if wanted == CPU_LEADER:
+        strategy = CPULeader.build(model, device, group)
     elif wanted == CPU_REPLICAS:
         strategy = CPUReplicas.build(group)
     if strategy is None:

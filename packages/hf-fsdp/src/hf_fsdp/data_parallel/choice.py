@@ -12,8 +12,8 @@ CPU strategy's run-time needs fail (ranks on one host, a shared-memory file ever
   (:mod:`hf_fsdp.data_parallel.cpu_replicas`; ``replicate``, where the copies fit).  One CPU
   process always trains a plain module: it has nothing to shard, and FSDP's copies cost it
   a large share of the update (docs/performance.md, "Measured choices").
-- ``cpu_host_pool``: the host's first rank trains for every rank
-  (:mod:`hf_fsdp.data_parallel.cpu_host_pool`; ``pool``).
+- ``cpu_leader``: the host's first rank trains for every rank
+  (:mod:`hf_fsdp.data_parallel.cpu_leader`; ``leader``).
 
 Nothing here imports the engine's configuration: settings are read through
 :class:`DataParallelSettings`, so ``hf_fsdp.config`` can use the rule without a cycle.
@@ -29,8 +29,8 @@ from hf_core.engines.memory_fit import node_memory_bytes
 
 FSDP2 = "fsdp2"
 CPU_REPLICAS = "cpu_replicas"
-CPU_HOST_POOL = "cpu_host_pool"
-STRATEGIES = (FSDP2, CPU_REPLICAS, CPU_HOST_POOL)
+CPU_LEADER = "cpu_leader"
+STRATEGIES = (FSDP2, CPU_REPLICAS, CPU_LEADER)
 """Every strategy's name; ranks that disagree take the first of theirs in this order (FSDP2
 needs nothing every rank must share)."""
 
@@ -92,9 +92,9 @@ def strategy_for(
         return CPU_REPLICAS  # one process: a plain module, nothing to exchange
     if mode == "auto" or settings.cpu_collectives != "shared_memory":
         return FSDP2  # (both CPU strategies exchange through the shared file)
-    if mode == "pool":
+    if mode == "leader":
         # each sequence-parallel rank computes its own share of the tokens
-        return CPU_HOST_POOL if settings.sequence_parallel_size == 1 else FSDP2
+        return CPU_LEADER if settings.sequence_parallel_size == 1 else FSDP2
     total = host_bytes if host_bytes is not None else node_memory_bytes()
     fits = ranks_on_host * replica_state_bytes(settings, num_params)
     return CPU_REPLICAS if fits <= REPLICA_MEMORY_SHARE * total else FSDP2
@@ -108,12 +108,13 @@ def state_bytes_per_rank(
     trainable: bool,
 ) -> int:
     """One rank's weights, gradients and Adam moments under the strategy the rule gives:
-    its shard under FSDP2, the whole state for a replica; a pooled host holds one state (on
-    its first rank) and a mirror of the weights for the others, counted as equal shares."""
+    its shard under FSDP2, the whole state for a replica; under the leader, a host holds one
+    state (on its first rank) and a mirror of the weights for the others, counted as equal
+    shares."""
     total = training_state_bytes(settings, num_params, trainable)
     name = strategy_for(settings, device, num_params, ranks)
     if name == CPU_REPLICAS:
         return total
-    if name == CPU_HOST_POOL:
+    if name == CPU_LEADER:
         total += num_params * settings.torch_param_dtype.itemsize  # the weights' mirror
     return total // ranks

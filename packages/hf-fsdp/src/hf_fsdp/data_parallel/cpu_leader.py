@@ -10,7 +10,7 @@ on one host's shared cores is slower than one process computing all of it
 (docs/performance.md).  Here the host trains as one process would:
 
 - rank 0 runs the forwards and backwards of every rank's batch, and the optimizer step, with
-  every rank's threads (:class:`~hf_fsdp.cpu_host.HostPool`; the others wait in a gloo
+  every rank's threads (:class:`~hf_fsdp.cpu_leader.LeaderGroup`; the others wait in a gloo
   receive, which takes no CPU).  Its weights, gradients and Adam moments are its own
   private tensors, as in one process;
 - the other ranks hold no training state, only a mirror of the weights in a ``/dev/shm``
@@ -29,7 +29,7 @@ The arithmetic is the data-parallel step's.  The ranks' batches, joined in rank 
 trained as one process would train the global batch (the gradient data parallelism averages
 to); where their widths differ, each rank's micro-batches are planned and scaled as that rank
 would and the summed gradient is divided by the rank count, as FSDP's reduce-scatter
-averages.  Chosen with ``cpu_data_parallel: pool`` (:mod:`hf_fsdp.data_parallel.choice`):
+averages.  Chosen with ``cpu_data_parallel: leader`` (:mod:`hf_fsdp.data_parallel.choice`):
 no mixed precision, no sequence parallelism, every rank on one host and able to map the
 file; otherwise, and on GPUs always, FSDP2 shards.  Proven equal to FSDP2 on the same batch
 (loss, gradients, weights) by ``packages/hf-fsdp/tests/test_data_parallel_equality.py``.
@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hf_core.batch import Batch, BatchError
-from hf_fsdp.cpu_host import HostPool, split_rows
+from hf_fsdp.cpu_leader import LeaderGroup, split_rows
 from hf_fsdp.cpu_shared_memory import map_shared_file
 from hf_fsdp.data_parallel.base import (
     DataParallel,
@@ -54,7 +54,7 @@ from hf_fsdp.data_parallel.base import (
     Update,
     UpdateResult,
 )
-from hf_fsdp.data_parallel.choice import CPU_HOST_POOL
+from hf_fsdp.data_parallel.choice import CPU_LEADER
 
 log = logging.getLogger(__name__)
 
@@ -79,27 +79,27 @@ def joined(parts: list[Batch]) -> Batch | None:
         return None
 
 
-def _layout_bytes(model: nn.Module) -> int:
+def _mirror_bytes(model: nn.Module) -> int:
     """The shared file's size: every weight, each at an aligned offset."""
     return sum(_aligned(_nbytes(p)) for p in model.parameters())
 
 
-class CPUHostPool(DataParallel):
+class CPULeader(DataParallel):
     """One model trained on the host's first rank, in its own memory; the other ranks read
     a mirror of its weights in a shared file, brought up to date before they read it."""
 
-    name = CPU_HOST_POOL
+    name = CPU_LEADER
 
-    def __init__(self, pool: HostPool, buffer: torch.Tensor) -> None:
-        super().__init__(pool.rank, pool.world)
-        self.pool = pool
+    def __init__(self, ranks: LeaderGroup, buffer: torch.Tensor) -> None:
+        super().__init__(ranks.rank, ranks.world)
+        self.ranks = ranks
         self.buffer = buffer
         self.collectives = "shared_memory"
         # the first rank holds the whole state and is the only one that grows while it
         # updates (the others wait): budgeting it a rank's share of the node turned
         # recomputation on at the 0.5B shape on two processes (bench/RESULTS.md)
         self.growing_processes = 1
-        self.holds_optimizer = pool.leader
+        self.holds_optimizer = ranks.is_leader
         self._mirrored: list[tuple[torch.Tensor, torch.Tensor]] = []
         """The leader's (weight, its view in the shared file) pairs (set by :meth:`loaded`)."""
         self._stale = False
@@ -107,17 +107,17 @@ class CPUHostPool(DataParallel):
     @classmethod
     def build(
         cls, model: nn.Module, device: torch.device, group: dist.ProcessGroup
-    ) -> CPUHostPool | None:
-        """Pooled training for ``model`` (its parameters may still be on the meta device),
+    ) -> CPULeader | None:
+        """Training on the leader for ``model`` (its parameters may still be on the meta device),
         or None where the hosts or ``/dev/shm`` rule it out.  Collective."""
-        pool = HostPool.for_this_process(device)
-        if pool is None:
+        ranks = LeaderGroup.for_this_process(device)
+        if ranks is None:
             return None
-        size = _layout_bytes(model)
+        size = _mirror_bytes(model)
         buffer = map_shared_file(group, size)
         if buffer is None:
             log.info(
-                "pooled training needs a %d MiB /dev/shm file every rank maps (twice that "
+                "training on the leader needs a %d MiB /dev/shm file every rank maps (twice that "
                 "free): FSDP shards instead",
                 size >> 20,
             )
@@ -125,18 +125,18 @@ class CPUHostPool(DataParallel):
         log.info(
             "%d ranks train one model on rank 0 with %d threads (the others read a %d MiB "
             "mirror of its weights in /dev/shm)",
-            pool.world,
-            pool.threads,
+            ranks.world,
+            ranks.threads,
             size >> 20,
         )
-        return cls(pool, buffer)
+        return cls(ranks, buffer)
 
     @torch.no_grad()
     def loaded(self, model: nn.Module) -> None:
         """Copy the loaded weights into the mirror (rank 0's; every rank loaded the same)
         and point the other ranks' parameters at it.  Collective."""
         params = list(model.parameters())
-        if _layout_bytes(model) > self.buffer.numel():
+        if _mirror_bytes(model) > self.buffer.numel():
             raise RuntimeError("the loaded model outgrew the shared file planned for it")
         offset = 0
         views: list[torch.Tensor] = []
@@ -144,12 +144,12 @@ class CPUHostPool(DataParallel):
             nbytes = _nbytes(param)
             views.append(self.buffer[offset : offset + nbytes].view(param.dtype).view(param.shape))
             offset += _aligned(nbytes)
-        if self.pool.leader:
+        if self.ranks.is_leader:
             self._mirrored = [(param.data, view) for param, view in zip(params, views, strict=True)]
             self._stale = True
             self.publish()
         else:
-            self.pool.broadcast(None)  # the leader's publish
+            self.ranks.broadcast(None)  # the leader's publish
             for param, view in zip(params, views, strict=True):
                 param.data = view
 
@@ -163,7 +163,7 @@ class CPUHostPool(DataParallel):
                 return forward(parts, ThisProcess())
             return split_rows(forward([whole], ThisProcess())[0], [len(p) for p in parts])
 
-        mine: Batch = self.pool.lead(batch, forward_all, scatter=True)
+        mine: Batch = self.ranks.lead(batch, forward_all, scatter=True)
         return mine
 
     def train(self, batch: Batch, update: Update) -> UpdateResult:
@@ -180,7 +180,7 @@ class CPUHostPool(DataParallel):
             )
             return update(shares, ThisProcess())
 
-        result: UpdateResult = self.pool.lead(batch, update_all, scatter=False)
+        result: UpdateResult = self.ranks.lead(batch, update_all, scatter=False)
         self._stale = True  # the leader stepped the weights: the mirror is behind
         return result
 
@@ -192,5 +192,5 @@ class CPUHostPool(DataParallel):
             return
         for weight, view in self._mirrored:
             view.copy_(weight)
-        self.pool.broadcast(None)  # the mirror is whole before anyone reads it
+        self.ranks.broadcast(None)  # the mirror is whole before anyone reads it
         self._stale = False

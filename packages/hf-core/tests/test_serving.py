@@ -87,12 +87,16 @@ class ScriptedEngine:
         return assemble_rollout(prompts, responses, mask, log_probs, params.temperature)
 
 
-def _endpoint(tokenizer: Any, engine: ScriptedEngine) -> PolicyEndpoint:
+def _endpoint(
+    tokenizer: Any, engine: ScriptedEngine, limits: EndpointLimits | None = None, **options: Any
+) -> PolicyEndpoint:
+    """An endpoint on ``engine`` at policy version 7, 64 new tokens a completion; ``limits``
+    (default: four requests a trajectory) and ``options`` as :class:`PolicyEndpoint` takes
+    them.  test_serving_inputs builds its endpoints here too."""
     batcher = EngineBatcher(engine, tokenizer.pad_token_id, version=lambda: 7)  # type: ignore[arg-type]
     renderer = ChatRenderer(tokenizer, [tokenizer.eos_token_id])
-    return PolicyEndpoint(
-        batcher, renderer, SamplingParams(max_new_tokens=64), EndpointLimits(max_requests=4)
-    )
+    limits = limits or EndpointLimits(max_requests=4)
+    return PolicyEndpoint(batcher, renderer, SamplingParams(max_new_tokens=64), limits, **options)
 
 
 async def _calculator_agent(client: Any, question: str) -> str:

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from test_serving import GOOD, ScriptedEngine, _calculator_agent
+from test_serving import GOOD, ScriptedEngine, _calculator_agent, _endpoint
 
 from hf_core.agents.config import AgentConfig
 from hf_core.agents.function_agents import FunctionAgentLoop
@@ -29,7 +31,6 @@ from hf_core.batch import Batch
 from hf_core.engines.decoding import left_padded, strip_left_padding
 from hf_core.engines.rollout import SamplingParams, assemble_rollout
 from hf_core.serving import (
-    ChatRenderer,
     EndpointLimits,
     EndpointServer,
     EngineBatcher,
@@ -436,13 +437,9 @@ def _endpoint_app(
 ) -> tuple[PolicyEndpoint, Any]:
     from hf_core.serving.app import build_app
 
-    batcher = EngineBatcher(engine, tokenizer.pad_token_id, version=lambda: 3)  # type: ignore[arg-type]
-    _BATCHERS.append(batcher)
-    renderer = ChatRenderer(tokenizer, [tokenizer.eos_token_id])
     cap = {} if max_trajectories is None else {"max_trajectories": max_trajectories}
-    endpoint = PolicyEndpoint(
-        batcher, renderer, SamplingParams(max_new_tokens=64), limits or EndpointLimits(), **cap
-    )
+    endpoint = _endpoint(tokenizer, engine, limits or EndpointLimits(), **cap)
+    _BATCHERS.append(endpoint.batcher)
     app = build_app(endpoint, token="secret", model_name="policy", max_body_bytes=max_body_bytes)
     return endpoint, app
 
@@ -530,9 +527,12 @@ def test_messages_the_template_or_tokenizer_cannot_take_are_not_a_500(
     assert len(engine.contexts) == trajectory.requests
 
 
-def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(tokenizer: Any) -> None:
-    """A chunked body was buffered whole before its size was checked; now the server answers
-    413 as soon as it passes the limit, without waiting for (or reading) the rest."""
+@contextlib.contextmanager
+def _posting(
+    tokenizer: Any, headers: dict[str, str]
+) -> Iterator[tuple[EmbeddingEngine, EndpointServer, http.client.HTTPConnection]]:
+    """A ``POST /v1/completions`` to a served endpoint (bodies up to 4096 bytes) with its
+    bearer and ``headers`` sent: the test writes the body (or not) and reads the answer."""
     engine = EmbeddingEngine(tokenizer)
     endpoint, _ = _endpoint_app(tokenizer, engine)
     server = EndpointServer(endpoint, max_body_bytes=4096)
@@ -540,9 +540,19 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(tokenizer: An
         connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
         connection.putrequest("POST", "/v1/completions")
         connection.putheader("Authorization", f"Bearer {server.token}")
-        connection.putheader("Content-Type", "application/json")
-        connection.putheader("Transfer-Encoding", "chunked")
+        for name, value in headers.items():
+            connection.putheader(name, value)
         connection.endheaders()
+        yield engine, server, connection
+    finally:
+        server.close()
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(tokenizer: Any) -> None:
+    """A chunked body was buffered whole before its size was checked; now the server answers
+    413 as soon as it passes the limit, without waiting for (or reading) the rest."""
+    chunked = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+    with _posting(tokenizer, chunked) as (engine, server, connection):
         chunk = b'{"model": "policy", "prompt": "' + b"x" * 6000
         connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         # the body never ends: the answer must come anyway
@@ -556,27 +566,15 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(tokenizer: An
         again.request("GET", "/v1/models", headers={"Authorization": f"Bearer {server.token}"})
         assert again.getresponse().status == 200  # and the server goes on
         again.close()
-    finally:
-        server.close()
     assert engine.contexts == []
 
 
 def test_a_declared_length_over_the_limit_is_refused_before_the_body(tokenizer: Any) -> None:
-    engine = EmbeddingEngine(tokenizer)
-    endpoint, _ = _endpoint_app(tokenizer, engine)
-    server = EndpointServer(endpoint, max_body_bytes=4096)
-    try:
-        connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
-        connection.putrequest("POST", "/v1/completions")
-        connection.putheader("Authorization", f"Bearer {server.token}")
-        connection.putheader("Content-Length", str(1 << 30))
-        connection.endheaders()
+    with _posting(tokenizer, {"Content-Length": str(1 << 30)}) as (_, _, connection):
         connection.send(b"{")
         reply = connection.getresponse()
         assert reply.status == 413
         connection.close()
-    finally:
-        server.close()
 
 
 class GatedEngine(EmbeddingEngine):

@@ -29,6 +29,10 @@ def make_assets(folder: Path = DEFAULT) -> Path:
     # head_dim 32: vLLM's CPU attention kernels need at least that
     build_tiny_model(folder / "policy", family="qwen2", hidden_size=128, num_layers=2, seed=0)
     build_tiny_model(folder / "teacher", family="llama", hidden_size=64, num_layers=2, seed=4)
+    # a mixture of experts (4 experts, top-2; docs/moe.md), head_dim 32 as the policy's
+    build_tiny_model(
+        folder / "moe_policy", family="qwen3_moe", hidden_size=128, num_layers=2, seed=5
+    )
     build_tiny_model(
         folder / "critic", family="qwen2", head="value", hidden_size=64, num_layers=2, seed=1
     )

@@ -66,5 +66,5 @@ def test_greedy_outputs_differ_across_prompts(models: dict[str, Path]) -> None:
 
 
 def test_unknown_family_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="family must be 'llama' or 'qwen2'"):
+    with pytest.raises(ValueError, match="family must be 'llama', 'qwen2' or 'qwen3_moe'"):
         build_tiny_model(tmp_path, "gpt2")  # type: ignore[arg-type]

@@ -470,6 +470,7 @@ class FSDPEngine(TrainingEngine):
         if tokens.rows:  # below 1 where packing saved repeated prompts or padding
             local["forward_token_fraction"] = tokens.fraction
             local["padding_tokens_sum"] = float(tokens.padding)
+        local.update(tokens.routing.metrics())  # MoE models under routing replay
         metrics = self._optimizer_step(peers.metrics(local), peers.across_ranks)
         return metrics, self.fit, self._checkpointing
 

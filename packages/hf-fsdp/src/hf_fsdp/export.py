@@ -25,7 +25,9 @@ from torch.distributed.tensor import DTensor
 from hf_core.engines import NamedTensor, WeightMapping
 from hf_core.engines.model_classes import checkpoint_names
 from hf_fsdp import cpu_shared_memory
+from hf_fsdp.fused_experts import ExpertNames, expert_names, expert_slices
 from hf_fsdp.lora import canonical_lora_name
+from hf_fsdp.moe_routing import moe_routers
 
 WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 
@@ -53,7 +55,9 @@ def canonical_names(model: nn.Module) -> dict[str, str]:
 
 
 class FSDPWeightMapping(WeightMapping):
-    """Native (module) names <-> canonical HF names for one FSDP model."""
+    """Native (module) names <-> canonical HF names for one FSDP model.  A mixture of
+    experts' fused expert parameters go out as the checkpoint's per-expert tensors
+    (:mod:`hf_fsdp.fused_experts`)."""
 
     def __init__(self, model: nn.Module, names: Mapping[str, str] | None = None) -> None:
         """``names``: :func:`canonical_names` taken before sharding (transformers does not
@@ -71,11 +75,25 @@ class FSDPWeightMapping(WeightMapping):
             first_of[id(param)] = name
             self.to_hf[native] = name
         self.from_hf = {hf: native for native, hf in self.to_hf.items()}
+        self.experts: ExpertNames | None = None
+        if moe_routers(model):
+            self.experts = expert_names(str(getattr(model.config, "model_type", "")))
+
+    def canonical(self, native: str, tensor: torch.Tensor) -> Iterator[NamedTensor]:
+        """``native``'s full tensor under its canonical name, or a fused expert tensor as
+        one tensor per expert projection (copies: a view would carry the whole storage)."""
+        name = self.to_hf[native]
+        slices = expert_slices(name, tensor, self.experts) if self.experts else None
+        if slices is None:
+            yield name, tensor
+            return
+        for expert, view in slices:
+            yield expert, view.clone()
 
     def to_canonical(self, native: Mapping[str, torch.Tensor]) -> Iterator[NamedTensor]:
         for name, tensor in native.items():
             if name in self.to_hf:
-                yield self.to_hf[name], full_tensor(tensor)
+                yield from self.canonical(name, full_tensor(tensor))
 
     def from_canonical(self, canonical: Iterable[NamedTensor]) -> Iterator[NamedTensor]:
         for name, tensor in canonical:
@@ -135,7 +153,7 @@ def stream_canonical(
             yield from _gathered(pending, mapping, device, dtype)
             pending, size = [], 0
             tensor = full_tensor(param, device)
-            yield mapping.to_hf[native], tensor.to(dtype) if dtype is not None else tensor
+            yield from mapping.canonical(native, tensor.to(dtype) if dtype is not None else tensor)
             continue
         nbytes = param.numel() * param.element_size()
         if pending and size + nbytes > bucket_bytes:
@@ -207,4 +225,4 @@ def _gathered(
         shards = [p[offset : offset + numel].view(rows, *param.shape[1:]) for p in pieces]
         tensor = torch.cat(shards)[: param.shape[0]]
         offset += numel
-        yield mapping.to_hf[native], tensor.to(dtype) if dtype is not None else tensor
+        yield from mapping.canonical(native, tensor.to(dtype) if dtype is not None else tensor)

@@ -59,10 +59,11 @@ def is_fused(name: str) -> bool:
 
 
 def expert_slices(
-    name: str, tensor: torch.Tensor, names: ExpertNames
+    name: str, tensor: torch.Tensor, names: ExpertNames, first: int = 0
 ) -> list[tuple[str, torch.Tensor]] | None:
     """``(canonical name, view)`` per expert projection of the fused parameter ``name``
-    (``None`` when ``name`` is not one)."""
+    (``None`` when ``name`` is not one).  ``tensor`` may be a run of experts from expert
+    ``first`` on (a rank's dim-0 shard)."""
     match = _FUSED.match(name)
     if match is None:
         return None
@@ -71,10 +72,10 @@ def expert_slices(
     out = []
     if match["which"] == "down_proj":
         for e in range(tensor.shape[0]):
-            out.append((f"{base}.{e}.{names.down}.weight", tensor[e]))
+            out.append((f"{base}.{first + e}.{names.down}.weight", tensor[e]))
         return out
     half = tensor.shape[1] // 2
     for e in range(tensor.shape[0]):
-        out.append((f"{base}.{e}.{names.gate}.weight", tensor[e, :half]))
-        out.append((f"{base}.{e}.{names.up}.weight", tensor[e, half:]))
+        out.append((f"{base}.{first + e}.{names.gate}.weight", tensor[e, :half]))
+        out.append((f"{base}.{first + e}.{names.up}.weight", tensor[e, half:]))
     return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from hf_core.algorithms.chunked_head import (
     tied_embedding,
 )
 from hf_core.batch import Batch
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
 from hf_core.engines.sequence_packing import PACKABLE_ATTENTION as SEQUENCE_PACKABLE
 from hf_core.engines.sequence_packing import pack_sequences, sequence_packing_pays
 from hf_core.engines.shared_prefix import PackedPrefixes, pack_shared_prefixes
@@ -45,6 +46,7 @@ from hf_core.multimodal import (
 )
 from hf_fsdp import cpu_half, ulysses
 from hf_fsdp.config import HeadKind
+from hf_fsdp.moe_routing import RoutingStats, replaying
 from hf_fsdp.onednn_linear import OneDNNLinear
 from hf_fsdp.onednn_linear import linear as onednn_linear
 
@@ -264,6 +266,17 @@ def _head_as_log_probs(
             del embed.forward
 
 
+def _routing_replay(
+    model: nn.Module, batch: Batch, tokens: ForwardTokens | None
+) -> AbstractContextManager[None]:
+    """The rollout's experts for this forward when the batch carries them
+    (:mod:`hf_fsdp.moe_routing`); agreement and load counted in ``tokens``."""
+    if ROUTED_EXPERTS_KEY not in batch:
+        return nullcontext()
+    stats = tokens.routing if tokens is not None else None
+    return replaying(model, batch[ROUTED_EXPERTS_KEY], batch["attention_mask"], stats)
+
+
 def lm_forward(
     model: nn.Module,
     batch: Batch,
@@ -276,6 +289,9 @@ def lm_forward(
     sequence_packing: bool = True,
 ) -> dict[str, torch.Tensor]:
     responses = batch["responses"].to(device)
+    replay = _routing_replay(model, batch, tokens)
+    if ROUTED_EXPERTS_KEY in batch:  # replay follows the rows' token order: no packing
+        shared_prefix = sequence_packing = False
     inputs, predict_from, keep = _inputs_and_positions(
         model, batch, device, shared_prefix, tokens, sequence_packing
     )
@@ -288,13 +304,14 @@ def lm_forward(
                 model, head, responses, temperature, with_entropy, chunk, predict_from
             ),
             _images_in_prompt(model, batch),
+            replay,
         ):
             pairs = model(**inputs, use_cache=False, logits_to_keep=keep).logits
         result = {"log_probs": pairs[..., 0]}
         if with_entropy:
             result["entropy"] = pairs[..., 1]
         return result
-    with _images_in_prompt(model, batch):
+    with _images_in_prompt(model, batch), replay:
         out = model(**inputs, use_cache=False, logits_to_keep=keep)
     logits = _response_positions(out.logits, predict_from)
     log_probs, entropy = token_log_probs(logits, responses, temperature, with_entropy)
@@ -312,6 +329,8 @@ class ForwardTokens:
     computed: int = 0
     rows: int = 0
     padding: int = 0
+    routing: RoutingStats = field(default_factory=RoutingStats)
+    """Replayed MoE routing: agreement with the rollout's experts, expert load."""
 
     def add(self, inputs: dict[str, torch.Tensor], batch: Batch, padding: int) -> None:
         self.computed += int(inputs["input_ids"].numel())
@@ -442,6 +461,12 @@ def sequence_parallel_forward(
     """The head's outputs for one micro-batch with its tokens split over ``group``
     (:mod:`hf_fsdp.ulysses`): this rank runs its columns, the outputs are gathered, and every
     rank of the group returns the whole micro-batch's outputs (with autograd)."""
+    if ROUTED_EXPERTS_KEY in batch:
+        raise NotImplementedError(
+            "routing replay with sequence parallelism: each rank's column share of the "
+            "rollout's experts is not laid out yet; set algorithm.router_replay=off or "
+            "actor.engine.sequence_parallel_size=1"
+        )
     rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
     width = response_length(batch) if head != "score" else 0
     shards = ulysses.lay_out(

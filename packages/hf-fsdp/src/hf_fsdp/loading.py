@@ -35,6 +35,7 @@ from hf_core.engines import check_model_folder, weight_files  # noqa: F401  (re-
 from hf_core.engines.model_classes import causal_lm_class
 from hf_core.errors import ModelLoadError
 from hf_fsdp.config import FSDPEngineConfig, HeadKind
+from hf_fsdp.fused_experts import expert_names, expert_slices, is_fused
 from hf_fsdp.lora import init_adapter_tensor
 
 if TYPE_CHECKING:
@@ -313,6 +314,24 @@ def canonical_candidates(name: str, base_prefix: str) -> list[str]:
     return names
 
 
+def _load_fused_experts(
+    model: nn.Module, reader: SafetensorsReader, name: str, param: torch.Tensor, used: set[str]
+) -> bool:
+    """Fill this rank's experts of a fused expert parameter from the checkpoint's per-expert
+    tensors (:mod:`hf_fsdp.fused_experts`); False when ``name`` is not one."""
+    if not is_fused(name):
+        return False
+    names = expert_names(str(getattr(model.config, "model_type", "")))
+    first = local_index(param)[0].start
+    slices = expert_slices(name, _local(param), names, first) or []
+    for key, view in slices:
+        if key not in reader:
+            raise ModelLoadError(f"expert tensor {key!r} of {name} is not in the checkpoint")
+        view.copy_(reader.read(key, tuple(slice(None) for _ in view.shape)))
+        used.add(key)
+    return True
+
+
 def _init_head_tensor(name: str, shape: torch.Size, std: float, seed: int) -> torch.Tensor:
     """A new head weight, the same on every rank (seeded by ``seed`` and the name)."""
     if name.endswith("bias") or len(shape) < 2:
@@ -350,6 +369,9 @@ def materialize_and_load(
             index = local_index(param)
             candidates = canonical_candidates(canonical, base_prefix)
             key = next((k for k in candidates if k in reader), None)
+            if key is None and _load_fused_experts(model, reader, canonical, param, used):
+                report.loaded.append(canonical)
+                continue
             if key is None:
                 adapter = init_adapter_tensor(canonical, param.shape, seed)
                 if adapter is not None:  # LoRA: not in the base folder, new from the seed

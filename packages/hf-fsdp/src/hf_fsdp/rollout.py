@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +41,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.dtypes import rollout_dtype
 from hf_core.engines.model_classes import causal_lm_class, checkpoint_names
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, pad_columns
 from hf_core.engines.streaming import ChunkedStream, TokenStream
 from hf_core.multimodal import MULTI_MODAL_KEY, ImageFeatures, has_images
 from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed_attributes
@@ -53,6 +55,8 @@ from hf_fsdp.decoder import (
     lean_decoder_unsupported,
 )
 from hf_fsdp.export import persistent_buffers
+from hf_fsdp.fused_experts import expert_names, expert_slices
+from hf_fsdp.moe_routing import RoutingRecorder, moe_routers
 from hf_fsdp.offload import model_bytes
 from hf_fsdp.onednn_linear import linear as onednn_linear
 from hf_fsdp.onednn_linear import use_onednn_linear
@@ -108,6 +112,8 @@ class TransformersRolloutEngine(RolloutEngine):
         if onednn:
             use_onednn_linear(self.model)
         _own_storage(self.model)
+        self._moe = bool(moe_routers(self.model))
+        """A mixture of experts: generations can return each token's experts (routing replay)."""
         self._lean = self._lean_decoder(onednn)
         self._targets: dict[str, torch.Tensor] = {}
         self._index_targets()
@@ -163,6 +169,12 @@ class TransformersRolloutEngine(RolloutEngine):
         targets.update(persistent_buffers(self.model))
         saved = checkpoint_names(self.model, targets)  # canonical names are the checkpoint's
         self._targets = {saved[name]: tensor for name, tensor in targets.items()}
+        if self._moe:  # the checkpoint's per-expert tensors are views of the fused ones
+            names = expert_names(self.model.config.model_type)
+            for name, tensor in targets.items():
+                for expert, view in expert_slices(name, tensor.data, names) or []:
+                    self._targets.pop(saved[name], None)
+                    self._targets[expert] = view
 
     def _move(self, device: torch.device) -> int:
         """Move the model (on a CPU-only engine: nothing) and say what that moves: weights
@@ -245,9 +257,12 @@ class TransformersRolloutEngine(RolloutEngine):
             for piece in batch.split(size)
         ]
         responses, log_probs, response_mask = (
-            torch.cat(parts) for parts in zip(*pieces, strict=True)
+            torch.cat([piece[i] for piece in pieces]) for i in range(3)
         )
-        return assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
+        out = assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
+        if pieces and pieces[0][3] is not None:
+            out[ROUTED_EXPERTS_KEY] = torch.cat([piece[3] for piece in pieces])
+        return out
 
     def _session(
         self,
@@ -274,23 +289,35 @@ class TransformersRolloutEngine(RolloutEngine):
         generator: torch.Generator,
         stops: list[int],
         features: list[ImageFeatures] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``features``: the rows' images (a vision-language model's prompts)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Responses, their log-probs and mask, and with ``params.routed_experts`` on an MoE
+        model each fed token's experts (``[rows, prompt + max_new_tokens, layers, k]``;
+        the last sampled token is never fed, so it has none).  ``features``: the rows' images
+        (a vision-language model's prompts)."""
         ids = input_ids.to(self.device)
+        rows, prompt_len = ids.shape
         new_tokens = params.max_new_tokens
         mask = attention_mask.to(self.device)
         session = self._session(ids, mask, new_tokens, params.n, features)
-        logits = session.prefill()
-        steps = ResponseSteps(ids.shape[0], stops, self.pad_token_id, self.device)
-        # On an accelerator "all rows stopped?" is a host sync: ask every few steps only.
-        check_every = 1 if self.device.type == "cpu" else 8
-        for step in range(new_tokens):
-            tokens, _ = steps.add(*select_tokens(logits, params, generator))
-            if step == new_tokens - 1 or (step % check_every == 0 and steps.done):
-                break
-            logits = session.step(tokens)
+        recorder = RoutingRecorder(self.model) if params.routed_experts and self._moe else None
+        routed: list[torch.Tensor] = []
+        with recorder if recorder is not None else nullcontext():
+            logits = session.prefill()
+            if recorder is not None:
+                routed.append(recorder.take(rows, prompt_len))
+            steps = ResponseSteps(rows, stops, self.pad_token_id, self.device)
+            # On an accelerator "all rows stopped?" is a host sync: ask every few steps only.
+            check_every = 1 if self.device.type == "cpu" else 8
+            for step in range(new_tokens):
+                tokens, _ = steps.add(*select_tokens(logits, params, generator))
+                if step == new_tokens - 1 or (step % check_every == 0 and steps.done):
+                    break
+                logits = session.step(tokens)
+                if recorder is not None:
+                    routed.append(recorder.take(rows, 1))
         responses, log_probs, response_mask = steps.tensors(new_tokens)
-        return responses.cpu(), log_probs.cpu(), response_mask.cpu()
+        experts = pad_columns(torch.cat(routed, 1), prompt_len + new_tokens) if routed else None
+        return responses.cpu(), log_probs.cpu(), response_mask.cpu(), experts
 
 
 if not TYPE_CHECKING:  # type checkers keep flagging unknown names

@@ -236,6 +236,13 @@ class AlgorithmConfig(_Strict):
         default_factory=DynamicSamplingConfig,
         description="DAPO's dynamic sampling: train only on groups whose rewards differ",
     )
+    router_replay: Literal["rollout", "off"] = Field(
+        "rollout",
+        description="mixture-of-experts models: rollout: every training forward of a rollout's "
+        "tokens (old log-probs, reference, update) routes each token to the experts the "
+        "rollout engine chose (R3; docs/moe.md); off: the trainer's router decides.  Dense "
+        "models have nothing to replay",
+    )
     # Safe-RLHF
     cost_limit: float = 0.0
     lagrange_init: float = Field(1.0, ge=0.0)

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
 from hf_core.renamed import PLAN_MEANS_PLACEMENT, renamed_attributes
 
 if TYPE_CHECKING:
     from hf_core.batch import Batch
 
-SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", ROUTED_EXPERTS_KEY)
 """Tensors laid out over prompt + response columns."""
 PROMPT_ONLY_KEYS = ("prompts",)
 """Tensors laid out over prompt columns only."""

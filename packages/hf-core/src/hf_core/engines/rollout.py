@@ -34,6 +34,12 @@ class SamplingParams(BaseModel):
     n: int = Field(1, ge=1, description="samples per prompt")
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    routed_experts: bool = Field(
+        False,
+        description="mixture-of-experts models: also return each fed token's top-k expert "
+        "ids per MoE layer (batch key routed_experts, for routing replay; "
+        "hf_core.engines.routed_experts); dense models ignore it",
+    )
 
     @property
     def greedy(self) -> bool:

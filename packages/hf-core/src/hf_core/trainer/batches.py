@@ -10,6 +10,7 @@ import torch
 from hf_core.batch import Batch
 from hf_core.config import RolloutConfig, TrainerConfig
 from hf_core.engines import SamplingParams
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, unrecorded
 from hf_core.multimodal import IMAGES_KEY, MULTI_MODAL_KEY
 
 PROMPT_TENSORS = ("input_ids", "attention_mask")
@@ -47,7 +48,12 @@ def pad_samples(samples: Batch, prompt_width: int, response_width: int) -> Batch
     for key in PROMPT_TENSORS:
         out[key] = pad(samples[key], (left, right), value=0)
     out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    whole_row = {"prompts", "position_ids", *PROMPT_TENSORS}
+    if ROUTED_EXPERTS_KEY in samples:  # [rows, columns, layers, k]: columns as input_ids
+        routed = samples[ROUTED_EXPERTS_KEY]
+        out[ROUTED_EXPERTS_KEY] = pad(
+            routed, (0, 0, 0, 0, left, right), value=unrecorded(routed.dtype)
+        )
+    whole_row = {"prompts", "position_ids", ROUTED_EXPERTS_KEY, *PROMPT_TENSORS}
     for key in samples.keys():
         value = samples[key]
         aligned = isinstance(value, torch.Tensor) and value.dim() == 2
@@ -82,9 +88,16 @@ def concat_samples(parts: list[Batch]) -> Batch:
 
 
 def sampling_params(
-    rollout: RolloutConfig, step: int, seed: int, *, greedy: bool = False, n: int | None = None
+    rollout: RolloutConfig,
+    step: int,
+    seed: int,
+    *,
+    greedy: bool = False,
+    n: int | None = None,
+    routed_experts: bool = False,
 ) -> SamplingParams:
-    """Per-step seeded sampling, so a resumed run draws exactly what a straight run would."""
+    """Per-step seeded sampling, so a resumed run draws exactly what a straight run would;
+    ``routed_experts``: the samples carry an MoE model's expert choices (routing replay)."""
     return SamplingParams(
         temperature=0.0 if greedy else rollout.temperature,
         top_p=rollout.top_p,
@@ -93,6 +106,7 @@ def sampling_params(
         n=1 if greedy else (n or rollout.n),
         stop_token_ids=tuple(rollout.stop_token_ids),
         seed=seed * 1_000_003 + step,
+        routed_experts=routed_experts,
     )
 
 

@@ -50,6 +50,7 @@ from hf_core.config.layout import RunLayout
 from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, token_ids
 from hf_core.engines.hf_folder import read_model_config
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
 from hf_core.multimodal import MULTI_MODAL_KEY, VisionProcessor, is_vision_model
 from hf_core.rewards import RuleReward
@@ -79,9 +80,10 @@ ACTOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "respo
 
 
 def model_keys(batch: Batch) -> list[str]:
-    """What a model forward needs of a batch: :data:`ACTOR_KEYS`, and a vision-language
-    model's image features when the batch has them."""
-    return [*ACTOR_KEYS, *((MULTI_MODAL_KEY,) if MULTI_MODAL_KEY in batch else ())]
+    """What a model forward needs of a batch: :data:`ACTOR_KEYS`, and when the batch has
+    them a vision-language model's image features and an MoE rollout's expert choices."""
+    extra = [k for k in (MULTI_MODAL_KEY, ROUTED_EXPERTS_KEY) if k in batch]
+    return [*ACTOR_KEYS, *extra]
 
 
 def _rank_zero_metrics(rows: list[dict[str, float]], prefix: str) -> dict[str, float]:

@@ -73,7 +73,10 @@ class RolloutSource(ABC):
         self._metrics: dict[str, float] = {}
 
     def _params(self, step: int) -> SamplingParams:
-        return sampling_params(self.config.rollout, step, self.config.run.seed)
+        replay = self.config.algorithm.router_replay == "rollout"
+        return sampling_params(
+            self.config.rollout, step, self.config.run.seed, routed_experts=replay
+        )
 
     @abstractmethod
     def take(self, step: int) -> StepSamples:

@@ -47,6 +47,7 @@ EXTRA = {
     "ppo_megatron": ["critic/vf_loss", "reshard/bytes_received", "reshard/zero_redundancy"],
     "grpo": ["actor/kl", "actor/kl_loss"],
     "grpo_vllm": ["actor/kl", "actor/kl_loss"],
+    "moe_grpo": ["actor/kl", "actor/moe/router_agreement", "actor/moe/expert_load_max_over_mean"],
     "grpo_lora": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "grpo_lora_vllm": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "remax": [],

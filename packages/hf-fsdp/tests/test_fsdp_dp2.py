@@ -340,10 +340,20 @@ def _assert_decodes_as_exported(
     assert torch.equal(got[mask], expected[mask])
 
 
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE (4 experts, top-2): fused expert parameters sharded over the ranks'
+    experts, sent per expert (hf_fsdp.fused_experts)."""
+    from hf_testing.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("moe"), "qwen3_moe", seed=5)
+
+
+@pytest.mark.parametrize("folder", ["qwen2_tied", "qwen3_moe"])
 def test_weight_sync_then_rollout_matches_exported_model(
-    group: WorkerGroup, models: dict, tmp_path: Path
+    group: WorkerGroup, models: dict, moe_model: Path, folder: str, tmp_path: Path
 ) -> None:
-    path = models["qwen2_tied"]
+    path = moe_model if folder == "qwen3_moe" else models[folder]
     group.build("actor_sync", {"model_path": str(path), **TRAIN, "lr": 1e-2})
     group.train(rollout_batch(B, P, R, _vocab(path), seed=23), name="actor_sync", loss="policy")
     _, _, prompts = _text_prompts(path)

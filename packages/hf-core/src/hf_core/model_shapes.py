@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 BF16_BYTES = 2
 """Bytes per weight and per KV-cache element: training and generation run in bf16."""
@@ -23,6 +23,9 @@ class ModelSpec:
 
     ``value_head`` replaces the vocabulary LM head with a ``hidden -> 1`` projection: that is
     what critics, reward and cost models are, and it changes both size and logits memory.
+    A mixture of experts (``num_experts > 0``) stores ``num_experts`` gated MLPs of
+    ``moe_intermediate_size`` per layer (plus a router and any shared expert) and computes
+    ``experts_per_token`` of them per token.
     """
 
     name: str
@@ -34,6 +37,10 @@ class ModelSpec:
     vocab_size: int
     tie_word_embeddings: bool = False
     value_head: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         """Reject shapes the formulas below would silently mis-count."""
@@ -72,10 +79,30 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def layer_matmul_params(self) -> int:
-        """Weights of one layer that take part in matmuls: q, o, k, v and the gated MLP."""
+    def is_mixture_of_experts(self) -> bool:
+        return self.num_experts > 0
+
+    def _mlp_params(self, experts: int) -> int:
+        """One layer's gated MLP weights with ``experts`` experts in it (dense: the MLP)."""
         h = self.hidden_size
-        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.intermediate_size
+        if not self.is_mixture_of_experts:
+            return 3 * h * self.intermediate_size
+        shared = 3 * h * self.shared_expert_intermediate_size
+        shared += h if self.shared_expert_intermediate_size else 0  # its gate
+        return experts * 3 * h * self.moe_intermediate_size + h * self.num_experts + shared
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights one layer stores for matmuls: q, o, k, v and the gated MLP (every expert,
+        the router and any shared expert of a mixture)."""
+        h = self.hidden_size
+        return 2 * h * h + 2 * h * self.kv_dim + self._mlp_params(self.num_experts)
+
+    @property
+    def layer_active_params(self) -> int:
+        """Weights one layer multiplies each token by: its routed experts only."""
+        h = self.hidden_size
+        return 2 * h * h + 2 * h * self.kv_dim + self._mlp_params(self.experts_per_token)
 
     @property
     def head_params(self) -> int:
@@ -96,7 +123,7 @@ class ModelSpec:
         """Parameters that cost FLOPs per token: layers plus the head (the embedding lookup is
         free; a tied head still multiplies by the embedding matrix)."""
         head = self.hidden_size if self.value_head else self.vocab_size * self.hidden_size
-        return self.num_layers * self.layer_matmul_params + head
+        return self.num_layers * self.layer_active_params + head
 
     @property
     def weight_bytes(self) -> int:
@@ -154,4 +181,32 @@ def from_hf_config(config: Mapping[str, Any], name: str = "model") -> ModelSpec:
         num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
         vocab_size=config["vocab_size"],
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        **_experts(config),
     )
+
+
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""Where HF configs give the expert count (Qwen-MoE, Mixtral, DeepSeek)."""
+
+
+class _ExpertFields(TypedDict, total=False):
+    num_experts: int
+    experts_per_token: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+
+
+def _experts(config: Mapping[str, Any]) -> _ExpertFields:
+    """A mixture of experts' fields of :class:`ModelSpec` (none for a dense model).  Mixtral
+    names the experts' width ``intermediate_size``; Qwen-MoE ``moe_intermediate_size``."""
+    count = next((int(config[k]) for k in EXPERT_COUNT_KEYS if config.get(k)), 0)
+    if not count:
+        return {}
+    return {
+        "num_experts": count,
+        "experts_per_token": int(config.get("num_experts_per_tok") or 1),
+        "moe_intermediate_size": int(
+            config.get("moe_intermediate_size") or config["intermediate_size"]
+        ),
+        "shared_expert_intermediate_size": int(config.get("shared_expert_intermediate_size") or 0),
+    }

@@ -232,6 +232,11 @@ class TransformersRolloutConfig(BaseModel):
         refuse_renamed_keys(data, {"cpu_host_generation": "cpu_leader_generation"}, THE_LEADER)
         return data
 
+    def routed_experts_unsupported(self) -> str | None:
+        """The engine returns an MoE model's experts per token (``DeclaresRoutedExperts``;
+        :mod:`hf_fsdp.moe_routing`), on any device."""
+        return None
+
 
 # Validation with errors naming key, value and expectation is core's (shared by backends).
 parse_config = parse_engine_config

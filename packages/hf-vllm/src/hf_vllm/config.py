@@ -107,6 +107,15 @@ class VLLMRolloutConfig(BaseModel):
             return self.kv_cache_bytes
         return CPU_DEFAULT_KV_CACHE_BYTES
 
+    def routed_experts_unsupported(self) -> str | None:
+        """Why this engine does not return an MoE model's experts (``DeclaresRoutedExperts``):
+        vLLM records them (``enable_return_routed_experts``) only in its V2 model runner,
+        which needs Triton, so not on a CPU; the GPU path is not wired in hf-vllm yet."""
+        return (
+            "the vLLM rollout engine does not return routed experts yet (vLLM records them "
+            "only in its V2 model runner, which needs Triton: not on a CPU)"
+        )
+
     def sequence_capacity(self, kv_elements_per_token: int) -> tuple[int, str] | None:
         """The longest sequence this engine can hold (``DeclaresSequenceCapacity``):
         ``max_model_len`` when set, and what one sequence may take of a KV cache of fixed

@@ -188,6 +188,17 @@ class DeclaresNodeSharedMemory(Protocol):
 
 
 @runtime_checkable
+class DeclaresRoutedExperts(Protocol):
+    """A rollout engine's *settings* that say whether the engine returns a mixture-of-experts
+    model's routing (``SamplingParams.routed_experts``; routing replay).  Settings without it
+    belong to an engine that does not: the pre-start check then refuses routing replay."""
+
+    def routed_experts_unsupported(self) -> str | None:
+        """``None`` when the engine returns each token's experts; else why it cannot here."""
+        ...
+
+
+@runtime_checkable
 class DeclaresSequenceCapacity(Protocol):
     """A rollout engine's *settings* that bound one sequence's length (prompt + response):
     a KV cache of fixed size, or a length limit of the engine's own.

@@ -42,8 +42,10 @@ from hf_core.config.layout import (
     resolve_layout,
 )
 from hf_core.data.io import check_dataset_file
+from hf_core.engines.capabilities import DeclaresRoutedExperts
 from hf_core.engines.hf_folder import check_model_folder, check_tokenizer, read_model_config
 from hf_core.errors import CheckpointError, EngineConfigError, ModelFolderError
+from hf_core.model_shapes import from_hf_config
 from hf_core.plugins import UnknownNameError, get_engine_config, get_engine_parallelism
 from hf_core.rewards import UnknownRewardFunctionError, get_reward_function
 from hf_core.roles.common import rollout_engine_args, training_engine_args
@@ -83,10 +85,14 @@ def preflight(config: TrainerConfig, layout: RunLayout | None = None) -> RunLayo
             layout = resolve_layout(config)
         except ValueError as exc:
             raise ConfigError(f"invalid configuration:\n  rollout: {exc}") from None
+    rollout_settings = None
     for key, kind, backend, block, supplied in _engine_blocks(config, layout):
-        _check_engine_block(key, kind, backend, block, supplied)
+        settings = _check_engine_block(key, kind, backend, block, supplied)
+        if kind == "rollout":
+            rollout_settings = settings
     _check_training_layouts(config, layout)  # every backend name is known by now
     _check_generation_layout(config, layout)
+    _check_router_replay(config, rollout_settings)
     return layout
 
 
@@ -284,6 +290,35 @@ def _check_generation_layout(config: TrainerConfig, layout: RunLayout) -> None:
                 f"actor's parallel.{axis} {actor_size}; the 3D-HybridEngine regroups training "
                 f"ranks into generation groups, so {name}_g must divide {name} (HybridFlow §5.4)"
             )
+
+
+def _check_router_replay(config: TrainerConfig, rollout_settings: object) -> None:
+    """Routing replay of a mixture-of-experts actor needs rollouts that carry the experts
+    they were routed to: a rollout engine that returns them, and a rollout path that keeps
+    them (docs/moe.md).  A run that would silently train without replay stops here."""
+    if config.algorithm.router_replay != "rollout":
+        return
+    try:
+        spec = from_hf_config(read_model_config(config.role_model(config.actor)))
+    except (ModelFolderError, ValueError):
+        return  # check_inputs names a missing or broken model folder
+    if not spec.is_mixture_of_experts:
+        return
+    backend = config.rollout.backend
+    if isinstance(rollout_settings, DeclaresRoutedExperts):
+        reason = rollout_settings.routed_experts_unsupported()
+    else:
+        reason = f"the {backend!r} rollout engine does not return the experts it routes to"
+    if reason is None and config.agent is not None:
+        reason = "agent loops do not carry the experts of their turns yet"
+    if reason is None and config.rollout.mode == "streaming":
+        reason = "streaming rollouts do not carry the experts of partial rollouts yet"
+    if reason is not None:
+        raise ConfigError(
+            f"invalid configuration:\n  algorithm.router_replay: rollout (the default for a "
+            f"mixture-of-experts model), but {reason}; set algorithm.router_replay=off to let "
+            "the trainer's router decide (docs/moe.md)"
+        )
 
 
 def _check_algorithm(config: TrainerConfig) -> None:

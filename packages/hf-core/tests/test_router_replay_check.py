@@ -1,0 +1,125 @@
+"""Routing replay before a run starts: a mixture-of-experts actor with replay on needs a
+rollout engine that returns the experts it routed to (``DeclaresRoutedExperts``) and a rollout
+path that keeps them; otherwise the run stops naming ``algorithm.router_replay``.  Also the
+parameter count of a mixture, which the memory check relies on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from hf_core import plugins
+from hf_core.config import ConfigError, TrainerConfig
+from hf_core.model_shapes import from_hf_config
+from hf_core.trainer.preflight import preflight
+
+DENSE = {
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+}
+MOE = {
+    **DENSE,
+    "model_type": "qwen3_moe",
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+}
+
+
+class TrainSettings(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ReturnsExperts(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def routed_experts_unsupported(self) -> str | None:
+        return None
+
+
+class NotOnThisMachine(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def routed_experts_unsupported(self) -> str | None:
+        return "the toy engine records experts on GPUs only"
+
+
+class Plain(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+@pytest.fixture
+def engines() -> Iterator[None]:
+    plugins.reset()
+    reg = plugins.registry()
+    reg.training_engines.add("train-toy", dict, owner="test")
+    reg.training_engine_configs.add("train-toy", TrainSettings, owner="test")
+    reg.training_engine_parallel["train-toy"] = frozenset()
+    for name, settings in (("replays", ReturnsExperts), ("gpu-only", NotOnThisMachine)):
+        reg.rollout_engines.add(name, dict, owner="test")
+        reg.rollout_engine_configs.add(name, settings, owner="test")
+        reg.rollout_engine_parallel[name] = frozenset()
+    reg.rollout_engines.add("plain", dict, owner="test")
+    reg.rollout_engine_configs.add("plain", Plain, owner="test")
+    reg.rollout_engine_parallel["plain"] = frozenset()
+    yield
+    plugins.reset()
+
+
+def _config(folder: Path, shape: dict[str, Any], backend: str, **extra: Any) -> TrainerConfig:
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(shape))
+    return TrainerConfig.model_validate(
+        {
+            "model": {"path": str(folder)},
+            "reward": {"function": "digits_reverse"},
+            "rollout": {"n": 2, "backend": backend, **extra.pop("rollout", {})},
+            "actor": {"backend": "train-toy"},
+            **extra,
+        }
+    )
+
+
+@pytest.mark.usefixtures("engines")
+def test_replay_needs_a_rollout_engine_that_returns_experts(tmp_path: Path) -> None:
+    preflight(_config(tmp_path / "moe", MOE, "replays"))  # returns them: fine
+    preflight(_config(tmp_path / "dense", DENSE, "plain"))  # dense: nothing to replay
+    off = {"algorithm": {"router_replay": "off"}}
+    preflight(_config(tmp_path / "moe", MOE, "plain", **off))  # the trainer's router decides
+    for backend, why in (
+        ("plain", "the 'plain' rollout engine does not return the experts it routes to"),
+        ("gpu-only", "the toy engine records experts on GPUs only"),
+    ):
+        with pytest.raises(ConfigError, match="algorithm.router_replay: rollout") as info:
+            preflight(_config(tmp_path / "moe", MOE, backend))
+        assert why in str(info.value) and "algorithm.router_replay=off" in str(info.value)
+
+
+@pytest.mark.usefixtures("engines")
+def test_replay_through_a_path_that_drops_the_experts_is_refused(tmp_path: Path) -> None:
+    stream = {"rollout": {"mode": "streaming"}, "placement": {"mode": "standalone"}}
+    with pytest.raises(ConfigError, match="streaming rollouts do not carry the experts"):
+        preflight(_config(tmp_path / "moe", MOE, "replays", **stream))
+
+
+def test_a_mixture_counts_every_expert_and_computes_its_routed_ones() -> None:
+    dense, moe = from_hf_config(DENSE), from_hf_config(MOE)
+    assert not dense.is_mixture_of_experts and moe.is_mixture_of_experts
+    h, layers = 64, 2
+    mlp_dense = 3 * h * 128
+    mlp_stored = 8 * 3 * h * 32 + h * 8  # eight experts and the router
+    mlp_active = 2 * 3 * h * 32 + h * 8  # two experts a token, and the router
+    assert moe.num_params - dense.num_params == layers * (mlp_stored - mlp_dense)
+    assert moe.matmul_params - dense.matmul_params == layers * (mlp_active - mlp_dense)
+    mixtral = from_hf_config({**DENSE, "num_local_experts": 4, "num_experts_per_tok": 2})
+    assert mixtral.moe_intermediate_size == 128  # Mixtral's experts are intermediate_size wide

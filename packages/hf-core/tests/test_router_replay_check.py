@@ -17,23 +17,10 @@ from hf_core import plugins
 from hf_core.config import ConfigError, TrainerConfig
 from hf_core.model_shapes import from_hf_config
 from hf_core.trainer.preflight import preflight
+from hf_testing.tiny import tiny_config
 
-DENSE = {
-    "model_type": "qwen2",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-}
-MOE = {
-    **DENSE,
-    "model_type": "qwen3_moe",
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-}
+DENSE = tiny_config("qwen2", 128).to_dict()
+MOE = tiny_config("qwen3_moe", 128).to_dict()  # 4 experts, top-2, as wide as the hidden size
 
 
 class TrainSettings(BaseModel):
@@ -100,7 +87,7 @@ def test_replay_needs_a_rollout_engine_that_returns_experts(tmp_path: Path) -> N
         ("plain", "the 'plain' rollout engine does not return the experts it routes to"),
         ("gpu-only", "the toy engine records experts on GPUs only"),
     ):
-        with pytest.raises(ConfigError, match="algorithm.router_replay: rollout") as info:
+        with pytest.raises(ConfigError, match=r"algorithm\.router_replay: rollout") as info:
             preflight(_config(tmp_path / "moe", MOE, backend))
         assert why in str(info.value) and "algorithm.router_replay=off" in str(info.value)
 
@@ -115,10 +102,11 @@ def test_replay_through_a_path_that_drops_the_experts_is_refused(tmp_path: Path)
 def test_a_mixture_counts_every_expert_and_computes_its_routed_ones() -> None:
     dense, moe = from_hf_config(DENSE), from_hf_config(MOE)
     assert not dense.is_mixture_of_experts and moe.is_mixture_of_experts
-    h, layers = 64, 2
-    mlp_dense = 3 * h * 128
-    mlp_stored = 8 * 3 * h * 32 + h * 8  # eight experts and the router
-    mlp_active = 2 * 3 * h * 32 + h * 8  # two experts a token, and the router
+    assert (moe.num_experts, moe.experts_per_token) == (4, 2)
+    h, layers, width = 64, 2, moe.moe_intermediate_size
+    mlp_dense = 3 * h * dense.intermediate_size
+    mlp_stored = 4 * 3 * h * width + h * 4  # four experts and the router
+    mlp_active = 2 * 3 * h * width + h * 4  # two experts a token, and the router
     assert moe.num_params - dense.num_params == layers * (mlp_stored - mlp_dense)
     assert moe.matmul_params - dense.matmul_params == layers * (mlp_active - mlp_dense)
     mixtral = from_hf_config({**DENSE, "num_local_experts": 4, "num_experts_per_tok": 2})

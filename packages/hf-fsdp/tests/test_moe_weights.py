@@ -13,24 +13,21 @@ from hf_core.engines.model_classes import checkpoint_names
 from hf_core.errors import EngineConfigError
 from hf_fsdp.fused_experts import expert_names, expert_slices, is_fused
 
+TRUNK = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
 
 def _tiny_moe(model_type: str) -> Any:
-    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    """hf_testing's tiny Qwen3-MoE (4 experts, top-2), or a Mixtral of the same trunk."""
+    from transformers import AutoModelForCausalLM, MixtralConfig
 
-    common: dict[str, Any] = dict(
-        vocab_size=64,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        num_experts_per_tok=2,
-    )
+    from hf_testing.tiny import tiny_config
+
+    config = tiny_config("qwen3_moe", 64, hidden_size=16, num_heads=2, num_kv_heads=1)
+    if model_type == "mixtral":  # 3 experts as wide as its MLP
+        trunk = {key: getattr(config, key) for key in TRUNK}
+        config = MixtralConfig(**trunk, intermediate_size=8, num_local_experts=3)
     torch.manual_seed(0)
-    if model_type == "mixtral":
-        return MixtralForCausalLM(MixtralConfig(**common, intermediate_size=8, num_local_experts=3))
-    config = Qwen3MoeConfig(**common, intermediate_size=32, moe_intermediate_size=8, num_experts=3)
-    return Qwen3MoeForCausalLM(config)
+    return AutoModelForCausalLM.from_config(config)
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
@@ -63,9 +60,10 @@ def test_slices_are_views_a_rollout_engine_copies_into() -> None:
     name = "model.layers.1.mlp.experts.gate_up_proj"
     fused = dict(model.named_parameters())[name]
     slices = dict(expert_slices(name, fused.data, expert_names("qwen3_moe")) or [])
+    half = fused.shape[1] // 2  # each expert's gate rows, then its up rows
     with torch.no_grad():
         slices["model.layers.1.mlp.experts.2.up_proj.weight"].fill_(7.0)
-    assert bool((fused[2, 8:] == 7.0).all()) and not bool((fused[2, :8] == 7.0).any())
+    assert bool((fused[2, half:] == 7.0).all()) and not bool((fused[2, :half] == 7.0).any())
 
 
 def test_an_unmapped_moe_family_is_refused_by_name() -> None:

@@ -111,3 +111,14 @@ def test_a_mixture_counts_every_expert_and_computes_its_routed_ones() -> None:
     assert moe.matmul_params - dense.matmul_params == layers * (mlp_active - mlp_dense)
     mixtral = from_hf_config({**DENSE, "num_local_experts": 4, "num_experts_per_tok": 2})
     assert mixtral.moe_intermediate_size == 128  # Mixtral's experts are intermediate_size wide
+
+
+def test_off_written_bare_in_yaml_or_on_the_command_line_means_off(tmp_path: Path) -> None:
+    from hf_core.config import load_config
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("algorithm:\n  router_replay: off\n")  # YAML 1.1 reads a boolean
+    base = [f"model.path={tmp_path}", "reward.function=digits_reverse"]
+    assert load_config(TrainerConfig, recipe, base).algorithm.router_replay == "off"
+    config = load_config(TrainerConfig, None, [*base, "algorithm.router_replay=off"])
+    assert config.algorithm.router_replay == "off"

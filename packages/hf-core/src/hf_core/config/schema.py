@@ -9,7 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from hf_core.agents.config import AgentConfig, SandboxConfig
 
@@ -243,10 +250,19 @@ class AlgorithmConfig(_Strict):
         "rollout engine chose (R3; docs/moe.md); off: the trainer's router decides.  Dense "
         "models have nothing to replay",
     )
+
     # Safe-RLHF
     cost_limit: float = 0.0
     lagrange_init: float = Field(1.0, ge=0.0)
     lagrange_lr: float = Field(0.05, gt=0.0)
+
+    @field_validator("router_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare ``off`` as false (and ``on`` as true)."""
+        if isinstance(value, bool):
+            return "rollout" if value else "off"
+        return value
 
 
 class RolloutConfig(_Strict):

@@ -54,6 +54,22 @@ def checkpoint_names(model: Any, names: Iterable[str]) -> dict[str, str]:
     return {name: by_tensor.get(id(tensor), name) for name, tensor in sentinels.items()}
 
 
+def checkpoint_shapes(model: Any, names: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """``{checkpoint name: shape}`` of what ``save_pretrained`` writes for the parameters
+    ``names`` of ``model``: the names of :func:`checkpoint_names`, and a fused tensor as the
+    tensors it was fused from (transformers 5's mixture-of-experts layers: one per expert
+    projection).  Computed on meta tensors: no memory."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    shapes = {name: tuple(params[name].shape) for name in names}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers < 5 saves modules as they are
+        return shapes
+    sentinels = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    reverted = revert_weight_conversion(model, sentinels)
+    return {name: tuple(tensor.shape) for name, tensor in reverted.items()}
+
+
 def refuse_vision_model(folder: Path, backend: str, why: str) -> None:
     """An :class:`~hf_core.errors.EngineConfigError` naming the model and what to use
     instead, before a backend that cannot run a vision-language model starts building it."""

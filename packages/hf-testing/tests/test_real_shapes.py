@@ -29,9 +29,27 @@ PARAMETERS = {
 CI_SHAPE = "qwen2.5-0.5b-2layers"
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", list(PARAMETERS))
 def test_parameter_counts_match_the_published_models(shape: str) -> None:
     assert parameter_count(shape) == PARAMETERS[shape]
+
+
+def test_the_moe_shapes_keep_the_router_and_count_as_published() -> None:
+    """Qwen3-30B-A3B's model card gives 30.5B parameters, 3.3B of them routed per token; the
+    bench shape keeps its router and vocabulary at about 300M.  ModelSpec (what the memory
+    check and the planner count) agrees with the built models to the per-head norms."""
+    from hf_core.model_shapes import from_hf_config
+
+    full, scaled = parameter_count("qwen3-30b-a3b"), parameter_count("qwen3-30b-a3b-scaled")
+    assert 30.45e9 < full < 30.55e9
+    assert 250e6 < scaled < 350e6
+    for shape, built in (("qwen3-30b-a3b", full), ("qwen3-30b-a3b-scaled", scaled)):
+        config = shape_config(shape)
+        assert (config.num_experts, config.num_experts_per_tok) == (128, 8)
+        spec = from_hf_config(config.to_dict())
+        assert abs(spec.num_params - built) / built < 1e-4, shape  # q/k norms aside
+    active = from_hf_config(shape_config("qwen3-30b-a3b").to_dict()).matmul_params
+    assert 3.0e9 < active < 3.6e9  # "A3B": ~3.3B per token, the LM head included
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

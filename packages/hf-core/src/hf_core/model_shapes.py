@@ -41,6 +41,9 @@ class ModelSpec:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    explicit_head_dim: int = 0
+    """A per-head width the config states (Qwen3: 128 on hidden 2048 with 32 heads); 0:
+    ``hidden_size // num_heads``."""
 
     def __post_init__(self) -> None:
         """Reject shapes the formulas below would silently mis-count."""
@@ -57,7 +60,7 @@ class ModelSpec:
                 raise ValueError(
                     f"model {self.name!r}: {field} must be an integer >= 1, got {value!r}"
                 )
-        if self.hidden_size % self.num_heads:
+        if not self.explicit_head_dim and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"model {self.name!r}: hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_heads}"
@@ -71,7 +74,12 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         """Per-head width; K/V projections are ``num_kv_heads * head_dim`` wide."""
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the Q projection (and the O projection's input): all heads."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -96,13 +104,13 @@ class ModelSpec:
         """Weights one layer stores for matmuls: q, o, k, v and the gated MLP (every expert,
         the router and any shared expert of a mixture)."""
         h = self.hidden_size
-        return 2 * h * h + 2 * h * self.kv_dim + self._mlp_params(self.num_experts)
+        return 2 * h * self.q_dim + 2 * h * self.kv_dim + self._mlp_params(self.num_experts)
 
     @property
     def layer_active_params(self) -> int:
         """Weights one layer multiplies each token by: its routed experts only."""
         h = self.hidden_size
-        return 2 * h * h + 2 * h * self.kv_dim + self._mlp_params(self.experts_per_token)
+        return 2 * h * self.q_dim + 2 * h * self.kv_dim + self._mlp_params(self.experts_per_token)
 
     @property
     def head_params(self) -> int:
@@ -143,10 +151,10 @@ class ModelSpec:
     def forward_flops_per_token(self, attended: float) -> float:
         """Forward FLOPs for one token that attends to ``attended`` keys on average.
 
-        ``2 * matmul_params`` for the dense matmuls plus ``4 * layers * hidden * attended`` for
+        ``2 * matmul_params`` for the dense matmuls plus ``4 * layers * q_dim * attended`` for
         QK^T and AV; a causal pass over ``S`` tokens attends to ``S / 2`` keys on average.
         """
-        return 2.0 * self.matmul_params + 4.0 * self.num_layers * self.hidden_size * attended
+        return 2.0 * self.matmul_params + 4.0 * self.num_layers * self.q_dim * attended
 
     def with_value_head(self) -> ModelSpec:
         """The same trunk with a scalar head: how a critic or reward model is built from it."""
@@ -181,8 +189,16 @@ def from_hf_config(config: Mapping[str, Any], name: str = "model") -> ModelSpec:
         num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
         vocab_size=config["vocab_size"],
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        explicit_head_dim=_explicit_head_dim(config),
         **_experts(config),
     )
+
+
+def _explicit_head_dim(config: Mapping[str, Any]) -> int:
+    """The config's ``head_dim`` where it differs from ``hidden_size // heads`` (else 0)."""
+    stated = config.get("head_dim")
+    derived = config["hidden_size"] // config["num_attention_heads"]
+    return int(stated) if stated and int(stated) != derived else 0
 
 
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")

@@ -57,6 +57,29 @@ _QWEN25_05B: dict[str, Any] = {
     "use_sliding_window": False,
     "initializer_range": 0.02,
 }
+_QWEN3_30B_A3B: dict[str, Any] = {
+    "model_type": "qwen3_moe",  # every layer a mixture: 128 experts, 8 routed per token
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_hidden_layers": 48,
+    "max_window_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "router_aux_loss_coef": 0.001,
+    "initializer_range": 0.02,
+}
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": _QWEN25_05B,
     "qwen2.5-1.5b": {
@@ -91,6 +114,20 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
     # The CI shape: the real vocabulary (whose embedding is most of the memory) at 2 layers.
     "qwen2.5-0.5b-2layers": {**_QWEN25_05B, "num_hidden_layers": 2},
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    # The MoE bench shape: Qwen3-30B-A3B's router (128 experts, top-8) and vocabulary at 4
+    # layers of a quarter of the width, about 300M parameters (half of them the embeddings).
+    "qwen3-30b-a3b-scaled": {
+        **_QWEN3_30B_A3B,
+        "hidden_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "moe_intermediate_size": 192,
+        "intermediate_size": 1536,
+        "max_window_layers": 4,
+    },
 }
 """Shape name -> ``AutoConfig.for_model`` keyword arguments (the published architectures)."""
 

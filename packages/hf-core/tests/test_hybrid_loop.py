@@ -34,6 +34,7 @@ from hf_core.resharding import (
 from hf_core.roles.handover import MemoryHandover, handover_metrics
 from hf_core.sync import HybridSync, build_plan, merge_rank_metrics
 from hf_core.trainer.preflight import preflight
+from hf_testing.toy_engines import register_toy_engine
 
 # --------------------------------------------------------------------------- toy engines
 
@@ -286,15 +287,10 @@ class RolloutSettings(BaseModel):
 def engines() -> Iterator[None]:
     """Toy engines with the axes real ones declare (megatron-like, FSDP-like, TP / whole)."""
     plugins.reset()
-    reg = plugins.registry()
     for name, axes in (("mp-toy", ("tp", "pp")), ("dp-toy", ()), ("sp-toy", ("sp",))):
-        reg.training_engines.add(name, dict, owner="test")
-        reg.training_engine_configs.add(name, TPSettings, owner="test")
-        reg.training_engine_parallel[name] = frozenset(axes)
-    for name, axes in (("tp-toy", ("tp",)), ("whole-toy", ())):
-        reg.rollout_engines.add(name, dict, owner="test")
-        reg.rollout_engine_parallel[name] = frozenset(axes)
-    reg.rollout_engine_configs.add("tp-toy", RolloutSettings, owner="test")
+        register_toy_engine("training", name, settings=TPSettings, axes=axes)
+    register_toy_engine("rollout", "tp-toy", settings=RolloutSettings, axes=("tp",))
+    register_toy_engine("rollout", "whole-toy")
     yield
     plugins.reset()
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from hf_core import plugins
 from hf_core.config import layout as layout_module
 from hf_core.resharding import GenerationLayout
+from hf_testing.toy_engines import register_toy_engine
 
 COUNTED = ("resolve_layout", "_training_layout", "_generation_layout")
 """The functions that read a recipe's parallel keys (``resolve_layout`` and its two readers)."""
@@ -88,14 +89,13 @@ def engines() -> Iterator[None]:
     """A megatron-like training backend (tp, pp), an FSDP-like one (none) and a vLLM-like
     rollout backend (tp), with settings models so the checks validate engine arguments."""
     plugins.reset()
-    reg = plugins.registry()
     for name, axes in (("mp-toy", ("tp", "pp")), ("dp-toy", ())):
-        reg.training_engines.add(name, ToyTrainingEngine, owner="test")
-        reg.training_engine_configs.add(name, TrainingSettings, owner="test")
-        reg.training_engine_parallel[name] = frozenset(axes)
-    reg.rollout_engines.add("tp-toy", ToyRolloutEngine, owner="test")
-    reg.rollout_engine_configs.add("tp-toy", RolloutSettings, owner="test")
-    reg.rollout_engine_parallel["tp-toy"] = frozenset({"tp"})
+        register_toy_engine(
+            "training", name, ToyTrainingEngine, settings=TrainingSettings, axes=axes
+        )
+    register_toy_engine(
+        "rollout", "tp-toy", ToyRolloutEngine, settings=RolloutSettings, axes=("tp",)
+    )
     yield
     plugins.reset()
 

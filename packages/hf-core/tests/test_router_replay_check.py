@@ -18,6 +18,7 @@ from hf_core.config import ConfigError, TrainerConfig
 from hf_core.model_shapes import from_hf_config
 from hf_core.trainer.preflight import preflight
 from hf_testing.tiny import tiny_config
+from hf_testing.toy_engines import register_toy_engine
 
 DENSE = tiny_config("qwen2", 128).to_dict()
 MOE = tiny_config("qwen3_moe", 128).to_dict()  # 4 experts, top-2, as wide as the hidden size
@@ -48,17 +49,13 @@ class Plain(BaseModel):
 @pytest.fixture
 def engines() -> Iterator[None]:
     plugins.reset()
-    reg = plugins.registry()
-    reg.training_engines.add("train-toy", dict, owner="test")
-    reg.training_engine_configs.add("train-toy", TrainSettings, owner="test")
-    reg.training_engine_parallel["train-toy"] = frozenset()
-    for name, settings in (("replays", ReturnsExperts), ("gpu-only", NotOnThisMachine)):
-        reg.rollout_engines.add(name, dict, owner="test")
-        reg.rollout_engine_configs.add(name, settings, owner="test")
-        reg.rollout_engine_parallel[name] = frozenset()
-    reg.rollout_engines.add("plain", dict, owner="test")
-    reg.rollout_engine_configs.add("plain", Plain, owner="test")
-    reg.rollout_engine_parallel["plain"] = frozenset()
+    register_toy_engine("training", "train-toy", settings=TrainSettings)
+    for name, settings in (
+        ("replays", ReturnsExperts),
+        ("gpu-only", NotOnThisMachine),
+        ("plain", Plain),
+    ):
+        register_toy_engine("rollout", name, settings=settings)
     yield
     plugins.reset()
 

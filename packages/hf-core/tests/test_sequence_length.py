@@ -13,6 +13,7 @@ from hf_core import plugins
 from hf_core.config import ConfigError, TrainerConfig
 from hf_core.config.layout import resolve_layout
 from hf_core.trainer.sequence_length import check_sequence_length, model_positions
+from hf_testing.toy_engines import register_toy_engine
 
 MODEL = {
     "model_type": "qwen2",
@@ -73,9 +74,7 @@ class _FixedCache(BaseModel):
 @pytest.fixture
 def fixed_cache_engine() -> Iterator[str]:
     plugins.reset()
-    registry = plugins.registry()
-    registry.rollout_engines.add("cache-toy", dict, owner="test")
-    registry.rollout_engine_configs.add("cache-toy", _FixedCache, owner="test")
+    register_toy_engine("rollout", "cache-toy", settings=_FixedCache)
     yield "cache-toy"
     plugins.reset()
 

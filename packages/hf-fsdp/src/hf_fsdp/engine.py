@@ -60,6 +60,7 @@ from hf_core.engines import (
     write_peft_folder,
 )
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
 from hf_core.engines.shared_prefix import prompt_groups
 from hf_core.protocols import WorkerMesh
 from hf_fsdp import checkpoint, fit, heads, lora, ulysses
@@ -75,6 +76,7 @@ from hf_fsdp.loading import (
     materialize_and_load,
     set_gradient_checkpointing,
 )
+from hf_fsdp.moe_routing import check_routing, moe_routers
 from hf_fsdp.offload import DryMoveCounter, move_model, move_optimizer
 from hf_fsdp.onednn_linear import use_onednn_linear
 from hf_fsdp.optim import build_optimizer, build_scheduler, clip_grad_norm
@@ -247,6 +249,8 @@ class FSDPEngine(TrainingEngine):
         """``batch``'s micro-batches (length-grouped, padding trimmed; see
         :mod:`hf_core.engines.micro_batches`)."""
         cfg = self.config
+        if ROUTED_EXPERTS_KEY in batch:  # ids that fit the model, before any forward
+            check_routing(moe_routers(self.model), batch[ROUTED_EXPERTS_KEY])
         groups = None
         if cfg.shared_prefix and "responses" in batch and len(batch):
             groups = prompt_groups(
@@ -501,6 +505,8 @@ class FSDPEngine(TrainingEngine):
             outputs = self._head_forward(mb, temperature, tokens=tokens if real else None)
             loss, metrics = loss_fn(outputs, mb)
             if real:
+                loss = self._with_router_losses(loss, outputs, metrics, meta, loss_fn)
+            if real:
                 rows.append({**metrics, "loss": float(loss.detach())})
             else:
                 loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing
@@ -508,6 +514,41 @@ class FSDPEngine(TrainingEngine):
                 loss = loss / ranks_summed
             loss.backward()
         return rows
+
+    def _with_router_losses(
+        self,
+        loss: torch.Tensor,
+        outputs: dict[str, torch.Tensor],
+        metrics: dict[str, float],
+        meta: dict[str, Any],
+        loss_fn: LossFn,
+    ) -> torch.Tensor:
+        """An MoE model's load-balancing and z losses (a training forward's
+        ``heads.MOE_AUX_LOSS`` / ``MOE_Z_LOSS``) added to the actor's ``loss`` with
+        ``algorithm.moe_aux_loss_coef`` / ``moe_z_loss_coef`` (read off the actor's policy
+        loss, which carries the algorithm config; 0 for any other loss), each micro-batch's
+        value / the rank's micro-batches (the ranks then average); both reported in
+        ``metrics`` (``moe/aux_loss``, ``moe/z_loss``) whatever the coefficients."""
+        algo = getattr(loss_fn, "algo", None)
+        coefs = {
+            heads.MOE_AUX_LOSS: float(getattr(algo, "moe_aux_loss_coef", 0.0) or 0.0),
+            heads.MOE_Z_LOSS: float(getattr(algo, "moe_z_loss_coef", 0.0) or 0.0),
+        }
+        if heads.MOE_AUX_LOSS not in outputs:
+            if self.config.head == "lm" and any(coefs.values()) and moe_routers(self.model):
+                raise NotImplementedError(
+                    "algorithm.moe_aux_loss_coef / moe_z_loss_coef with Ulysses sequence "
+                    "parallelism: the router losses need every token of a row on one rank; "
+                    "set them to 0 or sequence_parallel_size to 1"
+                )
+            return loss
+        share = 1.0 / max(int(meta.get("num_micro_batches", 1)), 1)
+        for key, name in ((heads.MOE_AUX_LOSS, "aux_loss"), (heads.MOE_Z_LOSS, "z_loss")):
+            value = outputs[key]
+            metrics[f"moe/{name}"] = float(value.detach())
+            if coefs[key] > 0:
+                loss = loss + coefs[key] * share * value.to(loss.dtype)
+        return loss
 
     # ------------------------------------------------------------ weight export
     def export_weights(

@@ -46,7 +46,7 @@ from hf_core.multimodal import (
 )
 from hf_fsdp import cpu_half, ulysses
 from hf_fsdp.config import HeadKind
-from hf_fsdp.moe_routing import RoutingStats, replaying
+from hf_fsdp.moe_routing import RouterLosses, RoutingStats, moe_routers, replaying
 from hf_fsdp.onednn_linear import OneDNNLinear
 from hf_fsdp.onednn_linear import linear as onednn_linear
 
@@ -292,9 +292,16 @@ def lm_forward(
     replay = _routing_replay(model, batch, tokens)
     if ROUTED_EXPERTS_KEY in batch:  # replay follows the rows' token order: no packing
         shared_prefix = sequence_packing = False
+    # a training forward (``tokens``) of an MoE model measures its router losses over every
+    # row's real tokens: shared prompts are not packed (sequence packing keeps each once)
+    router_losses = tokens is not None and bool(moe_routers(model))
+    if router_losses:
+        shared_prefix = False
     inputs, predict_from, keep = _inputs_and_positions(
         model, batch, device, shared_prefix, tokens, sequence_packing
     )
+    losses = RouterLosses(model, _real_tokens(inputs)) if router_losses else None
+    replay = _then(replay, losses)
     head = _chunkable_head(model)
     vocab = int(head.weight.shape[0]) if head is not None else 0
     chunk = logits_chunk_tokens(responses.numel(), vocab, logits_budget_bytes) if vocab else None
@@ -310,7 +317,7 @@ def lm_forward(
         result = {"log_probs": pairs[..., 0]}
         if with_entropy:
             result["entropy"] = pairs[..., 1]
-        return result
+        return _with_router_losses(result, losses)
     with _images_in_prompt(model, batch), replay:
         out = model(**inputs, use_cache=False, logits_to_keep=keep)
     logits = _response_positions(out.logits, predict_from)
@@ -318,6 +325,44 @@ def lm_forward(
     result = {"log_probs": log_probs}
     if entropy is not None:
         result["entropy"] = entropy
+    return _with_router_losses(result, losses)
+
+
+MOE_AUX_LOSS = "moe_aux_loss"
+MOE_Z_LOSS = "moe_z_loss"
+"""Output keys of an MoE model's training forward: the load-balancing and router z losses
+(scalars with their graph; :class:`hf_fsdp.moe_routing.RouterLosses`)."""
+
+
+def _real_tokens(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[tokens]`` bool: the forward's real tokens in the routers' order (the inputs
+    flattened); sequence-packed inputs (no 2-D mask) are real tokens only."""
+    mask = inputs.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return mask.reshape(-1).bool()
+    return torch.ones(inputs["input_ids"].numel(), dtype=torch.bool)
+
+
+def _then(
+    first: AbstractContextManager[None], second: RouterLosses | None
+) -> AbstractContextManager[None]:
+    """``first``, then ``second`` entered inside it (its router hooks run after replay's)."""
+    if second is None:
+        return first
+
+    @contextmanager
+    def both() -> Iterator[None]:
+        with first, second:
+            yield
+
+    return both()
+
+
+def _with_router_losses(
+    result: dict[str, torch.Tensor], losses: RouterLosses | None
+) -> dict[str, torch.Tensor]:
+    if losses is not None:
+        result[MOE_AUX_LOSS], result[MOE_Z_LOSS] = losses.losses()
     return result
 
 

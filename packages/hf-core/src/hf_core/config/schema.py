@@ -250,6 +250,22 @@ class AlgorithmConfig(_Strict):
         "rollout engine chose (R3; docs/moe.md); off: the trainer's router decides.  Dense "
         "models have nothing to replay",
     )
+    moe_aux_loss_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="mixture-of-experts models: weight of the load-balancing loss in the "
+        "actor's loss (Switch: num_experts x sum_e f_e P_e per MoE layer over real tokens, f_e "
+        "the share of the layer's top-k slots sent to expert e, P_e its mean router "
+        "probability; 1.0 when balanced; averaged over layers).  0: off (still reported as "
+        "actor/moe/aux_loss; docs/moe.md)",
+    )
+    moe_z_loss_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="mixture-of-experts models: weight of the router z-loss in the actor's "
+        "loss (ST-MoE: mean over real tokens of logsumexp(router logits)^2, averaged over "
+        "layers).  0: off (still reported as actor/moe/z_loss)",
+    )
 
     # Safe-RLHF
     cost_limit: float = 0.0

@@ -39,6 +39,12 @@ class MegatronEngineConfig(TrainingEngineConfig):
     # parallelism
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
+    expert_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="ep: experts of a mixture-of-experts model split over this many ranks of "
+        "the data-parallel axis (must divide the experts and world / (tp * pp))",
+    )
     sequence_parallel: bool = Field(False, description="GPU + Transformer Engine spec only")
     layer_spec: Literal["auto", "local", "transformer_engine"] = Field(
         "auto", description="auto = Transformer Engine on GPU when installed, else local"

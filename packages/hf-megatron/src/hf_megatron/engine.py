@@ -117,7 +117,7 @@ class MegatronEngine(TrainingEngine):
     def _build(self) -> None:
         cfg = self.config
         self.layout: MegatronLayout = ensure_model_parallel(
-            cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.seed
+            cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.seed, cfg.expert_parallel_size
         )
         torch.manual_seed(cfg.seed)
         self.hf_config = load_hf_config(self.folder)
@@ -130,7 +130,10 @@ class MegatronEngine(TrainingEngine):
         tp, pp = self.layout.tp, self.layout.pp
         self.padded_vocab = self.dims.padded_vocab(tp, cfg.make_vocab_size_divisible_by)
         c = self.layout.coords
-        self.position = RankPosition(c.tp, tp, c.pp, pp)
+        ep = self.layout.ep
+        if ep > 1 and not self.dims.is_moe:
+            raise ValueError(f"expert_parallel_size={ep} needs a mixture-of-experts model")
+        self.position = RankPosition(c.tp, tp, c.pp, pp, self.layout.ep_rank, ep)
         self.mapping = MegatronWeightMapping(self.dims, self.position, self.padded_vocab)
         self.dtype = to_dtype(cfg.param_dtype)
         warn_if_emulated_half(self.device, self.dtype, "the megatron engine")
@@ -142,12 +145,13 @@ class MegatronEngine(TrainingEngine):
             dtype=self.dtype,
             on_gpu=self.on_gpu,
             sequence_parallel=cfg.sequence_parallel,
+            ep=ep,
         )
         module = build_gpt(
             self.hf_config,
             self.dims,
             self.tconfig,
-            layer_spec(self.spec_kind),
+            layer_spec(self.spec_kind, self.dims),
             padded_vocab=self.padded_vocab,
             pre_process=self.position.first_stage,
             post_process=self.position.last_stage,

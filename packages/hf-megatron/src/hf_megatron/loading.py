@@ -33,7 +33,7 @@ def load_hf_config(folder: Path) -> Any:
 def architecture_for(hf_config: Any, head: HeadKind) -> str:
     """The HF class name a folder of ``head`` kind is exported as."""
     family = hf_config.model_type
-    prefix = {"llama": "Llama", "qwen2": "Qwen2"}[family]
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3_moe": "Qwen3Moe"}[family]
     suffix = {
         "lm": "ForCausalLM",
         "value": "ForTokenClassification",

@@ -40,13 +40,63 @@ def resolve_layer_spec(choice: str, on_gpu: bool) -> str:
     return choice
 
 
-def layer_spec(kind: str) -> ModuleSpec:
-    """megatron's GPT layer spec: ``local`` (PyTorch) or ``transformer_engine``."""
+def layer_spec(kind: str, dims: ModelDims | None = None) -> ModuleSpec:
+    """megatron's GPT layer spec: ``local`` (PyTorch) or ``transformer_engine``; for a
+    mixture of experts, MoE layers with one ``SequentialMLP`` of the rank's local experts
+    (no grouped GEMM: it needs CUDA kernels) and Qwen3's per-head q/k norms."""
     from megatron.core.models.gpt import gpt_layer_specs
 
+    experts = dims.num_experts if dims is not None and dims.is_moe else None
+    qk = bool(dims is not None and dims.qk_norm)
+    if experts:
+        _define_missing_te_gemm()
     if kind == "transformer_engine":
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=False, qk_layernorm=qk
+        )
+    return gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=experts, moe_grouped_gemm=False, qk_layernorm=qk, normalization="RMSNorm"
+    )
+
+
+def _define_missing_te_gemm() -> None:
+    """megatron-core 0.16.1 reads ``moe_utils.te_general_gemm`` in its router's linear, but
+    defines it only when Transformer Engine imports (a NameError otherwise, GPU or CPU):
+    without Transformer Engine it is None, which selects the plain ``torch.mm`` path."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+
+
+MOE_DISPATCHER = "allgather"
+"""megatron's token dispatcher for expert parallelism.  ``allgather`` runs over gloo on the
+CPU (measured with megatron-core 0.16.1); ``alltoall`` creates a CUDA stream when it is
+built (``MoEAlltoAllTokenDispatcher.__init__``) and cannot run without a GPU."""
+
+
+def moe_settings(dims: ModelDims, ep: int) -> dict[str, Any]:
+    """``TransformerConfig`` fields of Qwen3-MoE's router: softmax over the experts' logits,
+    top-k, renormalised (megatron: top-k of the logits, then softmax over the k, which is the
+    same), no shared experts, no load-balancing loss, no token dropping."""
+    if not dims.is_moe:
+        if ep > 1:
+            raise MappingError(f"ep={ep} needs a mixture-of-experts model")
+        return {}
+    return {
+        "num_moe_experts": dims.num_experts,
+        "moe_router_topk": dims.moe_topk,
+        "moe_ffn_hidden_size": dims.moe_ffn_size,
+        # norm_topk_prob=True: softmax over the top-k logits (the renormalised probabilities);
+        # False: softmax over all experts, then top-k (pre-softmax, not renormalised)
+        "moe_router_pre_softmax": not dims.norm_topk_prob,
+        "moe_router_score_function": "softmax",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_token_dispatcher_type": MOE_DISPATCHER,
+        "moe_grouped_gemm": False,
+        "expert_model_parallel_size": ep,
+    }
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -70,6 +120,7 @@ def transformer_config(
     dtype: torch.dtype,
     on_gpu: bool,
     sequence_parallel: bool = False,
+    ep: int = 1,
 ) -> TransformerConfig:
     """A ``TransformerConfig`` equivalent to the HF model (no dropout: RL needs the same
     function in every pass; no fused kernels on the CPU)."""
@@ -107,6 +158,8 @@ def transformer_config(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
+        qk_layernorm=dims.qk_norm,
+        **moe_settings(dims, ep),
     )
 
 

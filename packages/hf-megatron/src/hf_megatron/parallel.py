@@ -19,7 +19,10 @@ from hf_core.resharding import ParallelLayout, ReshardPlan
 log = logging.getLogger(__name__)
 
 MEGATRON_ORDER = "tp-dp-pp"
-"""megatron's rank order (``tp-cp-ep-dp-pp`` with cp = ep = 1), fastest axis first."""
+"""megatron's rank order of the dense layers (``tp-cp-dp-pp`` with cp = 1), fastest axis
+first.  Expert parallelism does not change it: megatron lays the expert layers out as
+``etp-ep-edp-pp`` with the expert TP size equal to TP, so ``ep`` splits the data-parallel
+axis: expert-parallel rank ``dp % ep``, expert data-parallel rank ``dp // ep``."""
 
 _GENERATION = 0  # bumped on every re-initialisation; engines compare it before running
 
@@ -31,6 +34,12 @@ class MegatronLayout:
     layout: ParallelLayout
     rank: int
     generation: int
+    ep: int = 1
+    """Expert-parallel size (divides ``dp``); 1 for a dense model."""
+
+    @property
+    def ep_rank(self) -> int:
+        return self.coords.dp % self.ep
 
     @property
     def tp(self) -> int:
@@ -49,31 +58,49 @@ class MegatronLayout:
         return self.layout.coords(self.rank)
 
 
-def ensure_model_parallel(tp: int, pp: int, seed: int) -> MegatronLayout:
-    """Initialise megatron's groups for ``tp`` x ``pp`` (dp = world / (tp pp)), or reuse them."""
+def check_expert_parallel(world: int, tp: int, pp: int, ep: int) -> None:
+    """megatron's rule for ``ep``: it splits the data-parallel axis, so ``tp * pp * ep`` must
+    divide the world size (expert TP is TP)."""
+    if ep < 1:
+        raise ValueError(f"ep must be >= 1, got {ep}")
+    if world % (tp * pp):
+        raise ValueError(f"world size {world} is not divisible by tp*pp = {tp}*{pp}")
+    dp = world // (tp * pp)
+    if dp % ep:
+        raise ValueError(
+            f"ep={ep} must divide the data-parallel size {dp} (world {world} / (tp={tp} * "
+            f"pp={pp})): megatron places expert parallelism inside data parallelism"
+        )
+
+
+def ensure_model_parallel(tp: int, pp: int, seed: int, ep: int = 1) -> MegatronLayout:
+    """Initialise megatron's groups for ``tp`` x ``pp`` (dp = world / (tp pp)) with ``ep``
+    expert-parallel ranks inside dp, or reuse them."""
     global _GENERATION
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
     world = dist.get_world_size()
-    if world % (tp * pp):
-        raise ValueError(f"world size {world} is not divisible by tp*pp = {tp}*{pp}")
+    check_expert_parallel(world, tp, pp, ep)
     current = ps.model_parallel_is_initialized() and (
         ps.get_tensor_model_parallel_world_size() == tp
         and ps.get_pipeline_model_parallel_world_size() == pp
+        and ps.get_expert_model_parallel_world_size() == ep
     )
     if not current:
         if ps.model_parallel_is_initialized():
             log.warning(
-                "re-initialising megatron's process groups for tp=%d pp=%d: engines built "
-                "with the previous layout in this process can no longer be used",
+                "re-initialising megatron's process groups for tp=%d pp=%d ep=%d: engines "
+                "built with the previous layout in this process can no longer be used",
                 tp,
                 pp,
+                ep,
             )
             ps.destroy_model_parallel()
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
+            expert_model_parallel_size=ep,
         )
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         _GENERATION += 1
@@ -90,7 +117,13 @@ def ensure_model_parallel(tp: int, pp: int, seed: int) -> MegatronLayout:
             f"megatron placed rank {rank} at (pp, tp, dp) = {actual}, but the layout "
             f"{layout} says {tuple(coords)}: megatron's rank order changed"
         )
-    return MegatronLayout(layout, rank, _GENERATION)
+    placed = MegatronLayout(layout, rank, _GENERATION, ep)
+    if ps.get_expert_model_parallel_rank() != placed.ep_rank:
+        raise RuntimeError(
+            f"megatron placed rank {rank} at expert-parallel rank "
+            f"{ps.get_expert_model_parallel_rank()}, the layout says {placed.ep_rank}"
+        )
+    return placed
 
 
 def current_generation() -> int:

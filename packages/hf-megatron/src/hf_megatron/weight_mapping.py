@@ -12,6 +12,11 @@ reshard relies on.  Conventions of megatron's GPT model (local or Transformer En
 * Embedding and output layer are split along the vocabulary, padded to a multiple of
   ``make_vocab_size_divisible_by * tp``; padded rows are zero and are dropped on export.
 * Norms (and a value/score head) are replicated on every TP rank.
+* Qwen3-MoE (every layer sparse): ``q_layernorm`` / ``k_layernorm`` are Qwen3's per-head
+  ``q_norm`` / ``k_norm``; ``mlp.router.weight`` is ``mlp.gate.weight``; local expert ``j`` of
+  expert-parallel rank ``e`` (``mlp.experts.local_experts.j``) is global expert
+  ``e * experts / ep + j`` of the checkpoint (``mlp.experts.E.{gate,up,down}_proj``), with
+  ``linear_fc1`` = ``[gate; up]`` and TP splits as a dense MLP's (expert TP = TP).
 * Layers are numbered locally per pipeline stage (``decoder.layers.0`` is layer
   ``stage * layers_per_stage`` of the model).
 * With tied embeddings and ``pp > 1`` the last stage holds a copy of the embedding as
@@ -40,6 +45,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForTokenClassification": ("qwen2", "value"),
     "LlamaForSequenceClassification": ("llama", "score"),
     "Qwen2ForSequenceClassification": ("qwen2", "score"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "lm"),
 }
 
 
@@ -55,7 +61,7 @@ VLLM_VOCAB_MULTIPLE = 64
 class ModelDims:
     """The shapes that decide the mapping, read from a HF config."""
 
-    family: Literal["llama", "qwen2"]
+    family: Literal["llama", "qwen2", "qwen3_moe"]
     head: HeadKind
     num_layers: int
     hidden_size: int
@@ -70,15 +76,31 @@ class ModelDims:
     fused_norms: bool = False
     """Transformer Engine spec: the pre-attention / pre-MLP norms live inside
     ``linear_qkv`` / ``linear_fc1`` as ``layer_norm_weight``."""
+    qk_norm: bool = False
+    """Qwen3: an RMSNorm over each query and key head (``q_norm`` / ``k_norm``)."""
+    num_experts: int = 0
+    """Routed experts per layer (0: a dense model); every layer is sparse."""
+    moe_ffn_size: int = 0
+    moe_topk: int = 0
+    norm_topk_prob: bool = True
+    """Qwen3-MoE's router: softmax over all experts, top-k, renormalised when True."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_hf(cls, hf_config: Any, head: HeadKind, *, fused_norms: bool = False) -> ModelDims:
         """Dimensions of a Llama / Qwen2 config; unsupported variants are a clear error."""
         model_type = getattr(hf_config, "model_type", None)
-        if model_type not in ("llama", "qwen2"):
+        if model_type not in ("llama", "qwen2", "qwen3_moe"):
             raise MappingError(
-                f"hf-megatron maps the llama and qwen2 families; got model_type={model_type!r}"
+                "hf-megatron maps the llama, qwen2 and qwen3_moe families; "
+                f"got model_type={model_type!r}"
             )
+        moe: dict[str, Any] = {}
+        if model_type == "qwen3_moe":
+            moe = _qwen3_moe_dims(hf_config, head)
         if model_type == "llama" and (
             getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False)
         ):
@@ -103,6 +125,7 @@ class ModelDims:
             qkv_bias=model_type == "qwen2",
             score_bias=head == "value" and getattr(hf_config, "token_classification_bias", True),
             fused_norms=fused_norms,
+            **moe,
         )
 
     def padded_vocab(self, tp: int, divisible_by: int | None = None) -> int:
@@ -131,8 +154,19 @@ class ModelDims:
                 shapes[p + "self_attn.q_proj.bias"] = (self.num_heads * hd,)
                 shapes[p + "self_attn.k_proj.bias"] = (self.num_kv_heads * hd,)
                 shapes[p + "self_attn.v_proj.bias"] = (self.num_kv_heads * hd,)
+            if self.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (hd,)
+                shapes[p + "self_attn.k_norm.weight"] = (hd,)
             shapes[p + "self_attn.o_proj.weight"] = (h, self.num_heads * hd)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
+            if self.is_moe:
+                f = self.moe_ffn_size
+                shapes[p + "mlp.gate.weight"] = (self.num_experts, h)
+                for e in range(self.num_experts):
+                    shapes[p + f"mlp.experts.{e}.gate_proj.weight"] = (f, h)
+                    shapes[p + f"mlp.experts.{e}.up_proj.weight"] = (f, h)
+                    shapes[p + f"mlp.experts.{e}.down_proj.weight"] = (h, f)
+                continue
             shapes[p + "mlp.gate_proj.weight"] = (self.ffn_size, h)
             shapes[p + "mlp.up_proj.weight"] = (self.ffn_size, h)
             shapes[p + "mlp.down_proj.weight"] = (h, self.ffn_size)
@@ -147,17 +181,47 @@ class ModelDims:
         return shapes
 
 
+def _qwen3_moe_dims(hf_config: Any, head: HeadKind) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Qwen3-MoE config; layouts megatron's model here
+    does not build (dense layers among sparse ones, shared experts) are refused by name."""
+    if head != "lm":
+        raise MappingError(f"qwen3_moe is mapped for head='lm' only, got head={head!r}")
+    if (
+        getattr(hf_config, "mlp_only_layers", None)
+        or getattr(hf_config, "decoder_sparse_step", 1) != 1
+    ):
+        raise MappingError(
+            "qwen3_moe with dense layers (mlp_only_layers / decoder_sparse_step != 1) is not "
+            "mapped: hf-megatron builds every layer sparse"
+        )
+    if getattr(hf_config, "attention_bias", False):
+        raise MappingError("qwen3_moe with attention_bias is not supported")
+    if getattr(hf_config, "use_sliding_window", False):
+        raise MappingError("qwen3_moe with use_sliding_window=True is not supported")
+    if getattr(hf_config, "shared_expert_intermediate_size", 0):
+        raise MappingError("qwen3_moe with shared experts is not supported")
+    return {
+        "qk_norm": True,
+        "num_experts": int(hf_config.num_experts),
+        "moe_ffn_size": int(hf_config.moe_intermediate_size),
+        "moe_topk": int(hf_config.num_experts_per_tok),
+        "norm_topk_prob": bool(getattr(hf_config, "norm_topk_prob", True)),
+    }
+
+
 @dataclass(frozen=True)
 class RankPosition:
-    """One megatron rank's place: its TP slice and pipeline stage."""
+    """One megatron rank's place: its TP slice, pipeline stage and expert-parallel rank."""
 
     tp_rank: int = 0
     tp_size: int = 1
     pp_rank: int = 0
     pp_size: int = 1
+    ep_rank: int = 0
+    ep_size: int = 1
 
     def __post_init__(self) -> None:
-        for axis in ("tp", "pp"):
+        for axis in ("tp", "pp", "ep"):
             rank, size = getattr(self, f"{axis}_rank"), getattr(self, f"{axis}_size")
             if size < 1 or not 0 <= rank < size:
                 raise MappingError(f"{axis}_rank={rank} is outside {axis}_size={size}")
@@ -269,11 +333,25 @@ def _split_range(total: int, tp: int, rank: int) -> tuple[int, int]:
     return rank * size, (rank + 1) * size
 
 
-def rank_params(dims: ModelDims, pos: RankPosition, padded_vocab: int) -> list[NativeParam]:
+def local_experts(dims: ModelDims, pos: RankPosition) -> range:
+    """The global expert ids the expert-parallel rank at ``pos`` holds (contiguous)."""
+    per_rank = dims.num_experts // pos.ep_size
+    return range(pos.ep_rank * per_rank, (pos.ep_rank + 1) * per_rank)
+
+
+def is_expert_param(name: str) -> bool:
+    """Whether a native parameter is one expert's (sharded over the ``ep`` axis)."""
+    return ".mlp.experts.local_experts." in name
+
+
+def rank_params(
+    dims: ModelDims, pos: RankPosition, padded_vocab: int, *, experts: bool = True
+) -> list[NativeParam]:
     """Every native parameter of the rank at ``pos``, in a fixed order shared by all ranks.
 
     ``padded_vocab`` is the model's padded vocabulary (:meth:`ModelDims.padded_vocab`); it
-    must be a multiple of the TP size.
+    must be a multiple of the TP size.  ``experts=False`` leaves the rank's expert tensors
+    out (what is identical on every expert-parallel rank: the reshard's training unit).
     """
     t, r = pos.tp_size, pos.tp_rank
     if padded_vocab % t or padded_vocab < dims.vocab_size:
@@ -288,6 +366,15 @@ def rank_params(dims: ModelDims, pos: RankPosition, padded_vocab: int) -> list[N
         raise MappingError(f"tp={t} must divide intermediate_size={dims.ffn_size}")
     if dims.num_layers % pos.pp_size:
         raise MappingError(f"pp={pos.pp_size} must divide num_layers={dims.num_layers}")
+    if dims.is_moe:
+        if dims.num_experts % pos.ep_size:
+            raise MappingError(
+                f"ep={pos.ep_size} must divide the number of experts ({dims.num_experts})"
+            )
+        if dims.moe_ffn_size % t:
+            raise MappingError(f"tp={t} must divide moe_intermediate_size={dims.moe_ffn_size}")
+    elif pos.ep_size > 1:
+        raise MappingError(f"ep={pos.ep_size} needs a mixture-of-experts model")
     h, hd = dims.hidden_size, dims.head_dim
     vp = padded_vocab
     v_lo, v_hi = _split_range(vp, t, r)
@@ -346,12 +433,49 @@ def rank_params(dims: ModelDims, pos: RankPosition, padded_vocab: int) -> list[N
                     groups=groups,
                 )
             )
+        if dims.qk_norm:
+            for ours, theirs in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):
+                out.append(
+                    NativeParam(
+                        f"{n}self_attention.{ours}.weight",
+                        (hd,),
+                        "replicated",
+                        (Part(f"{p}self_attn.{theirs}.weight"),),
+                    )
+                )
         out.append(
             columns(
                 n + "self_attention.linear_proj.weight", p + "self_attn.o_proj.weight", q_lo, q_hi
             )
         )
         out.append(norm(mlp_norm, p + "post_attention_layernorm.weight"))
+        if dims.is_moe:
+            out.append(
+                NativeParam(
+                    n + "mlp.router.weight",
+                    (dims.num_experts, h),
+                    "replicated",
+                    (Part(p + "mlp.gate.weight"),),
+                )
+            )
+            if not experts:
+                continue
+            e_lo, e_hi = _split_range(dims.moe_ffn_size, t, r)
+            for local, expert in enumerate(local_experts(dims, pos)):
+                ln, hp = f"{n}mlp.experts.local_experts.{local}.", f"{p}mlp.experts.{expert}."
+                out.append(
+                    NativeParam(
+                        ln + "linear_fc1.weight",
+                        (2 * (e_hi - e_lo), h),
+                        "fc1",
+                        (
+                            Part(hp + "gate_proj.weight", 0, e_lo, e_hi),
+                            Part(hp + "up_proj.weight", 0, e_lo, e_hi),
+                        ),
+                    )
+                )
+                out.append(columns(ln + "linear_fc2.weight", hp + "down_proj.weight", e_lo, e_hi))
+            continue
         out.append(
             NativeParam(
                 n + "mlp.linear_fc1.weight",

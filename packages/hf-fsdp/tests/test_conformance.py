@@ -13,6 +13,7 @@ class TestFSDPConformance(TrainingEngineConformance):
     engine_config: ClassVar[dict[str, Any]] = {"lr": 1e-3}
     # HasWorkerMesh: sequence-parallel ranks share a data chunk (parallel.sp)
     capabilities = frozenset({ExportsHF, HasWorkerMesh, Offloadable, TrainsAdapters})
+    mixture_of_experts = "runs"
 
 
 class TestTransformersRolloutConformance(RolloutEngineConformance):
@@ -20,3 +21,4 @@ class TestTransformersRolloutConformance(RolloutEngineConformance):
     # the kit's references are float32 transformers forwards; the engine's default dtype,
     # auto, is bfloat16 on CPUs that compute it (tests/test_fsdp_config.py checks that)
     engine_config: ClassVar[dict[str, Any]] = {"dtype": "float32"}
+    mixture_of_experts = "runs"

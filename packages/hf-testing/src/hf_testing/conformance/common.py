@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import pytest
 
@@ -13,6 +13,12 @@ from hf_core.config import EngineConfigError
 from hf_core.engines.capabilities import Closeable
 from hf_testing.conformance.capabilities import capability_report
 from hf_testing.tiny import QWEN2_TIED
+
+MOE_MODEL: dict[str, Any] = {"family": "qwen3_moe"}
+"""The kits' mixture-of-experts model: hf_testing.tiny's Qwen3-MoE (4 experts, top-2)."""
+MixtureOfExperts = Literal["runs", "refused"]
+"""What a backend declares about mixture-of-experts models (:attr:`EngineConformance.
+mixture_of_experts`)."""
 
 
 def check_bytes(what: str, moved: object, positive: bool = False) -> int:
@@ -40,11 +46,23 @@ class EngineConformance:
     capabilities: ClassVar[frozenset[type]] = frozenset()
     """The :mod:`hf_core.engines.capabilities` protocols the engine has, exactly."""
     misspelt_key: ClassVar[str] = "tensor_paralel_size"
+    mixture_of_experts: ClassVar[MixtureOfExperts | None] = None
+    """``"runs"``: the engine runs a mixture-of-experts model and the kit's MoE checks run on
+    :attr:`moe_model` (a kit's :attr:`moe_checks`); ``"refused"``: building the engine on one
+    raises :class:`~hf_core.errors.EngineConfigError` naming the model folder and
+    "mixture-of-experts" before the backend's library starts.  Left ``None`` (undeclared) the
+    engine must refuse one by name all the same: one that builds it fails, asking for the
+    declaration, so no backend skips the MoE checks silently."""
+    moe_model: ClassVar[dict[str, Any]] = MOE_MODEL
+    """Arguments of :func:`hf_testing.tiny.build_tiny_model` for the MoE checks."""
 
     all_capabilities: ClassVar[tuple[type, ...]] = ()
     """The protocols an engine of this kind may have (a kit sets it)."""
     capability_checks: ClassVar[dict[type, str]] = {}
     """Protocol -> the kit's check of it, collected only where the engine declares it."""
+    moe_checks: ClassVar[tuple[str, ...]] = ()
+    """The kit's mixture-of-experts checks, collected only where the engine declares
+    ``mixture_of_experts = "runs"``."""
     _kit: ClassVar[bool] = False
 
     @staticmethod
@@ -63,6 +81,11 @@ class EngineConformance:
         for protocol, name in cls.capability_checks.items():
             declared = protocol in cls.capabilities
             setattr(cls, name, getattr(kit, name) if declared else None)
+        runs = cls.mixture_of_experts == "runs"
+        for name in cls.moe_checks:
+            setattr(cls, name, getattr(kit, name) if runs else None)
+        refusal = "test_a_mixture_of_experts_model_is_refused_by_name"
+        setattr(cls, refusal, None if runs else getattr(EngineConformance, refusal))
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -70,6 +93,14 @@ class EngineConformance:
         from hf_testing.tiny import build_tiny_model
 
         return build_tiny_model(tmp_path_factory.mktemp("conformance") / "model", **cls.model)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def moe_conformance_model(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        from hf_testing.tiny import build_tiny_model
+
+        folder = tmp_path_factory.mktemp("conformance_moe") / "model"
+        return build_tiny_model(folder, **cls.moe_model)
 
     @classmethod
     def make_engine(cls, model_path: Path, **overrides: Any) -> Any:
@@ -91,6 +122,32 @@ class EngineConformance:
             return
         if isinstance(engine, Closeable):
             engine.close()
+
+    def test_a_mixture_of_experts_model_is_refused_by_name(
+        self, moe_conformance_model: Path
+    ) -> None:
+        """An engine that does not declare ``mixture_of_experts = "runs"`` refuses an MoE model
+        before its library starts, naming the folder and "mixture-of-experts"."""
+        try:
+            engine = self.make_engine(moe_conformance_model)
+        except EngineConfigError as e:
+            message = str(e)
+            assert str(moe_conformance_model) in message, message
+            assert "mixture-of-experts" in message, message
+            return
+        if isinstance(engine, Closeable):
+            engine.close()
+        if self.mixture_of_experts == "refused":
+            pytest.fail(
+                f"{self.engine!r} declares mixture_of_experts = 'refused' but built an MoE model "
+                "without an EngineConfigError"
+            )
+        pytest.fail(
+            f"{self.engine!r} builds a mixture-of-experts model: declare mixture_of_experts = "
+            "'runs' in its conformance class so the kit's MoE checks run on it, or refuse MoE "
+            "models by name (EngineConfigError naming the model folder and "
+            "'mixture-of-experts') and declare 'refused'"
+        )
 
     def check_declared_capabilities(self, engine: Any) -> None:
         """The engine has exactly the declared protocols, whole and callable as core calls."""

@@ -71,12 +71,40 @@ def hf_causal_lm(path: str | Path, state: Mapping[str, torch.Tensor] | None = No
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if state is not None and not set(state) <= set(model.state_dict()):
+        return _loaded_as_checkpoint(path, state)
     if state is not None:
         missing, unexpected = model.load_state_dict(dict(state), strict=False)
         tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
         if set(missing) - tied or unexpected:
             raise KeyError(f"state does not fit the model: missing {missing}, extra {unexpected}")
     return model
+
+
+def _loaded_as_checkpoint(path: str | Path, state: Mapping[str, torch.Tensor]) -> Any:
+    """transformers' model of the folder with ``state`` in the checkpoint's names (e.g. an
+    MoE model's per-expert tensors, which transformers 5 fuses as it loads): written beside
+    the folder's config and loaded the way ``from_pretrained`` converts a checkpoint."""
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("config.json", "generation_config.json"):
+            if (Path(path) / name).exists():
+                shutil.copy(Path(path) / name, Path(tmp) / name)
+        tensors = {n: t.detach().cpu().contiguous() for n, t in state.items()}
+        save_file(tensors, str(Path(tmp) / "model.safetensors"), {"format": "pt"})
+        model, info = AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch.float32, output_loading_info=True
+        )
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    missing = set(info["missing_keys"]) - tied
+    if missing or info["unexpected_keys"] or info.get("mismatched_keys"):
+        raise KeyError(f"state does not fit the model: {info}")
+    return model.eval()
 
 
 def hf_log_probs_and_entropy(

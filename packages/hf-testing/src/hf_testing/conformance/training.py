@@ -55,6 +55,13 @@ CAPABILITY_CHECKS: dict[type, str] = {
     HasWorkerMesh: "test_worker_mesh_covers_the_world",
 }
 """The check each optional capability adds (collected only for engines declaring it)."""
+MOE_CHECKS: tuple[str, ...] = (
+    "test_moe_exported_names_and_tensors_equal_the_hf_folder",
+    "test_moe_log_probs_equal_transformers",
+    "test_moe_trained_weights_export_round_trip",
+)
+"""The mixture-of-experts checks (collected for engines declaring
+``mixture_of_experts = "runs"``), on :attr:`~EngineConformance.moe_model`."""
 
 
 def exported(engine: TrainingEngine, bucket_bytes: int = 1 << 20) -> dict[str, torch.Tensor]:
@@ -99,6 +106,7 @@ class TrainingEngineConformance(EngineConformance):
     registry = staticmethod(get_training_engine)
     all_capabilities = TRAINING_CAPABILITIES
     capability_checks = CAPABILITY_CHECKS
+    moe_checks = MOE_CHECKS
     _kit = True
 
     # ------------------------------------------------------------------ fixtures
@@ -107,6 +115,12 @@ class TrainingEngineConformance(EngineConformance):
     def training_engine(cls, conformance_model: Path) -> TrainingEngine:
         """One engine for the checks that only read it (none trains it)."""
         return cls.make_engine(conformance_model)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def moe_training_engine(cls, moe_conformance_model: Path) -> TrainingEngine:
+        """One engine on the MoE model for the MoE checks that only read it."""
+        return cls.make_engine(moe_conformance_model)
 
     def batch(self, model_path: Path, seed: int) -> Batch:
         from transformers import AutoConfig
@@ -260,3 +274,47 @@ class TrainingEngineConformance(EngineConformance):
         assert isinstance(mesh, WorkerMesh)
         world = dist.get_world_size() if dist.is_initialized() else 1
         assert mesh.dp_size * mesh.tp_size * mesh.pp_size * mesh.sp_size == world
+
+    # -------------------------------------------------------- mixture of experts
+    def test_moe_exported_names_and_tensors_equal_the_hf_folder(
+        self, moe_training_engine: TrainingEngine, moe_conformance_model: Path
+    ) -> None:
+        """An MoE model's canonical export is the checkpoint's per-expert tensors
+        (``...mlp.experts.E.gate_proj.weight``), bit-equal to the folder, however the engine
+        holds them (transformers 5 fuses them; megatron groups them)."""
+        got = exported(moe_training_engine)
+        expected = folder_tensors(moe_conformance_model)
+        assert any(".experts.0." in name for name in expected)
+        assert sorted(got) == sorted(expected)
+        for name, tensor in expected.items():
+            assert torch.equal(got[name].cpu(), tensor), name
+
+    def test_moe_log_probs_equal_transformers(
+        self, moe_training_engine: TrainingEngine, moe_conformance_model: Path
+    ) -> None:
+        batch = self.batch(moe_conformance_model, seed=41)
+        out = moe_training_engine.compute_log_probs(batch)
+        model = hf_causal_lm(moe_conformance_model)
+        expected, entropy = hf_log_probs_and_entropy(model, batch, 1.0)
+        mask = batch["response_mask"]
+        assert masked_max_diff(out["log_probs"], expected, mask) < self.log_prob_atol
+        assert masked_max_diff(out["entropy"], entropy, mask) < self.log_prob_atol
+
+    def test_moe_trained_weights_export_round_trip(self, moe_conformance_model: Path) -> None:
+        """After a train step the exported per-expert tensors, loaded into transformers'
+        model, give the engine's own log-probs: what a weight sync hands a rollout engine is
+        the model the trainer has."""
+        run = self.make_engine(moe_conformance_model)
+        initial = exported(run)
+        run.train_step(self.batch(moe_conformance_model, seed=42), policy_loss)
+        trained = exported(run)
+        changed = [n for n in initial if not torch.equal(trained[n].cpu(), initial[n].cpu())]
+        assert any(".experts." in n for n in changed), "no expert weight trained"
+        assert any(n.endswith("gate.weight") for n in changed), "no router trained"
+        batch = self.batch(moe_conformance_model, seed=43)
+        model = hf_causal_lm(moe_conformance_model, {n: t.cpu() for n, t in trained.items()})
+        expected, _ = hf_log_probs_and_entropy(model, batch, 1.0)
+        got = run.compute_log_probs(batch)["log_probs"]
+        assert masked_max_diff(got, expected, batch["response_mask"]) < self.log_prob_atol
+        if isinstance(run, Closeable):
+            run.close()

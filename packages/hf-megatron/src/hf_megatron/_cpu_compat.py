@@ -213,6 +213,34 @@ def _widen_parallel_linear_products() -> None:
         function.backward = _with_widened_matmuls(function.backward)
 
 
+def _with_device_mode(method: Callable) -> Any:
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _CpuDeviceMode():
+            return method(*args, **kwargs)
+
+    return staticmethod(run)
+
+
+def _backwards_on_cpu() -> None:
+    """Run the backward of megatron's communication autograd functions (the tensor-parallel
+    mappings; the MoE dispatcher's all-gather / reduce-scatter of tokens) under
+    :class:`_CpuDeviceMode`: they allocate with ``device=torch.cuda.current_device()``, and
+    the autograd engine runs a backward outside the caller's function modes."""
+    from megatron.core.tensor_parallel import mappings
+    from megatron.core.transformer.moe import moe_utils
+
+    for module in (mappings, moe_utils):
+        for value in list(vars(module).values()):
+            if (
+                isinstance(value, type)
+                and issubclass(value, torch.autograd.Function)
+                and value.__module__ == module.__name__
+                and "backward" in vars(value)
+            ):
+                value.backward = _with_device_mode(vars(value)["backward"].__func__)
+
+
 # ------------------------------------------------------------------------ install
 def install() -> None:
     """Apply the process-wide patches (idempotent).  Only on a machine without CUDA."""
@@ -236,5 +264,7 @@ def install() -> None:
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
     # 16-bit GEMMs on CPUs without 16-bit instructions (a no-op per call on other CPUs).
     _widen_parallel_linear_products()
+    # Collectives in backward passes (expert parallelism's token all-gather).
+    _backwards_on_cpu()
     _INSTALLED = True
     log.info("megatron CPU compatibility layer installed (no CUDA device in this process)")

@@ -78,7 +78,7 @@ from hf_megatron.parallel import (
     ensure_model_parallel,
     worker_mesh,
 )
-from hf_megatron.reshard import Resharder, ReshardStats, resolve_plan
+from hf_megatron.reshard import ExpertGather, Resharder, ReshardStats, resolve_plan
 from hf_megatron.weight_mapping import (
     CanonicalSlice,
     MegatronWeightMapping,
@@ -517,16 +517,36 @@ class MegatronEngine(TrainingEngine):
         """
         self._require_ready("export_weights")
         full = resolve_plan(self.layout.layout, plan, self.rank)
+        export_dtype = to_dtype(self.config.export_dtype) if self.config.export_dtype else None
+        expert_parallel = self.layout.ep > 1
         resharder = Resharder(
             params=self._native_params(),
             dims=self.dims,
             plan=full,
             rank=self.rank,
             padded_vocab=self.padded_vocab,
-            export_dtype=to_dtype(self.config.export_dtype) if self.config.export_dtype else None,
+            export_dtype=export_dtype,
+            experts=not expert_parallel,
         )
         self.reshard_stats = resharder.stats
+        experts = None
+        if expert_parallel:  # each EP rank contributes its own experts
+            from megatron.core import parallel_state as ps
+
+            experts = ExpertGather(
+                params=self._native_params(),
+                dims=self.dims,
+                position=self.position,
+                rank_plan=full.for_rank(self.rank),
+                gen=full.gen,
+                padded_vocab=self.padded_vocab,
+                group=ps.get_expert_model_parallel_group(),
+                stats=resharder.stats,
+                export_dtype=export_dtype,
+            )
         yield from resharder.stream(bucket_bytes)
+        if experts is not None:
+            yield from experts.stream()
 
     def export_weights(
         self, bucket_bytes: int, plan: RankPlan | ReshardPlan | None = None

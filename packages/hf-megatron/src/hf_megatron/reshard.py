@@ -19,6 +19,13 @@ turns it into collectives over this rank's megatron parameters:
    tensors are yielded as one bucket, so the extra memory is about one chunk of the gather
    plus the tensors in flight -- never a second model.
 
+Experts under expert parallelism (``ep > 1``, a mixture-of-experts model) are not part of
+the training unit -- the ``ep`` ranks of one DP group hold different experts, not copies --
+and move in a second phase (:class:`ExpertGather`): per layer, one all-gather over the
+expert-parallel group, in which each rank sends only its own experts and receives every
+other rank's once (each expert crosses the wire once per receiver, nothing is received
+twice: zero redundancy).  Each rank's generation shard needs every expert of its layers.
+
 With the paper's plan a rank receives ``(d_g - 1) * U`` elements, ``(pt - t_g p_g) /
 (t_g p_g pt) * M`` (Table 2), and everything it receives lies in its generation shard
 (zero redundancy).  With the naive plan it receives ``(pt - 1) * U`` and keeps only its
@@ -132,6 +139,11 @@ class ReshardStats:
     emitted_tensors: int = 0
     emitted_bytes: int = 0
     seconds: float = 0.0
+    expert_sent_bytes: int = 0
+    """Expert parallelism: bytes of this rank's own experts it contributed (all-gathers)."""
+    expert_received_bytes: int = 0
+    """Expert parallelism: bytes of other ranks' experts received (``(ep - 1) / ep`` of
+    the model's expert bytes with ``tp = pp = 1``)."""
 
     @property
     def model_bytes(self) -> int:
@@ -264,13 +276,20 @@ class SliceAssembler:
 
 
 def generation_targets(
-    dims: ModelDims, rank_plan: RankPlan, gen: GenerationLayout, padded_vocab: int
+    dims: ModelDims,
+    rank_plan: RankPlan,
+    gen: GenerationLayout,
+    padded_vocab: int,
+    experts: bool = True,
 ) -> dict[str, _Target]:
-    """Canonical tensors (or TP slices) of this rank's generation shard."""
+    """Canonical tensors (or TP slices) of this rank's generation shard (without the
+    experts' when ``experts`` is False: they move separately under expert parallelism)."""
     stage = RankPosition(0, 1, rank_plan.gen_pp_rank, gen.pp)
     shapes = dims.canonical_shapes()
     names = {
-        part.hf_name for param in rank_params(dims, stage, padded_vocab) for part in param.parts
+        part.hf_name
+        for param in rank_params(dims, stage, padded_vocab, experts=experts)
+        for part in param.parts
     }
     targets = {}
     for name in sorted(names):
@@ -292,8 +311,15 @@ class _Unit:
     partial: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, dims: ModelDims, pos: RankPosition, padded_vocab: int, needed: bool) -> _Unit:
-        params = rank_params(dims, pos, padded_vocab)
+    def of(
+        cls,
+        dims: ModelDims,
+        pos: RankPosition,
+        padded_vocab: int,
+        needed: bool,
+        experts: bool = True,
+    ) -> _Unit:
+        params = rank_params(dims, pos, padded_vocab, experts=experts)
         offsets, total = [], 0
         for p in params:
             offsets.append(total)
@@ -336,7 +362,10 @@ class Resharder:
         rank: int,
         padded_vocab: int,
         export_dtype: torch.dtype | None = None,
+        experts: bool = True,
     ) -> None:
+        """``experts=False``: the training units leave the experts out (expert parallelism:
+        :class:`ExpertGather` moves them)."""
         self.plan, self.rank, self.dims = plan, rank, dims
         self.rank_plan = rp = plan.for_rank(rank)
         self.padded_vocab = padded_vocab
@@ -350,7 +379,8 @@ class Resharder:
         for member in self.members:
             c = train.coords(member)
             pos = RankPosition(c.tp, train.tp, c.pp, train.pp)
-            self.units.append(_Unit.of(dims, pos, padded_vocab, (c.pp, c.tp) in gen_units))
+            needed = (c.pp, c.tp) in gen_units
+            self.units.append(_Unit.of(dims, pos, padded_vocab, needed, experts))
         own = self.units[self.my_index]
         missing = [p.name for p in own.params if p.name not in params]
         if missing:
@@ -363,7 +393,7 @@ class Resharder:
         self.dtype = dtypes.pop()
         self.device = self.own_tensors[0].device  # nccl gathers need device buffers
         all_units = [
-            _Unit.of(dims, RankPosition(tp, train.tp, pp, train.pp), padded_vocab, False)
+            _Unit.of(dims, RankPosition(tp, train.tp, pp, train.pp), padded_vocab, False, experts)
             for pp in range(train.pp)
             for tp in range(train.tp)
         ]
@@ -380,7 +410,7 @@ class Resharder:
             gen_units=set(gen_units),
         )
         self.assembler = SliceAssembler(
-            generation_targets(dims, rp, plan.gen, padded_vocab), self.dtype
+            generation_targets(dims, rp, plan.gen, padded_vocab, experts), self.dtype
         )
 
     # ---------------------------------------------------------------------------- run
@@ -474,6 +504,93 @@ class Resharder:
         missing = self.assembler.missing()
         if missing:
             raise RuntimeError(f"rank {self.rank}: reshard left {missing[:5]} incomplete")
+
+
+class ExpertGather:
+    """The experts' phase of a transition under expert parallelism (module docstring).
+
+    Supported training layouts: ``tp = pp = 1`` (each rank holds whole experts of every
+    layer); others are refused by name.  Every rank of the expert-parallel group must
+    consume :meth:`stream` together.  Counts go into ``stats`` (``expert_*_bytes``).
+    """
+
+    def __init__(
+        self,
+        *,
+        params: Mapping[str, torch.Tensor],
+        dims: ModelDims,
+        position: RankPosition,
+        rank_plan: RankPlan,
+        gen: GenerationLayout,
+        padded_vocab: int,
+        group: dist.ProcessGroup,
+        stats: ReshardStats,
+        export_dtype: torch.dtype | None = None,
+    ) -> None:
+        if position.tp_size != 1 or position.pp_size != 1:
+            raise NotImplementedError(
+                f"exporting experts under expert parallelism (ep={position.ep_size}) needs "
+                f"tp=1 and pp=1 in training, got tp={position.tp_size} pp={position.pp_size}"
+            )
+        self.params, self.dims, self.position = params, dims, position
+        self.rank_plan, self.gen, self.padded_vocab = rank_plan, gen, padded_vocab
+        self.group, self.stats, self.export_dtype = group, stats, export_dtype
+        self.members = [
+            RankPosition(0, 1, 0, 1, ep_rank, position.ep_size)
+            for ep_rank in range(position.ep_size)
+        ]
+        self.gen_layers = _stage_layers(dims, rank_plan.gen_pp_rank, gen.pp)
+
+    def _layer_params(self, pos: RankPosition, layer: int) -> list[NativeParam]:
+        prefix = f"decoder.layers.{layer}.mlp.experts."
+        return [
+            p for p in rank_params(self.dims, pos, self.padded_vocab) if p.name.startswith(prefix)
+        ]
+
+    @torch.no_grad()
+    def stream(self) -> Iterator[list[CanonicalSlice]]:
+        """Per MoE layer, one all-gather of the experts; the generation shard's pieces."""
+        stats, full_shapes = self.stats, self.dims.canonical_shapes()
+        me = self.position.ep_rank
+        for layer in range(self.dims.num_layers):
+            own = self._layer_params(self.position, layer)
+            tensors = [self.params[p.name].detach() for p in own]
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            width = flat.numel()
+            out = flat.new_empty(width * len(self.members))
+            out[me * width : (me + 1) * width].copy_(flat)
+            _all_gather_single(out, out[me * width : (me + 1) * width], self.group)
+            stats.collectives += 1
+            stats.expert_sent_bytes += width * flat.element_size()
+            stats.expert_received_bytes += (len(self.members) - 1) * width * flat.element_size()
+            if layer not in self.gen_layers:
+                continue
+            bucket = []
+            for index, member in enumerate(self.members):
+                data, offset = out[index * width : (index + 1) * width], 0
+                for param in self._layer_params(member, layer):
+                    tensor = data[offset : offset + param.numel].view(param.shape)
+                    offset += param.numel
+                    for piece in param.split(tensor, full_shapes):
+                        bucket.append(self._generation_slice(piece))
+            stats.emitted_tensors += len(bucket)
+            stats.emitted_bytes += sum(s.nbytes for s in bucket)
+            yield bucket
+
+    def _generation_slice(self, piece: CanonicalSlice) -> CanonicalSlice:
+        dim, start, stop = tp_slice_range(
+            self.dims, piece.name, self.rank_plan.gen_tp_rank, self.gen.tp, self.padded_vocab
+        )
+        tensor = piece.tensor if dim is None else piece.tensor.narrow(dim, start, stop - start)
+        tensor = tensor.clone()  # off the gather buffer
+        if self.export_dtype is not None:
+            tensor = tensor.to(self.export_dtype)
+        return CanonicalSlice(piece.name, tensor, dim, start, piece.full_shape)
+
+
+def _stage_layers(dims: ModelDims, stage: int, stages: int) -> range:
+    per_stage = dims.num_layers // stages
+    return range(stage * per_stage, (stage + 1) * per_stage)
 
 
 def _all_gather_single(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> None:

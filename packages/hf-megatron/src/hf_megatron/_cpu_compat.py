@@ -238,7 +238,8 @@ def _backwards_on_cpu() -> None:
                 and value.__module__ == module.__name__
                 and "backward" in vars(value)
             ):
-                value.backward = _with_device_mode(vars(value)["backward"].__func__)
+                function: Any = value
+                function.backward = _with_device_mode(vars(value)["backward"].__func__)
 
 
 # ------------------------------------------------------------------------ install

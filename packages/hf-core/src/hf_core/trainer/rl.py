@@ -48,7 +48,7 @@ from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.config.layout import RunLayout
 from hf_core.data import DataError, PromptDataset, PromptLoader
-from hf_core.engines import rank_zero_row, token_ids
+from hf_core.engines import rank_zero_row, tensor_nbytes, token_ids
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
 from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
@@ -506,6 +506,8 @@ class RLTrainer:
                 **peak_memory(),
             }
         )
+        if ROUTED_EXPERTS_KEY in batch:  # what routing replay adds to the step's batch
+            metrics["moe/routing_bytes"] = float(tensor_nbytes(batch[ROUTED_EXPERTS_KEY]))
         if "old_log_probs" in batch:  # recomputed: the mismatch is measured here
             parts = mismatch_parts(batch["old_log_probs"], batch["rollout_log_probs"], mask)
             metrics.update(mismatch_summary(parts))

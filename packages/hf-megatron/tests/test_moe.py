@@ -174,3 +174,112 @@ def test_export_is_the_checkpoint_per_expert(moe_model: Path, tmp_path: Path, ep
         assert "model.layers.1.mlp.experts.3.down_proj.weight" in exported
         for name, tensor in state.items():
             assert torch.equal(exported[name], tensor), name
+
+
+# ---------------------------------------------------------------- (d) routing replay
+
+
+def _hf_routing(path: Path, batch: Batch) -> torch.Tensor:
+    """transformers' own top-k ids of every token and MoE layer, laid out as ``input_ids``
+    (``[rows, columns, layers, k]``, uint8; padding unrecorded): what a rollout records."""
+    from hf_core.engines.routed_experts import unrecorded
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    seen: list[torch.Tensor] = []
+    handles = [r.register_forward_hook(lambda _m, _a, out: seen.append(out[2])) for r in routers]
+    rows, cols = batch["input_ids"].shape
+    with torch.no_grad():
+        model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        )
+    for handle in handles:
+        handle.remove()
+    routed = torch.stack([ids.reshape(rows, cols, -1) for ids in seen], dim=2).to(torch.uint8)
+    pad = batch["attention_mask"] == 0
+    routed[pad] = unrecorded(torch.uint8)
+    return routed
+
+
+def _replay_run(rank: int, path: Path, batch: Batch) -> dict[str, Any]:
+    from hf_megatron import moe_routing
+
+    engine = _engine(path, micro_batch_size=len(batch), lr=1e-2, grad_clip=None)
+    ran: list[torch.Tensor] = []
+    original = moe_routing._Replay.get_replay_topk
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        ran.append(out[1].detach().clone())
+        return out
+
+    moe_routing._Replay.get_replay_topk = spy  # type: ignore[method-assign]
+    free = batch.select(*[k for k in batch.keys() if k != "routed_experts"])
+    out: dict[str, Any] = {}
+    unrecorded = batch.select(*batch.keys())
+    unrecorded["routed_experts"] = torch.full_like(batch["routed_experts"], 255)
+    out["plain"] = engine.compute_log_probs(free)["log_probs"]
+    out["replayed"] = engine.compute_log_probs(batch)["log_probs"]
+    ran.clear()
+    engine.compute_log_probs(unrecorded)
+    out["ran_own"] = list(ran)  # the model's own choice (nothing recorded)
+    ran.clear()
+    # the router changed: its own choice differs from the recorded one
+    routers = moe_routing.moe_routers(engine.module)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for router in routers:
+            router.weight.add_(torch.randn(router.weight.shape, generator=gen) * 3.0)
+    before = [r.weight.detach().clone() for r in routers]
+    engine.compute_log_probs(unrecorded)
+    out["ran_free"] = list(ran)  # the perturbed router's own choice (nothing recorded)
+    ran.clear()
+    out["metrics"] = engine.train_step(batch, policy_loss)
+    out["ran_replayed"] = list(ran)
+    out["router_moved"] = [
+        float((r.weight.detach() - b).abs().max()) for r, b in zip(routers, before, strict=True)
+    ]
+    return out
+
+
+def test_replay_runs_the_recorded_experts(moe_model: Path, tmp_path: Path) -> None:
+    from hf_core.engines.routed_experts import recorded_mask
+    from hf_megatron.forward import pack_left
+    from hf_megatron.moe_routing import packed_routing, real_tokens
+
+    batch = rollout_batch(B, P, R, _vocab(moe_model), seed=9)
+    routed = _hf_routing(moe_model, batch)
+    batch["routed_experts"] = routed
+    (out,) = run_ranks(1, _replay_run, moe_model, batch, tmp=tmp_path)
+    _, shift, lengths = pack_left(batch["input_ids"], batch["attention_mask"])
+    expected = packed_routing(routed, shift)  # [tokens, layers, k], megatron's order
+    real = real_tokens(lengths, routed.shape[1]) & recorded_mask(expected).all(-1).all(-1)
+    assert int(real.sum()) > 20
+    layers = routed.shape[2]
+
+    def sets(ids: torch.Tensor) -> torch.Tensor:
+        return ids.sort(-1).values
+
+    # the unchanged model: transformers' routing is megatron's own (token order, mapping),
+    # and replaying it changes no log-prob
+    for layer in range(layers):
+        own = out["ran_own"][layer]
+        assert torch.equal(sets(own[real]), sets(expected[real, layer].long()))
+    mask = batch["response_mask"]
+    assert float(((out["plain"] - out["replayed"]) * mask).abs().max()) < 1e-5
+    # the router perturbed: without a record it picks other experts (control) ...
+    differs = [
+        not torch.equal(sets(out["ran_free"][layer][real]), sets(expected[real, layer].long()))
+        for layer in range(layers)
+    ]
+    assert any(differs)
+    # ... and with the record every real token runs the recorded experts
+    for layer in range(layers):
+        ran = out["ran_replayed"][layer]
+        assert torch.equal(sets(ran[real]), sets(expected[real, layer].long()))
+    metrics = out["metrics"]
+    assert 0.0 <= metrics["moe/router_agreement"] < 1.0
+    assert metrics["moe/expert_load_max_over_mean"] >= 1.0
+    assert all(moved > 0 for moved in out["router_moved"])  # the router still learns

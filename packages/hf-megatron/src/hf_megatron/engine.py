@@ -51,6 +51,7 @@ from hf_core.engines import (
 )
 from hf_core.engines.loss_totals import all_reduce_over, loss_totals
 from hf_core.engines.model_classes import refuse_vision_model
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, check_routed_experts
 from hf_core.protocols import WorkerMesh
 from hf_core.resharding import (
     GenerationLayout,
@@ -62,7 +63,7 @@ from hf_core.resharding import (
     build_naive_plan,
 )
 from hf_megatron import _cpu_compat as cpu_compat
-from hf_megatron import checkpoint, forward
+from hf_megatron import checkpoint, forward, moe_routing
 from hf_megatron.config import MegatronEngineConfig, parse_config, to_dtype
 from hf_megatron.loading import FolderReader, architecture_for, load_hf_config
 from hf_megatron.model import (
@@ -295,6 +296,13 @@ class MegatronEngine(TrainingEngine):
                 f"rank {self.rank} got an empty batch; split batches over the DP replicas "
                 "so that each gets at least one sample"
             )
+        if ROUTED_EXPERTS_KEY in batch and self.dims.is_moe:  # ids that fit the model
+            layers = self.dims.num_layers
+            check_routed_experts(
+                batch[ROUTED_EXPERTS_KEY],
+                [self.dims.num_experts] * layers,
+                [self.dims.moe_topk] * layers,
+            )
         return batch.split(self.config.micro_batch_size)
 
     def _head_outputs(
@@ -336,12 +344,31 @@ class MegatronEngine(TrainingEngine):
         # megatron divides by the number of micro-batches; undo it (module docstring).
         return loss * num_micro, reported
 
+    def _routing_of(
+        self, micro: Batch, packed: forward.PackedInputs, rows_to: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Routing replay's recorded ids of a micro-batch in megatron's token order, and
+        which tokens are real (None without recorded ids: the router decides)."""
+        if ROUTED_EXPERTS_KEY not in micro:
+            return None
+        if not self.dims.is_moe:
+            raise ValueError(
+                f"batch key {ROUTED_EXPERTS_KEY!r} (routing replay) but the model has no "
+                "mixture-of-experts layers"
+            )
+        columns = int(packed.input_ids.shape[1])
+        routed = moe_routing.packed_routing(micro[ROUTED_EXPERTS_KEY], packed.shift, rows_to)
+        lengths = packed.lengths.clone().cpu()
+        lengths[packed.rows :] = 0  # rows repeated for the pipeline count nowhere
+        return routed, moe_routing.real_tokens(lengths, columns)
+
     def _run(
         self,
         micro: list[Batch],
         *,
         loss_fn: LossFn | None,
         temperature: float,
+        routing_stats: moe_routing.RoutingStats | None = None,
     ) -> list[dict[str, Any]]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -357,11 +384,20 @@ class MegatronEngine(TrainingEngine):
             for m in micro
         ]
         on_device = [m.to(device) for m in micro] if device.type != "cpu" else micro
-        data = iter(list(zip(on_device, packed, strict=True)))
+        routing = [
+            self._routing_of(m, pk, rows if pp > 1 else None)
+            for m, pk in zip(micro, packed, strict=True)
+        ]
+        data = iter(list(zip(on_device, packed, routing, strict=True)))
 
         def step(data_iterator: Iterator, model: Any) -> tuple[torch.Tensor, Callable]:
-            batch, pk = next(data_iterator)
-            output = model(pk.input_ids, pk.position_ids, None)
+            batch, pk, routed = next(data_iterator)
+            if routed is None:
+                output = model(pk.input_ids, pk.position_ids, None)
+            else:
+                first = self.position.pp_rank * (self.dims.num_layers // self.layout.pp)
+                with moe_routing.replaying(self.module, *routed, first, routing_stats):
+                    output = model(pk.input_ids, pk.position_ids, None)
             loss = functools.partial(self._loss_func, batch, pk, loss_fn, temperature, len(micro))
             return output, loss
 
@@ -463,7 +499,10 @@ class MegatronEngine(TrainingEngine):
         self.model.train()
         self._ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results = self._run(micro, loss_fn=loss_fn, temperature=temperature)
+        routing_stats = moe_routing.RoutingStats()
+        results = self._run(
+            micro, loss_fn=loss_fn, temperature=temperature, routing_stats=routing_stats
+        )
         # megatron's OptimizerParamScheduler counts steps differently: each param group's lr
         # is set from core's shared schedule instead, the same whichever backend trains
         lr = self.config.lr * self.config.lr_factor(self.step)
@@ -483,7 +522,33 @@ class MegatronEngine(TrainingEngine):
         self._ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         self.step += 1
-        return self._reduce_metrics(results, grad_norm, lr, skipped)
+        metrics = self._reduce_metrics(results, grad_norm, lr, skipped)
+        if ROUTED_EXPERTS_KEY in batch:
+            metrics.update(self._routing_metrics(routing_stats))
+        return metrics
+
+    def _routing_metrics(self, stats: moe_routing.RoutingStats) -> dict[str, float]:
+        """Routing replay's metrics over every rank's MoE layers (``moe/router_agreement``,
+        ``moe/expert_load_max_over_mean`` and its ``_max``), identical on every rank.  TP
+        ranks count the same tokens alike, which leaves the ratios unchanged."""
+        device = collective_device()
+        ratios = stats.load_ratios
+        sums = torch.tensor(
+            [stats.matching, stats.compared, sum(ratios), len(ratios)],
+            dtype=torch.float64,
+            device=device,
+        )
+        worst = torch.tensor([max(ratios, default=0.0)], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        matching, compared, ratio_sum, count = (float(v) for v in sums.cpu())
+        if not compared:
+            return {}
+        return {
+            "moe/router_agreement": matching / compared,
+            "moe/expert_load_max_over_mean": ratio_sum / max(count, 1.0),
+            "moe/expert_load_max_over_mean_max": float(worst.cpu()[0]),
+        }
 
     def _reduce_metrics(
         self, results: list[dict[str, Any]], grad_norm: float, lr: float, skipped: bool

@@ -395,8 +395,9 @@ class MegatronEngine(TrainingEngine):
             if routed is None:
                 output = model(pk.input_ids, pk.position_ids, None)
             else:
+                ids, real = routed
                 first = self.position.pp_rank * (self.dims.num_layers // self.layout.pp)
-                with moe_routing.replaying(self.module, *routed, first, routing_stats):
+                with moe_routing.replaying(self.module, ids, real, first, routing_stats):
                     output = model(pk.input_ids, pk.position_ids, None)
             loss = functools.partial(self._loss_func, batch, pk, loss_fn, temperature, len(micro))
             return output, loss

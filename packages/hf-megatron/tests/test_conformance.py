@@ -16,3 +16,4 @@ class TestMegatronConformance(TrainingEngineConformance):
     engine = "megatron"
     engine_config: ClassVar[dict[str, Any]] = {"lr": 1e-3}
     capabilities = frozenset({ExportsHF, HasWorkerMesh, Offloadable})
+    mixture_of_experts = "runs"  # Qwen3-MoE (issue 59; tests/test_moe.py for ep and replay)

@@ -5,8 +5,10 @@ reload left them unpacked and changed the output (:mod:`hf_vllm.cpu_moe_reload`)
 of the unchanged weights keeps greedy decoding as it was, and a sync of another model's
 weights (per-expert canonical tensors in small buckets, so one MoE layer's experts straddle
 several) makes vLLM decode as transformers decodes that model; before that sync it does not
-(the control).  The engine runs in a child interpreter: a ``vllm.LLM`` built in the test
-process would stay there.
+(the control).  With ``routed_experts`` asked for, vLLM records each fed token's experts per
+layer, laid out like ``input_ids`` (:mod:`hf_vllm.routed_experts_capture`): they are
+transformers' own routing of the same sequences.  The engine runs in a child interpreter: a
+``vllm.LLM`` built in the test process would stay there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from hf_core.engines.routed_experts import same_sets
+from hf_fsdp.moe_routing import RoutingRecorder
 from hf_testing.tiny import build_tiny_model
 from hf_vllm.config import VLLMRolloutConfig
 
@@ -61,6 +65,19 @@ out["same_weights"] = decode()
 out["sent_bytes"] = sync(second)
 out["received_bytes"] = engine.last_sync.bytes
 out["second"] = decode()
+
+# Sampled rollouts of left-padded prompts with each fed token's experts recorded.
+mask = torch.ones_like(ids)
+mask[0, :2] = 0
+mask[2, :1] = 0
+padded = Batch({"input_ids": ids * mask, "attention_mask": mask})
+sampled = SamplingParams(
+    temperature=1.0, max_new_tokens=new_tokens, n=2, seed=5, routed_experts=True
+)
+rollout = engine.generate(padded, sampled)
+for key in ("input_ids", "attention_mask", "responses", "response_mask", "routed_experts"):
+    out[key] = rollout[key].tolist()
+out["routing_dtype"] = str(rollout["routed_experts"].dtype)
 print("RESULT " + json.dumps(out))
 """
 
@@ -101,8 +118,43 @@ def test_moe_sync_decodes_as_the_model_sent(tmp_path: Path) -> None:
     assert result["start"] != expected  # the control: the two models decode differently
     assert result["second"] == expected
     assert result["received_bytes"] == result["sent_bytes"]  # t_g = 1: the whole model, once
+    _assert_routing_is_transformers(second, result)
 
 
-def test_vllm_settings_say_they_return_no_routed_experts(tmp_path: Path) -> None:
+def _assert_routing_is_transformers(folder: Path, result: dict) -> None:
+    """Every fed token's recorded experts are the ones transformers' routers pick on the same
+    sequence (float32); padding and each response's last token hold the unrecorded marker."""
+    routed = torch.tensor(result["routed_experts"])
+    assert result["routing_dtype"] == "torch.uint8"  # 4 experts: one byte per id
+    ids = torch.tensor(result["input_ids"])  # prompt + response columns
+    mask = torch.tensor(result["attention_mask"]).bool()
+    rows, columns, layers, k = routed.shape
+    assert (rows, columns, layers, k) == (8, ids.shape[1], 2, 2)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    compared = agreeing = 0
+    for row in range(rows):
+        real = mask[row].nonzero().flatten()
+        fed = real[:-1]  # the last sampled token is never fed back
+        with RoutingRecorder(model) as recorder, torch.no_grad():
+            model(ids[row, real].unsqueeze(0))
+            expected = recorder.take(1, len(real))[0]
+        recorded = routed[row]
+        assert (recorded[fed] != 255).all(), f"row {row}: a fed token without experts"
+        unfed = torch.ones(columns, dtype=torch.bool)
+        unfed[fed] = False
+        assert (recorded[unfed] == 255).all(), f"row {row}: experts where nothing was fed"
+        same = same_sets(recorded[fed], expected[: len(fed)])
+        compared += same.numel()
+        agreeing += int(same.sum())
+    # float32 on both sides: only a near tie of two router logits could flip a set
+    assert agreeing / compared >= 0.99, (agreeing, compared)
+
+
+def test_prefix_caching_is_off_for_moe_models_unless_asked(tmp_path: Path) -> None:
     settings = VLLMRolloutConfig(model_path=tmp_path)
-    assert "V2 model runner" in (settings.routed_experts_unsupported() or "")
+    assert settings.prefix_caching(mixture_of_experts=False)
+    assert not settings.prefix_caching(mixture_of_experts=True)
+    assert settings.routed_experts_unsupported() is None
+    cached = VLLMRolloutConfig(model_path=tmp_path, enable_prefix_caching=True)
+    assert cached.prefix_caching(mixture_of_experts=True)
+    assert "enable_prefix_caching" in (cached.routed_experts_unsupported() or "")

@@ -66,7 +66,12 @@ class VLLMRolloutConfig(BaseModel):
     max_model_len: int | None = Field(None, ge=1, description="prompt + response tokens")
     max_num_seqs: int = Field(256, ge=1, description="sequences decoded together")
     max_num_batched_tokens: int | None = Field(None, ge=1)
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool | None = Field(
+        None,
+        description="None: on, except for mixture-of-experts models (routing replay records "
+        "each prompt token's experts, and a prompt token served from the cache is not routed "
+        "again)",
+    )
     ignore_eos: bool = Field(False, description="decode to max_new_tokens (benchmarks)")
     sleep_level: Literal[1, 2] = Field(
         1, description="GPU release_memory: 1 offloads weights, 2 drops them (full sync needed)"
@@ -107,14 +112,23 @@ class VLLMRolloutConfig(BaseModel):
             return self.kv_cache_bytes
         return CPU_DEFAULT_KV_CACHE_BYTES
 
+    def prefix_caching(self, mixture_of_experts: bool) -> bool:
+        """Whether the engine caches prompt prefixes (see ``enable_prefix_caching``)."""
+        if self.enable_prefix_caching is None:
+            return not mixture_of_experts
+        return self.enable_prefix_caching
+
     def routed_experts_unsupported(self) -> str | None:
-        """Why this engine does not return an MoE model's experts (``DeclaresRoutedExperts``):
-        vLLM records them (``enable_return_routed_experts``) only in its V2 model runner,
-        which needs Triton, so not on a CPU; the GPU path is not wired in hf-vllm yet."""
-        return (
-            "the vLLM rollout engine does not return routed experts yet (vLLM records them "
-            "only in its V2 model runner, which needs Triton: not on a CPU)"
-        )
+        """Why this engine would not return an MoE model's experts (``DeclaresRoutedExperts``;
+        asked for MoE models only): prefix caching switched on explicitly, because a prompt
+        token served from the cache is not routed again (:mod:`hf_vllm.routed_experts_capture`)."""
+        if self.enable_prefix_caching:
+            return (
+                "rollout.engine.enable_prefix_caching is true: a prompt token vLLM serves from "
+                "its prefix cache is not routed again, so its experts cannot be recorded; leave "
+                "it unset (off for mixture-of-experts models) or set it to false"
+            )
+        return None
 
     def sequence_capacity(self, kv_elements_per_token: int) -> tuple[int, str] | None:
         """The longest sequence this engine can hold (``DeclaresSequenceCapacity``):

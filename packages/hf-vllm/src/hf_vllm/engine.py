@@ -38,7 +38,10 @@ from hf_core.engines import (
     strip_left_padding,
     torch_threads,
 )
+from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.model_classes import refuse_vision_model
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
+from hf_core.model_shapes import from_hf_config
 from hf_core.resharding import GenerationLayout
 from hf_core.sync import RecordsSyncs
 from hf_vllm.adapters import AdapterFolders
@@ -57,6 +60,7 @@ from hf_vllm.parallel import (
     read_generation_rank,
     resolve_executor,
 )
+from hf_vllm.routed_experts_capture import RoutingCapture, bind_capture
 from hf_vllm.runtime import require_vllm
 from hf_vllm.sampling import build_sampling_params, request_seeds, truncates
 from hf_vllm.tp_slices import VLLMPartition, reload_presharded, vllm_param_name
@@ -78,6 +82,11 @@ def _hf_config(folder: Path) -> Any:
     return AutoConfig.from_pretrained(folder)
 
 
+def is_mixture_of_experts(folder: Path) -> bool:
+    """Whether the model in ``folder`` routes tokens to experts."""
+    return from_hf_config(read_model_config(folder)).is_mixture_of_experts
+
+
 def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for one hybrid-mode engine."""
     kwargs: dict[str, Any] = {
@@ -89,7 +98,7 @@ def llm_kwargs(cfg: VLLMRolloutConfig, folder: Path, executor: str, on_gpu: bool
         "enforce_eager": cfg.enforce_eager,
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "max_num_seqs": cfg.max_num_seqs,
-        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "enable_prefix_caching": cfg.prefix_caching(is_mixture_of_experts(folder)),
         "logprobs_mode": "processed_logprobs",  # after temperature, as training computes
         "skip_tokenizer_init": not has_tokenizer(folder),  # token ids in and out
         "seed": cfg.seed,
@@ -153,6 +162,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         params = canonical_params(folder)
 
         kwargs = llm_kwargs(cfg, folder, self.executor, self.on_gpu)
+        self._prefix_caching = bool(kwargs["enable_prefix_caching"])
         if not self.on_gpu:
             skip_input_embedding_packing()
             repack_experts_on_reload()
@@ -175,6 +185,7 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             params, self._packed_modules(), self.partition, rank.tp_rank
         )
         self._vocab_params = set(self.llm.collective_rpc(vocab_parameter_names)[0])
+        self._routing: RoutingCapture | None = self.llm.collective_rpc(bind_capture)[0]
         self._heads_to_repack: set[str] = set()
         self._tag_bytes = {
             "weights": self.partition.shard_bytes(
@@ -398,6 +409,11 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
             seeds=seeds,
         )
         outputs = []
+        routing = self._routing if params.routed_experts else None
+        if routing is not None:
+            if self._prefix_caching:
+                raise ValueError(self.config.routed_experts_unsupported())
+            routing.start()
         if token_lists:
             try:
                 # On CPU, vLLM's decode loop interleaves short parallel ops with serial
@@ -412,6 +428,8 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
                         lora_request=self.adapters.request(),
                     )
             except Exception as exc:
+                if routing is not None:
+                    routing.stop()
                 raise_if_engine_died(self.llm, exc)
                 raise
         responses, log_probs, response_mask = pack_completions(
@@ -422,4 +440,11 @@ class VLLMRolloutEngine(RecordsSyncs, ReleasesTaggedMemory, RolloutEngine):
         )
         out = assemble_rollout(batch, responses, response_mask, log_probs, params.temperature)
         out.meta["rollout_log_probs_truncated"] = truncates(params)
+        if routing is not None:
+            out[ROUTED_EXPERTS_KEY] = routing.take(
+                [output.request_id for output in outputs],
+                [len(ids) for ids in token_lists],
+                prompt_columns=prompt_ids.shape[1],
+                columns=prompt_ids.shape[1] + params.max_new_tokens,
+            )
         return out

@@ -70,6 +70,15 @@ class SGLangRolloutConfig(BaseModel):
         default_factory=dict, description="passed to sglang.Engine as is (overrides the above)"
     )
 
+    def routed_experts_unsupported(self) -> str | None:
+        """``DeclaresRoutedExperts``: SGLang runs mixture-of-experts models (docs/moe.md) but
+        hf-sglang does not return the experts it routes to, so routing replay is refused
+        before a run starts."""
+        return (
+            "the SGLang rollout engine does not return the experts it routes to (sglang 0.5.23 "
+            "has no per-token routing output hf-sglang reads)"
+        )
+
 
 def parse_config(data: dict[str, Any] | SGLangRolloutConfig) -> SGLangRolloutConfig:
     """Validate engine settings; problems raise core's :class:`EngineConfigError` naming the key."""

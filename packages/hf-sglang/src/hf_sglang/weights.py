@@ -50,13 +50,17 @@ def check_result(what: str, result: Any) -> None:
 
 
 def canonical_shapes(folder: str | Path) -> dict[str, tuple[int, ...]]:
-    """Shapes of the canonical tensors a training engine sends (tied aliases left out)."""
+    """Shapes of the canonical tensors a training engine sends (tied aliases left out): the
+    checkpoint's names, so a mixture of experts' fused tensors are one tensor per expert
+    (:func:`hf_core.engines.model_classes.checkpoint_shapes`), as SGLang loads them."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_core.engines.model_classes import checkpoint_shapes
 
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return {name: tuple(param.shape) for name, param in model.named_parameters()}
+    return checkpoint_shapes(model, [name for name, _ in model.named_parameters()])
 
 
 def check_bucket(bucket: Sequence[NamedTensor], shapes: dict[str, tuple[int, ...]]) -> None:

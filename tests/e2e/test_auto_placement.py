@@ -104,7 +104,7 @@ def test_auto_placement_spawns_the_planned_megatron_layout(
     assert layout.role("actor") == TrainingLayout(tp=tp, pp=pp)
     assert plan["engines"]["actor"] == {
         "backend": "megatron",
-        "parallel_axes": ["pp", "tp"],
+        "parallel_axes": ["ep", "pp", "tp"],
         "tp": tp,
         "pp": pp,
         "sp": 1,  # sequence parallelism: the user's choice, kept as set

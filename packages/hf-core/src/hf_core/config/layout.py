@@ -27,6 +27,7 @@ ENGINE_LAYOUT_SETTINGS = {
     "tp": "tensor_parallel_size",
     "pp": "pipeline_parallel_size",
     "sp": "sequence_parallel_size",
+    "ep": "expert_parallel_size",
 }
 """The engine argument each parallel axis reaches an engine as (for the axes it declares)."""
 MODEL_AXES = frozenset({"tp", "pp"})
@@ -42,6 +43,9 @@ class TrainingLayout:
     tp: int = 1
     pp: int = 1
     sp: int = 1
+    ep: int = 1
+    """Expert-parallel ranks (inside the data-parallel ones: the pool still divides by
+    ``ranks_per_chunk``, each expert-parallel rank gets its own data)."""
 
     @property
     def model_parallel_size(self) -> int:
@@ -87,7 +91,8 @@ def model_roles(config: TrainerConfig) -> dict[str, ModelRoleConfig]:
 
 def _training_layout(role: ModelRoleConfig) -> TrainingLayout:
     """A role's training layout as its recipe section states it."""
-    return TrainingLayout(tp=role.parallel.tp, pp=role.parallel.pp, sp=role.parallel.sp)
+    parallel = role.parallel
+    return TrainingLayout(tp=parallel.tp, pp=parallel.pp, sp=parallel.sp, ep=parallel.ep)
 
 
 def _generation_layout(config: TrainerConfig) -> GenerationLayout:
@@ -135,7 +140,7 @@ def with_layout(data: dict, layout: RunLayout) -> dict:
         section = data
         for part in key.split("."):
             section = section[part]
-        section["parallel"] = {"tp": sizes.tp, "pp": sizes.pp, "sp": sizes.sp}
+        section["parallel"] = {"tp": sizes.tp, "pp": sizes.pp, "sp": sizes.sp, "ep": sizes.ep}
     data["rollout"]["tensor_parallel_size"] = layout.generation.tp
     data["rollout"]["pipeline_parallel_size"] = layout.generation.pp
     return data

@@ -351,6 +351,12 @@ class ParallelConfig(_Strict):
         description="sequence-parallel ranks splitting each sequence's tokens (Ulysses: "
         "attention by heads after an all-to-all; backends declaring 'sp')",
     )
+    ep: int = Field(
+        1,
+        ge=1,
+        description="expert-parallel ranks: a mixture-of-experts model's experts split over "
+        "this many of the data-parallel ranks (backends declaring 'ep')",
+    )
 
 
 class ModelRoleConfig(_Strict):

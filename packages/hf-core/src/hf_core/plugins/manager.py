@@ -195,7 +195,7 @@ def _collect(
     return by_plugin
 
 
-PARALLEL_AXES = frozenset({"tp", "pp", "sp"})
+PARALLEL_AXES = frozenset({"tp", "pp", "sp", "ep"})
 """Tensor and pipeline parallelism split a model's weights; sequence parallelism (training
 engines only) splits each sequence's tokens."""
 

@@ -97,7 +97,8 @@ def training_engine_args(
         "trainable": trainable,
         "seed": config.run.seed,
     }
-    return {**args, **_layout_args("training", role.backend, layout.tp, layout.pp, layout.sp)}
+    sizes = (layout.tp, layout.pp, layout.sp, layout.ep)
+    return {**args, **_layout_args("training", role.backend, *sizes)}
 
 
 def rollout_engine_args(config: TrainerConfig, layout: GenerationLayout) -> dict[str, Any]:
@@ -109,12 +110,12 @@ def rollout_engine_args(config: TrainerConfig, layout: GenerationLayout) -> dict
 
 
 def _layout_args(
-    kind: Literal["training", "rollout"], backend: str, tp: int, pp: int, sp: int = 1
+    kind: Literal["training", "rollout"], backend: str, tp: int, pp: int, sp: int = 1, ep: int = 1
 ) -> dict[str, int]:
     """``tensor_parallel_size`` / ``pipeline_parallel_size`` / ``sequence_parallel_size`` for
     the axes the engine declares (an engine without them is data parallel: it takes none)."""
     axes = get_engine_parallelism(kind, backend)
-    sizes = {"tp": tp, "pp": pp, "sp": sp}
+    sizes = {"tp": tp, "pp": pp, "sp": sp, "ep": ep}
     return {ENGINE_LAYOUT_SETTINGS[axis]: sizes[axis] for axis in sorted(axes) if axis in sizes}
 
 

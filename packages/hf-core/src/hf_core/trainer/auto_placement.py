@@ -224,9 +224,9 @@ def plan_layout(layout: RunLayout, chosen: Plan) -> RunLayout:
     training = tuple(
         (
             key,
-            TrainingLayout(tp=keys[key].tp, pp=keys[key].pp, sp=sizes.sp)
+            TrainingLayout(tp=keys[key].tp, pp=keys[key].pp, sp=sizes.sp, ep=sizes.ep)
             if key in keys
-            else TrainingLayout(sp=sizes.sp),
+            else TrainingLayout(sp=sizes.sp, ep=sizes.ep),
         )
         for key, sizes in layout.training
     )

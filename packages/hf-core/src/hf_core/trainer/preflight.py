@@ -203,7 +203,7 @@ def _check_training_layouts(config: TrainerConfig, layout: RunLayout) -> None:
     for key, sizes in layout.training:
         backend = roles[key].backend
         axes = get_engine_parallelism("training", backend)
-        for axis, size in (("tp", sizes.tp), ("pp", sizes.pp), ("sp", sizes.sp)):
+        for axis, size in (("tp", sizes.tp), ("pp", sizes.pp), ("sp", sizes.sp), ("ep", sizes.ep)):
             if size > 1 and axis not in axes:
                 raise ConfigError(
                     f"invalid configuration:\n  {key}.parallel.{axis}: {size}, but the "
@@ -213,7 +213,7 @@ def _check_training_layouts(config: TrainerConfig, layout: RunLayout) -> None:
     _check_sequence_parallel(config, layout)
 
 
-_SPLITS = {"tp": "model", "pp": "model", "sp": "sequence"}
+_SPLITS = {"tp": "model", "pp": "model", "sp": "sequence", "ep": "model's experts"}
 SEQUENCE_PARALLEL_WITH_ACTOR = ("reference", "teacher")
 """Roles whose engines run in the actor's workers: they receive the actor's data chunks, so
 they split sequences exactly as the actor does."""

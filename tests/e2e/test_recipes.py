@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RECIPES
+from conftest import FLOAT32_ROLLOUT, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.engines.dtypes import rollout_dtype
@@ -40,6 +40,12 @@ COMMON = [
     "handover/rollout_release_bytes",
     "handover/rollout_resume_bytes",
 ]
+MOE = [
+    "actor/kl",
+    "actor/moe/router_agreement",
+    "actor/moe/expert_load_max_over_mean",
+    "moe/routing_bytes",
+]
 EXTRA = {
     "ppo": ["critic/vf_loss", "critic/grad_norm", "actor/kl", "actor/kl/coef"],
     "ppo_split": ["critic/vf_loss", "actor/kl"],
@@ -47,7 +53,9 @@ EXTRA = {
     "ppo_megatron": ["critic/vf_loss", "reshard/bytes_received", "reshard/zero_redundancy"],
     "grpo": ["actor/kl", "actor/kl_loss"],
     "grpo_vllm": ["actor/kl", "actor/kl_loss"],
-    "moe_grpo": ["actor/kl", "actor/moe/router_agreement", "actor/moe/expert_load_max_over_mean"],
+    "moe_grpo": MOE,
+    "moe_grpo@transformers": MOE,
+    "moe_megatron": MOE,
     "grpo_lora": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "grpo_lora_vllm": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "remax": [],
@@ -123,11 +131,16 @@ def fsdp_role_ranks(config: TrainerConfig) -> dict[str, int]:
     return {r: n for r, n in ranks.items() if (role := roles[r]) and role.backend == "fsdp"}
 
 
+VARIANTS = {"moe_grpo@transformers": ["rollout.backend=transformers", FLOAT32_ROLLOUT]}
+"""Recipes run a second time with other backends (``recipe@variant``: the overrides)."""
+
+
 def recipe_names() -> list[str]:
     """Recipes run here: not the data recipes (test_data_recipes.py) nor the demos' settings
-    (demo*.yaml, read by scripts of their own)."""
+    (demo*.yaml, read by scripts of their own); then the :data:`VARIANTS`."""
     names = (p.stem for p in RECIPES.glob("*.yaml"))
-    return sorted(n for n in names if n not in DATASET_RECIPES and not n.startswith("demo"))
+    shipped = (n for n in names if n not in DATASET_RECIPES and not n.startswith("demo"))
+    return sorted([*shipped, *VARIANTS])
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -152,8 +165,8 @@ def test_every_recipe_is_covered() -> None:
 def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     config = load_config(
         TrainerConfig,
-        RECIPES / f"{name}.yaml",
-        ["run.total_steps=3", "run.val_every=3", "run.progress=false"],
+        RECIPES / f"{name.split('@')[0]}.yaml",
+        ["run.total_steps=3", "run.val_every=3", "run.progress=false", *VARIANTS.get(name, [])],
     )
     trainer = RLTrainer(config)
     trainer.fit()
@@ -181,8 +194,8 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     if rollout_in_bfloat16(config):  # the transformers engine's auto on an AMX / AVX512-BF16 CPU
         assert "actor/is_weight_mean" in rows[-1], "bfloat16 rollouts: correction not on"
         assert mismatch <= BFLOAT16_MISMATCH, mismatch
-    elif (config.rollout.backend == "transformers" or lora) and on_policy:
-        assert mismatch <= 1e-4  # float32: summation order
+    elif (config.rollout.backend == "transformers" or lora or name.startswith("moe")) and on_policy:
+        assert mismatch <= 1e-4  # float32: summation order (MoE: replayed routing, any backend)
     if (
         lora
     ):  # vLLM serves the adapters: only they move; the transformers engine gets merged weights

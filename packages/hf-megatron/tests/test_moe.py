@@ -161,15 +161,25 @@ def test_log_probs_equal_transformers(moe_model: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- (c) export round trip
 
 
-def _export(rank: int, path: Path, ep: int) -> dict[str, torch.Tensor]:
+def _export(rank: int, path: Path, ep: int) -> tuple[dict[str, torch.Tensor], dict, tuple]:
+    from hf_megatron.reshard import expert_bytes_per_rank
+
     engine = _engine(path, trainable=False, expert_parallel_size=ep)
-    return {n: t.clone() for bucket in engine.export_weights(1 << 14) for n, t in bucket}
+    tensors = {n: t.clone() for bucket in engine.export_weights(1 << 14) for n, t in bucket}
+    assert engine.reshard_stats is not None
+    return tensors, engine.reshard_stats.as_dict(), expert_bytes_per_rank(engine.dims, ep, 4)
 
 
 @pytest.mark.parametrize("ep", [1, 2])
 def test_export_is_the_checkpoint_per_expert(moe_model: Path, tmp_path: Path, ep: int) -> None:
     state = load_file(moe_model / "model.safetensors")
-    for exported in run_ranks(ep, _export, moe_model, ep, tmp=tmp_path):
+    expert_bytes = sum(t.numel() * 4 for n, t in state.items() if ".mlp.experts." in n)
+    for exported, stats, (sent, received) in run_ranks(ep, _export, moe_model, ep, tmp=tmp_path):
+        # the plan's figure for the experts: each rank sends its own, receives the others once
+        assert (sent, received) == (expert_bytes // ep, expert_bytes * (ep - 1) // ep)
+        if ep > 1:
+            assert stats["expert_sent_bytes"] == sent
+            assert stats["expert_received_bytes"] == received
         assert exported.keys() == state.keys()
         assert "model.layers.1.mlp.experts.3.down_proj.weight" in exported
         for name, tensor in state.items():

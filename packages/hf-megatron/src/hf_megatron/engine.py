@@ -344,8 +344,32 @@ class MegatronEngine(TrainingEngine):
         # megatron divides by the number of micro-batches; undo it (module docstring).
         return loss * num_micro, reported
 
+    def _expert_parallel_shape(self, count: int, rows: int, seq: int) -> tuple[int, int]:
+        """The micro-batch rows and columns every expert-parallel rank packs to (the
+        largest of the group's), after checking they run the same number of micro-batches:
+        megatron's allgather dispatcher gathers equal token counts in every MoE layer."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_expert_model_parallel_group()
+        device = collective_device()
+        high = torch.tensor([count, rows, seq], device=device)
+        low = torch.tensor([count], device=device)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+        if int(low[0]) != int(high[0]):
+            raise ValueError(
+                f"expert parallelism (ep={self.layout.ep}): the expert-parallel ranks got "
+                f"{int(low[0])} and {int(high[0])} micro-batches; every rank must run the same "
+                "number (split batches evenly over the data-parallel ranks)"
+            )
+        return int(high[1]), int(high[2])
+
     def _routing_of(
-        self, micro: Batch, packed: forward.PackedInputs, rows_to: int | None
+        self,
+        micro: Batch,
+        packed: forward.PackedInputs,
+        rows_to: int | None,
+        columns_to: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Routing replay's recorded ids of a micro-batch in megatron's token order, and
         which tokens are real (None without recorded ids: the router decides)."""
@@ -357,7 +381,9 @@ class MegatronEngine(TrainingEngine):
                 "mixture-of-experts layers"
             )
         columns = int(packed.input_ids.shape[1])
-        routed = moe_routing.packed_routing(micro[ROUTED_EXPERTS_KEY], packed.shift, rows_to)
+        routed = moe_routing.packed_routing(
+            micro[ROUTED_EXPERTS_KEY], packed.shift, rows_to, columns_to
+        )
         lengths = packed.lengths.clone().cpu()
         lengths[packed.rows :] = 0  # rows repeated for the pipeline count nowhere
         return routed, moe_routing.real_tokens(lengths, columns)
@@ -375,17 +401,21 @@ class MegatronEngine(TrainingEngine):
         pp = self.layout.pp
         rows = max(len(m) for m in micro)
         seq = int(micro[0]["input_ids"].shape[1])
+        columns_to, rows_to = None, rows if pp > 1 else None
+        if self.layout.ep > 1:  # the token all-gather needs equal shapes on the EP ranks
+            rows, seq = self._expert_parallel_shape(len(micro), rows, seq)
+            columns_to, rows_to = seq, rows
         if any(int(m["input_ids"].shape[1]) != seq for m in micro):
             raise ValueError("all micro-batches of a call must have the same sequence length")
         pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         device = self.device
         packed = [
-            forward.pack_batch(m, rows_to=rows if pp > 1 else None, pad_id=pad_id).to(device)
+            forward.pack_batch(m, rows_to=rows_to, pad_id=pad_id, columns_to=columns_to).to(device)
             for m in micro
         ]
         on_device = [m.to(device) for m in micro] if device.type != "cpu" else micro
         routing = [
-            self._routing_of(m, pk, rows if pp > 1 else None)
+            self._routing_of(m, pk, rows_to, columns_to)
             for m, pk in zip(micro, packed, strict=True)
         ]
         data = iter(list(zip(on_device, packed, routing, strict=True)))

@@ -74,9 +74,12 @@ def pack_left(
     return ids, shift, lengths
 
 
-def pack_batch(batch: Batch, *, rows_to: int | None = None, pad_id: int = 0) -> PackedInputs:
+def pack_batch(
+    batch: Batch, *, rows_to: int | None = None, pad_id: int = 0, columns_to: int | None = None
+) -> PackedInputs:
     """Pack a micro-batch; ``rows_to`` repeats the last row up to a fixed micro-batch size
-    (pipeline stages exchange fixed-shape activations)."""
+    (pipeline stages exchange fixed-shape activations) and ``columns_to`` pads every row on
+    the right (expert-parallel ranks gather equal token counts); real tokens see neither."""
     ids, shift, lengths = pack_left(batch["input_ids"], batch["attention_mask"], pad_id)
     if "position_ids" in batch:
         pos = batch["position_ids"]
@@ -102,6 +105,8 @@ def pack_batch(batch: Batch, *, rows_to: int | None = None, pad_id: int = 0) -> 
 
         ids, shift, lengths = pad_rows(ids), pad_rows(shift), pad_rows(lengths)
         index, responses = pad_rows(index), pad_rows(responses)
+    if columns_to is not None and columns_to > ids.shape[1]:
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], columns_to - ids.shape[1]), pad_id)], 1)
     positions = torch.arange(ids.shape[1])[None, :].expand_as(ids)
     return PackedInputs(ids, positions, shift, lengths, index, responses, rows)
 

@@ -44,7 +44,10 @@ def moe_routers(module: nn.Module) -> list[nn.Module]:
 
 
 def packed_routing(
-    routed: torch.Tensor, shift: torch.Tensor, rows_to: int | None = None
+    routed: torch.Tensor,
+    shift: torch.Tensor,
+    rows_to: int | None = None,
+    columns_to: int | None = None,
 ) -> torch.Tensor:
     """``routed`` (``[rows, columns, layers, k]``, columns as ``input_ids``) moved as
     :func:`~hf_megatron.forward.pack_left` moves the tokens (row ``b`` left by ``shift[b]``,
@@ -61,6 +64,11 @@ def packed_routing(
     moved = torch.where(inside[:, :, None, None], gathered, marker)
     if rows_to is not None and rows_to > rows:
         moved = torch.cat([moved, moved[-1:].expand(rows_to - rows, *moved.shape[1:])])
+    if columns_to is not None and columns_to > cols:
+        extra = moved.new_full(
+            (moved.shape[0], columns_to - cols, *moved.shape[2:]), unrecorded(routed.dtype)
+        )
+        moved = torch.cat([moved, extra], dim=1)
     return moved.transpose(0, 1).reshape(-1, *routed.shape[2:])
 
 

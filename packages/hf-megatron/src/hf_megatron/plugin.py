@@ -31,7 +31,7 @@ def create_rollout_engine(**config: Any) -> Any:
 
 @hookimpl
 def register_training_engines(register: Callable[..., None]) -> None:
-    register("megatron", create_training_engine, config=ENGINE_CONFIG, parallel=("tp", "pp"))
+    register("megatron", create_training_engine, config=ENGINE_CONFIG, parallel=("tp", "pp", "ep"))
 
 
 @hookimpl

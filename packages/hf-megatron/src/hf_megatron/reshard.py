@@ -588,6 +588,16 @@ class ExpertGather:
         return CanonicalSlice(piece.name, tensor, dim, start, piece.full_shape)
 
 
+def expert_bytes_per_rank(dims: ModelDims, ep: int, element_size: int) -> tuple[int, int]:
+    """The plan's figure for the experts' phase of a transition (``tp = pp = 1``): bytes
+    each rank sends (its own experts, once per layer's all-gather) and receives (every other
+    expert-parallel rank's, once: ``(ep - 1) / ep`` of the model's expert bytes; nothing is
+    received twice)."""
+    per_expert = 3 * dims.moe_ffn_size * dims.hidden_size  # gate, up and down
+    model = dims.num_layers * dims.num_experts * per_expert * element_size
+    return model // ep, model * (ep - 1) // ep
+
+
 def _stage_layers(dims: ModelDims, stage: int, stages: int) -> range:
     per_stage = dims.num_layers // stages
     return range(stage * per_stage, (stage + 1) * per_stage)

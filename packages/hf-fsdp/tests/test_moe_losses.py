@@ -245,3 +245,34 @@ def test_out_of_range_expert_ids_are_refused_before_any_forward(moe_path: Path) 
         engine.train_step(batch, _Loss())
     handle.remove()
     assert not forwards
+
+
+def test_replay_holds_through_the_backward_under_activation_checkpointing(
+    moe_path: Path, tmp_path: Path
+) -> None:
+    """Recorded experts another router chose, replayed in a step with activation
+    checkpointing: the backward's recompute runs the recorded experts too (before, it routed
+    by the trainer's router: torch's CheckpointError), and the update equals one without
+    checkpointing."""
+    other = _load(moe_path)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for router in moe_routers(other):
+            router.weight.add_(torch.randn(router.weight.shape, generator=gen))
+    batch = _batch(other, seed=7)
+    batch[ROUTED_EXPERTS_KEY] = _recorded(other.eval(), batch)
+    weights = []
+    for checkpointing in (False, True):
+        engine = FSDPEngine(
+            {
+                "model_path": str(moe_path),
+                "lr": 1e-2,
+                "gradient_checkpointing": checkpointing,
+                "micro_batch_size": 8,
+            }
+        )
+        metrics = engine.train_step(batch, _Loss(moe_aux_loss_coef=0.1))
+        assert metrics["moe/router_agreement"] < 1.0  # the engine's router would differ
+        weights.append({n: p.detach().clone() for n, p in engine.model.named_parameters()})
+    for name, tensor in weights[0].items():
+        torch.testing.assert_close(weights[1][name], tensor, rtol=1e-4, atol=1e-6, msg=name)

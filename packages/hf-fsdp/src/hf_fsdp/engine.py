@@ -502,17 +502,21 @@ class FSDPEngine(TrainingEngine):
             if self.device.type != "cpu":  # the loss reads its inputs beside the outputs
                 mb = mb.to(self.device)
             mb.meta.update(meta, micro_batch_index=i, micro_batch_size=len(mb))
-            outputs = self._head_forward(mb, temperature, tokens=tokens if real else None)
-            loss, metrics = loss_fn(outputs, mb)
-            if real:
-                loss = self._with_router_losses(loss, outputs, metrics, meta, loss_fn)
-            if real:
-                rows.append({**metrics, "loss": float(loss.detach())})
-            else:
-                loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing
-            if ranks_summed != 1:
-                loss = loss / ranks_summed
-            loss.backward()
+            counted = tokens if real else None
+            # an MoE batch's recorded experts stay in force through the backward, where
+            # activation checkpointing recomputes the forward
+            lm = self.config.head == "lm"
+            with heads.routing_replay(self.model, mb, counted) if lm else nullcontext():
+                outputs = self._head_forward(mb, temperature, tokens=counted)
+                loss, metrics = loss_fn(outputs, mb)
+                if real:
+                    loss = self._with_router_losses(loss, outputs, metrics, meta, loss_fn)
+                    rows.append({**metrics, "loss": float(loss.detach())})
+                else:
+                    loss = loss * 0.0  # keeps this rank in FSDP's collectives, adds nothing
+                if ranks_summed != 1:
+                    loss = loss / ranks_summed
+                loss.backward()
         return rows
 
     def _with_router_losses(

@@ -266,11 +266,13 @@ def _head_as_log_probs(
             del embed.forward
 
 
-def _routing_replay(
+def routing_replay(
     model: nn.Module, batch: Batch, tokens: ForwardTokens | None
 ) -> AbstractContextManager[None]:
-    """The rollout's experts for this forward when the batch carries them
-    (:mod:`hf_fsdp.moe_routing`); agreement and load counted in ``tokens``."""
+    """The rollout's experts for forwards inside when the batch carries them
+    (:mod:`hf_fsdp.moe_routing`); agreement and load counted in ``tokens``.  A training step
+    holds it open through its backward (activation checkpointing recomputes the forward
+    there); the forward's own then does nothing."""
     if ROUTED_EXPERTS_KEY not in batch:
         return nullcontext()
     stats = tokens.routing if tokens is not None else None
@@ -289,7 +291,7 @@ def lm_forward(
     sequence_packing: bool = True,
 ) -> dict[str, torch.Tensor]:
     responses = batch["responses"].to(device)
-    replay = _routing_replay(model, batch, tokens)
+    replay = routing_replay(model, batch, tokens)
     if ROUTED_EXPERTS_KEY in batch:  # replay follows the rows' token order: no packing
         shared_prefix = sequence_packing = False
     # a training forward (``tokens``) of an MoE model measures its router losses over every

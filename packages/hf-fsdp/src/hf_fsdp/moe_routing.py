@@ -127,6 +127,9 @@ def replaying(
     counts, over real tokens (``attention_mask``) with a record, how often the training
     router chose the recorded set itself, and the expert load; each layer once (a
     recomputation under activation checkpointing does not count again)."""
+    if replay_active(model):  # an outer replay (held through the backward) routes already
+        yield
+        return
     routers = moe_routers(model)
     check_routing(routers, routed)
     real = attention_mask.reshape(-1).bool()
@@ -158,11 +161,25 @@ def replaying(
         return replace
 
     handles = [r.register_forward_hook(hook(i, r)) for i, r in enumerate(routers)]
+    setattr(model, _REPLAY_ACTIVE, True)
     try:
         yield
     finally:
+        setattr(model, _REPLAY_ACTIVE, False)
         for handle in handles:
             handle.remove()
+
+
+_REPLAY_ACTIVE = "_hybridflow_routing_replay"
+
+
+def replay_active(model: nn.Module) -> bool:
+    """Whether a :func:`replaying` context is open on ``model`` (an inner one then does
+    nothing).  A training step holds one open through its backward: activation checkpointing
+    recomputes each layer's forward there, and a recompute that routed by the trainer's own
+    router would run other experts than the forward did (torch's CheckpointError, or wrong
+    gradients where the counts happen to agree)."""
+    return bool(getattr(model, _REPLAY_ACTIVE, False))
 
 
 def _normalizes(

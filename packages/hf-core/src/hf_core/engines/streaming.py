@@ -15,6 +15,14 @@ the engine's ``generate`` on each request's prompt plus its response so far for 
 ``chunk_tokens`` more tokens: the prefix is recomputed at every chunk (engines with a prefix
 cache, like vLLM, reuse it while the weights are unchanged), and an update waits for the
 running chunk to end.
+
+Routing replay (``SamplingParams.routed_experts`` on a mixture-of-experts model): a request
+keeps, per position it fed through the model (prompt tokens and response tokens so far), the
+top-k experts of every MoE layer (:attr:`StreamRequest.routed`), and :func:`responses_batch`
+lays them out as the rollout engines' ``routed_experts`` key.  A position's experts are those
+of the *first* forward that fed it; a prefix fed again (every chunk of a
+:class:`ChunkedStream`, the re-prefill after a weight update) does not overwrite them.  See
+:meth:`StreamRequest.record_routing` for why.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import torch
 from hf_core.batch import Batch
 from hf_core.engines.decoding import left_padded
 from hf_core.engines.rollout import SamplingParams
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, recorded_mask, unrecorded
 
 
 @dataclass
@@ -43,10 +52,62 @@ class StreamRequest:
     versions: list[int] = field(default_factory=list)
     """Per response token: the policy version of the weights that sampled it."""
     finished: bool = False
+    routed: torch.Tensor | None = None
+    """With ``params.routed_experts`` on an MoE model: ``[positions, moe layers, k]`` expert
+    ids of the positions fed so far, from position 0 of the prompt on (prompt tokens, then
+    response tokens; a response's last token is never fed, so it has none).  None before the
+    first record.  Kept by :meth:`record_routing`."""
 
     @property
     def remaining(self) -> int:
         return self.params.max_new_tokens - len(self.tokens)
+
+    @property
+    def routed_positions(self) -> int:
+        """Positions with recorded experts (a run from position 0)."""
+        return 0 if self.routed is None else int(self.routed.shape[0])
+
+    def record_routing(self, fed: torch.Tensor) -> None:
+        """Keep the experts of positions fed for the first time.
+
+        ``fed``: ``[positions, moe layers, k]``, one forward's routing of this request's
+        positions ``0, 1, ...`` (prompt, then response; positions it did not feed hold the
+        unrecorded marker).  Positions already recorded keep their experts: only positions
+        beyond :attr:`routed_positions` are added, up to the first unrecorded one.
+
+        Why the first forward's: the token after position ``p`` was sampled from the output at
+        ``p`` of the forward that first fed ``p``, and its behaviour log-prob
+        (``rollout_log_probs``) is that forward's; replaying those experts at ``p`` makes the
+        trainer score the token through the sub-network that sampled it, which is what routing
+        replay is for.  A later forward that feeds the prefix again (a chunked stream's next
+        chunk; after a weight update, the re-prefill under the new weights) samples only tokens
+        after the prefix: its routing of the prefix reaches them through attention (keys and
+        values), not through the sampled position's own experts.  With one routing per position
+        no choice reproduces both, so the positions that are re-fed after an update keep the
+        older version's experts while later tokens attended to the prefix as the new weights
+        routed it; with unchanged weights the two agree up to near ties of the router's
+        logits (and kernels that differ between the batch shapes).  Keeping the first record
+        also means a token's recorded experts never change once its log-prob is recorded.
+        """
+        known = self.routed_positions
+        fresh = fed[known:]
+        if not len(fresh):
+            return
+        valid = recorded_mask(fresh).flatten(1).all(dim=1)
+        cut = int(valid.long().cumprod(0).sum())  # up to the first unrecorded position
+        if not cut:
+            return
+        fresh = fresh[:cut].to("cpu")
+        if self.routed is None:
+            self.routed = fresh.clone()
+        else:
+            if self.routed.shape[1:] != fresh.shape[1:] or self.routed.dtype != fresh.dtype:
+                raise ValueError(
+                    f"request {self.key}: routing of shape {tuple(fresh.shape[1:])} "
+                    f"({fresh.dtype}) after {tuple(self.routed.shape[1:])} "
+                    f"({self.routed.dtype}): another model?"
+                )
+            self.routed = torch.cat([self.routed, fresh])
 
     def extend(self, tokens: list[int], log_probs: list[float], version: int) -> None:
         """Record tokens sampled by weights of ``version`` (at most :attr:`remaining`)."""
@@ -138,10 +199,18 @@ class ChunkedStream:
         prompts = left_padded([r.prompt + r.tokens for r in requests], self.pad_token_id)
         out = self.engine.generate(prompts, call)
         stops = stop_ids(self.engine, params)
+        replay = params.routed_experts and ROUTED_EXPERTS_KEY in out  # dense models: none
+        routed = out[ROUTED_EXPERTS_KEY] if replay else None
+        width = prompts["input_ids"].shape[1]  # columns as input_ids: prefixes left-padded
         for row, request in enumerate(requests):
             length = int(out["response_mask"][row].sum())
             tokens = out["responses"][row, :length].tolist()
+            prefix = len(request.prompt) + len(request.tokens)
             request.extend(tokens, out["rollout_log_probs"][row, :length].tolist(), version)
+            if routed is not None:
+                kept = len(request.tokens) + len(request.prompt) - prefix
+                fed = routed[row, width - prefix : width + kept]
+                request.record_routing(fed)
             if length < budget or (tokens and tokens[-1] in stops):
                 request.finished = True
 
@@ -150,7 +219,10 @@ def responses_batch(requests: list[StreamRequest], pad_token_id: int) -> Batch:
     """The rollout engines' output keys for finished requests (prompts left-padded to the
     longest, responses right-padded to the longest ``max_new_tokens``), plus
     ``token_versions`` (per response token, -1 on padding) and ``interrupted`` (whether a
-    weight update reached the sample mid-generation)."""
+    weight update reached the sample mid-generation).  When the requests recorded routing
+    (:attr:`StreamRequest.routed`), ``routed_experts`` too: ``[rows, prompt + response
+    columns, moe layers, k]`` laid out like ``input_ids``, the unrecorded marker where nothing
+    was fed (padding, each response's last token)."""
     from hf_core.engines.rollout import assemble_rollout
 
     width = max(r.params.max_new_tokens for r in requests)
@@ -172,4 +244,28 @@ def responses_batch(requests: list[StreamRequest], pad_token_id: int) -> Batch:
     out["token_versions"] = versions
     spans = [len(set(r.versions)) > 1 for r in requests]
     out["interrupted"] = torch.tensor(spans, dtype=torch.bool)
+    routed = _routed_batch(requests, prompts["input_ids"].shape[1], width)
+    if routed is not None:
+        out[ROUTED_EXPERTS_KEY] = routed
+    return out
+
+
+def _routed_batch(
+    requests: list[StreamRequest], prompt_width: int, response_width: int
+) -> torch.Tensor | None:
+    """The requests' recorded experts in the batch layout (prompts left-padded to
+    ``prompt_width``, responses right-padded to ``response_width``); None when none has any."""
+    first = next((r.routed for r in requests if r.routed is not None), None)
+    if first is None:
+        return None
+    shape = (len(requests), prompt_width + response_width, *first.shape[1:])
+    out = torch.full(shape, unrecorded(first.dtype), dtype=first.dtype)
+    for row, request in enumerate(requests):
+        if request.routed is None:
+            continue
+        prompt = len(request.prompt)
+        fed = request.routed[: prompt + len(request.tokens)]
+        out[row, prompt_width - prompt : prompt_width] = fed[:prompt]
+        response = fed[prompt:]
+        out[row, prompt_width : prompt_width + len(response)] = response
     return out

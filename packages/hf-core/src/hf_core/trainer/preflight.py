@@ -311,8 +311,8 @@ def _check_router_replay(config: TrainerConfig, rollout_settings: object) -> Non
         reason = f"the {backend!r} rollout engine does not return the experts it routes to"
     if reason is None and config.agent is not None:
         reason = "agent loops do not carry the experts of their turns yet"
-    if reason is None and config.rollout.mode == "streaming":
-        reason = "streaming rollouts do not carry the experts of partial rollouts yet"
+    # streaming rollouts carry them: each request keeps the experts of its fed positions,
+    # partial rollouts included (hf_core.engines.streaming.StreamRequest.record_routing)
     if reason is not None:
         raise ConfigError(
             f"invalid configuration:\n  algorithm.router_replay: rollout (the default for a "

@@ -11,6 +11,12 @@ versions (``token_versions``).  A group whose oldest token is more than ``k`` ve
 the version being trained is dropped and counted.  Every prompt drawn is in the
 :class:`~hf_core.trainer.sample_stream.PromptLedger` (in flight, trained, dropped), which a
 checkpoint keeps: a resumed run submits again exactly the prompts that were in flight.
+
+With routing replay (a mixture-of-experts actor, ``algorithm.router_replay: rollout``) every
+sample carries the experts of its fed tokens (``routed_experts``, each position's from the
+first forward that fed it: :meth:`~hf_core.engines.streaming.StreamRequest.record_routing`),
+padded with the other sequence keys when the step's groups are joined
+(:func:`~hf_core.trainer.batches.concat_samples`).
 """
 
 from __future__ import annotations

@@ -101,15 +101,20 @@ def _gradients(engine: Any, batch: Batch) -> tuple[list[float], dict[str, torch.
 # ---------------------------------------------------------------- (a) ep=2 equals ep=1
 
 
-def _train_once(rank: int, path: Path, ep: int, batch: Batch) -> dict[str, Any]:
-    # all-reduced gradients on every rank (the distributed optimizer reduce-scatters them)
-    engine = _engine(
-        path, expert_parallel_size=ep, micro_batch_size=1, use_distributed_optimizer=False
-    )
-    assert engine.position.ep_size == ep and engine.layout.dp == 2
-    mine = batch.split(len(batch) // 2)[rank]  # the data-parallel split (dp = 2 either way)
-    losses, grads = _gradients(engine, mine)
-    return {"losses": losses, "grads": grads, "experts": engine.mapping.native_shapes()}
+def _train_once(rank: int, path: Path, batch: Batch) -> dict[int, dict[str, Any]]:
+    """ep=1, then ep=2 in the same two processes (megatron's groups are re-initialised for
+    the second engine; the first is not used after it)."""
+    out = {}
+    for ep in (1, 2):
+        # all-reduced gradients on every rank (the distributed optimizer reduce-scatters them)
+        engine = _engine(
+            path, expert_parallel_size=ep, micro_batch_size=1, use_distributed_optimizer=False
+        )
+        assert engine.position.ep_size == ep and engine.layout.dp == 2
+        mine = batch.split(len(batch) // 2)[rank]  # the data-parallel split (dp = 2 either way)
+        losses, grads = _gradients(engine, mine)
+        out[ep] = {"losses": losses, "grads": grads, "experts": engine.mapping.native_shapes()}
+    return out
 
 
 def test_expert_parallel_equals_one_rank_per_expert_set(moe_model: Path, tmp_path: Path) -> None:
@@ -117,9 +122,9 @@ def test_expert_parallel_equals_one_rank_per_expert_set(moe_model: Path, tmp_pat
     the same two data-parallel ranks and batch: losses and every gradient agree."""
     batch = rollout_batch(B, P, R, _vocab(moe_model), seed=5)
     start = time.perf_counter()
-    ep1 = run_ranks(2, _train_once, moe_model, 1, batch, tmp=tmp_path)
-    ep2 = run_ranks(2, _train_once, moe_model, 2, batch, tmp=tmp_path)
-    print(f"ep=1 and ep=2 runs: {time.perf_counter() - start:.1f} s")
+    runs = run_ranks(2, _train_once, moe_model, batch, tmp=tmp_path)
+    print(f"ep=1 and ep=2 on two ranks: {time.perf_counter() - start:.1f} s")
+    ep1, ep2 = [run[1] for run in runs], [run[2] for run in runs]
     local = [name for name in ep2[0]["experts"] if ".local_experts." in name]
     assert len(local) == 2 * 2 * 2  # layers x local experts x (fc1, fc2): half the experts
     for rank in range(2):
@@ -293,3 +298,45 @@ def test_replay_runs_the_recorded_experts(moe_model: Path, tmp_path: Path) -> No
     assert 0.0 <= metrics["moe/router_agreement"] < 1.0
     assert metrics["moe/expert_load_max_over_mean"] >= 1.0
     assert all(moved > 0 for moved in out["router_moved"])  # the router still learns
+
+
+# ---------------------------------------------------------------- the mapping, pure tensors
+
+
+@pytest.mark.parametrize(("tp", "pp", "ep"), [(1, 1, 1), (2, 1, 1), (1, 2, 2), (2, 2, 4)])
+def test_every_expert_round_trips_through_its_rank(
+    moe_model: Path, tp: int, pp: int, ep: int
+) -> None:
+    """Every (tp, pp, ep) rank loads its experts' slices; together the ranks' canonical pieces
+    are the checkpoint exactly, each expert held by one expert-parallel rank only."""
+    from hf_megatron.weight_mapping import (
+        MegatronWeightMapping,
+        ModelDims,
+        RankPosition,
+        fetch_from,
+        local_experts,
+    )
+
+    state = load_file(moe_model / "model.safetensors")
+    dims = ModelDims.from_hf(AutoConfig.from_pretrained(moe_model), "lm")
+    assert (dims.num_experts, dims.moe_topk, dims.qk_norm) == (4, 2, True)
+    padded = dims.padded_vocab(tp)
+    back = {n: torch.full_like(t, float("nan")) for n, t in state.items()}
+    for stage in range(pp):
+        for t in range(tp):
+            for e in range(ep):
+                pos = RankPosition(t, tp, stage, pp, e, ep)
+                assert len(local_experts(dims, pos)) == dims.num_experts // ep
+                mapping = MegatronWeightMapping(dims, pos, padded)
+                native = dict(mapping.load(fetch_from(state)))
+                experts = {n for n in native if ".local_experts." in n}
+                assert len(experts) == 2 * (dims.num_layers // pp) * (dims.num_experts // ep)
+                for piece in mapping.canonical_pieces(native):
+                    target = back[piece.name]
+                    if piece.dim is None:
+                        target.copy_(piece.tensor)
+                    else:
+                        width = piece.tensor.shape[piece.dim]
+                        target.narrow(piece.dim, piece.start, width).copy_(piece.tensor)
+    for name, tensor in state.items():
+        assert torch.equal(back[name], tensor), name

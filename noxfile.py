@@ -230,9 +230,12 @@ def e2e(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def e2e_long(session: nox.Session) -> None:
-    """The longer end-to-end variants (not in the default matrix, ~10 minutes): the other
-    reshard layouts, resume at an epoch boundary and with LoRA, a killed rollout process healed
-    by restarts, the HF-rollout agent and the judge-less GSM8K recipe."""
+    """The longer end-to-end variants (not in the default matrix, ~16 minutes): the other
+    reshard layouts, resume at an epoch boundary and with LoRA, killed rollout processes and a
+    dead vLLM engine healed by restarts, GRPO across two Ray nodes, a disk that fills up
+    mid-save, LoRA learning the demo task, megatron -> vLLM in bfloat16 at a real vocabulary,
+    the HF-rollout agent and the judge-less GSM8K recipe.  Each has a shorter counterpart in
+    the default sessions."""
     _backend_session(session, ROOT / "tests" / "e2e", *E2E_PACKAGES, vllm=True, marks="long")
 
 

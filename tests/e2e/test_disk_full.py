@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES
+from conftest import LONG, RECIPES
 
 from hf_testing.small_disk import (
     MountError,
@@ -119,6 +119,7 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@LONG  # the default run: hf-core test_checkpoints (a save on a full disk, a failing save)
 def test_a_disk_that_fills_up_mid_save_fails_clearly_and_resumes_from_the_last_checkpoint(
     in_workdir: Path, disk: Path, ray_tmp: Path, tmp_path: Path
 ) -> None:

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, logged_step_reached
+from conftest import LONG, RECIPES, logged_step_reached
 
 pytest.importorskip("hf_vllm")
 
@@ -30,6 +30,7 @@ FAULT_DIR = Path(__file__).with_name("vllm_fault")
 STEPS, SAVE_EVERY, FAULT_AFTER_STEP = 6, 2, 3
 
 
+@LONG  # the default run: test_self_healing's killed worker restarted to an equal run
 def test_a_vllm_engine_that_dies_in_its_process_is_replaced_and_the_run_finishes(
     in_workdir: Path,
 ) -> None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FLOAT32_ROLLOUT, RECIPES
+from conftest import FLOAT32_ROLLOUT, LONG, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -45,6 +45,7 @@ def warm_start(assets: list[str], out: str) -> Path:
     return config.run.output_dir / "actor_hf"
 
 
+@LONG  # the default run: the grpo_lora recipes' 3 steps (test_recipes.py)
 @pytest.mark.usefixtures("ray_cluster")
 def test_lora_grpo_learns_the_demo_task(in_workdir: Path) -> None:
     assets = demo_assets(in_workdir / "runs" / "demo_assets")

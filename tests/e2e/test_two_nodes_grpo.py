@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES
+from conftest import LONG, RECIPES
 
 from hf_testing.ray_nodes import RAY_CLI, two_ray_nodes
 
@@ -28,6 +28,7 @@ STEPS = 100_000
 a second here): a run that could finish first would race the kill and exit 0."""
 
 
+@LONG  # the default run: hf-core's test_two_nodes (ranks on two nodes, a lost node reported)
 @pytest.mark.skipif(not RAY_CLI.exists(), reason="the ray CLI is not installed")
 def test_grpo_runs_across_two_nodes_and_a_lost_node_is_reported(
     workdir: Path, tmp_path: Path

@@ -8,10 +8,12 @@ plain transformers, independent of hf_megatron's code.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import socket
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -252,6 +254,13 @@ def _replay_run(rank: int, path: Path, batch: Batch) -> dict[str, Any]:
     out["ran_free"] = list(ran)  # the perturbed router's own choice (nothing recorded)
     ran.clear()
     out["metrics"] = engine.train_step(batch, policy_loss)
+    weighted = functools.partial(policy_loss)
+    weighted.algo = types.SimpleNamespace(moe_aux_loss_coef=0.01)  # type: ignore[attr-defined]
+    try:
+        engine.train_step(batch, weighted)
+        out["router_loss_refusal"] = ""
+    except NotImplementedError as exc:
+        out["router_loss_refusal"] = str(exc)
     out["ran_replayed"] = list(ran)
     out["router_moved"] = [
         float((r.weight.detach() - b).abs().max()) for r, b in zip(routers, before, strict=True)
@@ -298,6 +307,7 @@ def test_replay_runs_the_recorded_experts(moe_model: Path, tmp_path: Path) -> No
     assert 0.0 <= metrics["moe/router_agreement"] < 1.0
     assert metrics["moe/expert_load_max_over_mean"] >= 1.0
     assert all(moved > 0 for moved in out["router_moved"])  # the router still learns
+    assert "algorithm.moe_aux_loss_coef" in out["router_loss_refusal"]  # not silently ignored
 
 
 # ---------------------------------------------------------------- the mapping, pure tensors

@@ -522,6 +522,7 @@ class MegatronEngine(TrainingEngine):
                 "train_step on a frozen engine (trainable=False: reference / reward model)"
             )
         self._require_ready("train_step")
+        self._refuse_router_losses(loss_fn)
         micro = self._micro_batches(batch)
         meta = self._loss_meta(batch, len(micro))
         for i, mb in enumerate(micro):
@@ -577,6 +578,19 @@ class MegatronEngine(TrainingEngine):
             "moe/expert_load_max_over_mean": ratio_sum / max(count, 1.0),
             "moe/expert_load_max_over_mean_max": float(worst.cpu()[0]),
         }
+
+    def _refuse_router_losses(self, loss_fn: LossFn) -> None:
+        """``algorithm.moe_aux_loss_coef`` / ``moe_z_loss_coef`` (read off the actor's policy
+        loss, as hf-fsdp does) are not applied on megatron yet: refused by name, never
+        ignored."""
+        algo = getattr(loss_fn, "algo", None)
+        keys = ("moe_aux_loss_coef", "moe_z_loss_coef")
+        set_keys = [k for k in keys if float(getattr(algo, k, 0.0) or 0.0) > 0]
+        if set_keys and self.dims.is_moe:
+            raise NotImplementedError(
+                f"algorithm.{' / '.join(set_keys)} on the megatron engine: its router losses "
+                "are not applied yet; set them to 0 or train the actor with backend fsdp"
+            )
 
     def _clip_gradients(self) -> float:
         """The global gradient norm, before clipping, and the clip to ``grad_clip``.  Under

@@ -9,7 +9,10 @@ processes inherit them too.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,17 @@ def report() -> Callable[[str, object], None]:
         MEASUREMENTS.append((name, text))
 
     return record
+
+
+def run_engine_child(script: str, *args: str) -> dict:
+    """``script`` in a child interpreter (a ``vllm.LLM`` built in the test process would stay
+    there); the ``RESULT <json>`` it printed last."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -14,12 +14,11 @@ transformers' own routing of the same sequences.  The engine runs in a child int
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_engine_child
 from transformers import AutoModelForCausalLM
 
 from hf_core.engines.routed_experts import same_sets
@@ -102,15 +101,7 @@ def test_moe_sync_decodes_as_the_model_sent(tmp_path: Path) -> None:
     second = build_tiny_model(tmp_path / "second", "qwen3_moe", seed=1, **SHAPE)
     ids = torch.randint(3, 128, (4, 6), generator=torch.Generator().manual_seed(0))
     sizes = [str(BUCKET_BYTES), str(NEW_TOKENS)]
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(first), str(second), *sizes, json.dumps(ids.tolist())],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
+    result = run_engine_child(CHILD, str(first), str(second), *sizes, json.dumps(ids.tolist()))
 
     assert result["start"] == _hf_greedy(first, ids)
     assert result["same_weights"] == result["start"]  # a reload of the same weights changes nothing

@@ -9,12 +9,11 @@ runs in a child interpreter: a ``vllm.LLM`` built in the test process would stay
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_engine_child
 
 CHILD = """
 import json, sys, torch
@@ -42,15 +41,7 @@ def test_prompts_beyond_one_step_token_budget_generate_reproducibly(
 ) -> None:
     # 32 sequences x 20 prompt tokens = 640 tokens against a budget of 64 per step: with
     # chunked prefill on, several prompts would be split and vLLM would fail.
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(models["qwen2_tied"])],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
+    result = run_engine_child(CHILD, str(models["qwen2_tied"]))
     assert result == {"shape": [32, 6], "same": True}
 
 

@@ -168,22 +168,46 @@ def test_log_probs_equal_transformers(moe_model: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- (c) export round trip
 
 
-def _export(rank: int, path: Path, ep: int) -> tuple[dict[str, torch.Tensor], dict, tuple]:
+def _export(rank: int, path: Path, tp: int, ep: int, batch: Batch) -> dict[str, Any]:
     from hf_megatron.reshard import expert_bytes_per_rank
 
-    engine = _engine(path, trainable=False, expert_parallel_size=ep)
+    engine = _engine(
+        path, trainable=False, tensor_parallel_size=tp, expert_parallel_size=ep, micro_batch_size=2
+    )
     tensors = {n: t.clone() for bucket in engine.export_weights(1 << 14) for n, t in bucket}
     assert engine.reshard_stats is not None
-    return tensors, engine.reshard_stats.as_dict(), expert_bytes_per_rank(engine.dims, ep, 4)
+    dp = engine.layout.coords.dp  # the data-parallel share of the batch (ep splits dp)
+    mine = batch.split(len(batch) // engine.layout.dp)[dp]
+    return {
+        "tensors": tensors,
+        "stats": engine.reshard_stats.as_dict(),
+        "figure": expert_bytes_per_rank(engine.dims, ep, 4, tp),
+        "dp": dp,
+        "log_probs": engine.compute_log_probs(mine, temperature=0.7)["log_probs"],
+    }
 
 
-@pytest.mark.parametrize("ep", [1, 2])
-def test_export_is_the_checkpoint_per_expert(moe_model: Path, tmp_path: Path, ep: int) -> None:
+@pytest.mark.parametrize(("tp", "ep"), [(1, 2), (2, 2)])  # ep=1: the conformance kit's
+def test_export_is_the_checkpoint_per_expert(
+    moe_model: Path, tmp_path: Path, tp: int, ep: int
+) -> None:
+    """Every rank's export (whole tensors: one generation rank per training rank) is the
+    checkpoint, per expert; under ep the experts' bytes each rank sends and receives are the
+    plan's figure (its own experts once, every other rank's once); and each data-parallel
+    rank's log-probs of its share of a batch are transformers' (the token dispatcher)."""
     state = load_file(moe_model / "model.safetensors")
     expert_bytes = sum(t.numel() * 4 for n, t in state.items() if ".mlp.experts." in n)
-    for exported, stats, (sent, received) in run_ranks(ep, _export, moe_model, ep, tmp=tmp_path):
-        # the plan's figure for the experts: each rank sends its own, receives the others once
-        assert (sent, received) == (expert_bytes // ep, expert_bytes * (ep - 1) // ep)
+    group = tp * ep
+    batch = rollout_batch(B, P, R, _vocab(moe_model), seed=3)
+    expected, _ = hf_log_probs_and_entropy(
+        AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32), batch, 0.7
+    )
+    shares = list(zip(expected.split(B // ep), batch["response_mask"].split(B // ep), strict=True))
+    for out in run_ranks(tp * ep, _export, moe_model, tp, ep, batch, tmp=tmp_path):
+        exported, stats, (sent, received) = out["tensors"], out["stats"], out["figure"]
+        want, mask = shares[out["dp"]]
+        assert float(((out["log_probs"] - want) * mask).abs().max()) < 1e-4
+        assert (sent, received) == (expert_bytes // group, expert_bytes * (group - 1) // group)
         if ep > 1:
             assert stats["expert_sent_bytes"] == sent
             assert stats["expert_received_bytes"] == received

@@ -663,11 +663,13 @@ class MegatronEngine(TrainingEngine):
             experts = ExpertGather(
                 params=self._native_params(),
                 dims=self.dims,
-                position=self.position,
+                train=self.layout.layout,
+                rank=self.rank,
+                ep=self.layout.ep,
                 rank_plan=full.for_rank(self.rank),
                 gen=full.gen,
                 padded_vocab=self.padded_vocab,
-                group=ps.get_expert_model_parallel_group(),
+                group=ps.get_expert_tensor_and_model_parallel_group(),
                 stats=resharder.stats,
                 export_dtype=export_dtype,
             )

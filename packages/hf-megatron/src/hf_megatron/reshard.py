@@ -21,10 +21,11 @@ turns it into collectives over this rank's megatron parameters:
 
 Experts under expert parallelism (``ep > 1``, a mixture-of-experts model) are not part of
 the training unit -- the ``ep`` ranks of one DP group hold different experts, not copies --
-and move in a second phase (:class:`ExpertGather`): per layer, one all-gather over the
-expert-parallel group, in which each rank sends only its own experts and receives every
-other rank's once (each expert crosses the wire once per receiver, nothing is received
-twice: zero redundancy).  Each rank's generation shard needs every expert of its layers.
+and move in a second phase (:class:`ExpertGather`, ``pp = 1``): per layer, one all-gather
+over the expert tensor-and-expert-parallel group (``tp * ep`` ranks holding every expert's
+TP slices once), in which each rank sends only its own experts and receives every other
+rank's once (nothing is received twice).  Each rank's generation shard needs every expert of
+its layers (whole, or its generation TP slice).
 
 With the paper's plan a rank receives ``(d_g - 1) * U`` elements, ``(pt - t_g p_g) /
 (t_g p_g pt) * M`` (Table 2), and everything it receives lies in its generation shard
@@ -143,7 +144,7 @@ class ReshardStats:
     """Expert parallelism: bytes of this rank's own experts it contributed (all-gathers)."""
     expert_received_bytes: int = 0
     """Expert parallelism: bytes of other ranks' experts received (``(ep - 1) / ep`` of
-    the model's expert bytes with ``tp = pp = 1``)."""
+    the model's expert bytes, ``(tp ep - 1) / (tp ep)`` with tp > 1)."""
 
     @property
     def model_bytes(self) -> int:
@@ -509,9 +510,11 @@ class Resharder:
 class ExpertGather:
     """The experts' phase of a transition under expert parallelism (module docstring).
 
-    Supported training layouts: ``tp = pp = 1`` (each rank holds whole experts of every
-    layer); others are refused by name.  Every rank of the expert-parallel group must
-    consume :meth:`stream` together.  Counts go into ``stats`` (``expert_*_bytes``).
+    Supported training layouts: ``pp = 1``, any ``tp``: one all-gather per layer over the
+    expert tensor-and-expert-parallel group (its ``tp * ep`` ranks together hold every expert
+    of the layer once: each its own experts' TP slice), assembled into the generation shard's
+    whole experts or generation TP slices.  ``pp > 1`` is refused by name.  Every rank of the
+    group must consume :meth:`stream` together.  Counts go into ``stats`` (``expert_*_bytes``).
     """
 
     def __init__(
@@ -519,7 +522,9 @@ class ExpertGather:
         *,
         params: Mapping[str, torch.Tensor],
         dims: ModelDims,
-        position: RankPosition,
+        train: ParallelLayout,
+        rank: int,
+        ep: int,
         rank_plan: RankPlan,
         gen: GenerationLayout,
         padded_vocab: int,
@@ -527,18 +532,25 @@ class ExpertGather:
         stats: ReshardStats,
         export_dtype: torch.dtype | None = None,
     ) -> None:
-        if position.tp_size != 1 or position.pp_size != 1:
+        if train.pp != 1:
             raise NotImplementedError(
-                f"exporting experts under expert parallelism (ep={position.ep_size}) needs "
-                f"tp=1 and pp=1 in training, got tp={position.tp_size} pp={position.pp_size}"
+                f"exporting experts under expert parallelism (ep={ep}) needs pp=1 in "
+                f"training, got pp={train.pp}"
             )
-        self.params, self.dims, self.position = params, dims, position
+        self.params, self.dims = params, dims
         self.rank_plan, self.gen, self.padded_vocab = rank_plan, gen, padded_vocab
         self.group, self.stats, self.export_dtype = group, stats, export_dtype
-        self.members = [
-            RankPosition(0, 1, 0, 1, ep_rank, position.ep_size)
-            for ep_rank in range(position.ep_size)
-        ]
+        ranks = dist.get_process_group_ranks(group)
+        self.my_index = ranks.index(rank)
+
+        def position(r: int) -> RankPosition:
+            c = train.coords(r)
+            return RankPosition(c.tp, train.tp, 0, 1, c.dp % ep, ep)
+
+        self.members = [position(r) for r in ranks]
+        held = sorted((m.tp_rank, m.ep_rank) for m in self.members)
+        if held != sorted((t, e) for t in range(train.tp) for e in range(ep)):
+            raise RuntimeError(f"the expert group {ranks} does not hold every expert slice once")
         self.gen_layers = _stage_layers(dims, rank_plan.gen_pp_rank, gen.pp)
 
     def _layer_params(self, pos: RankPosition, layer: int) -> list[NativeParam]:
@@ -547,55 +559,71 @@ class ExpertGather:
             p for p in rank_params(self.dims, pos, self.padded_vocab) if p.name.startswith(prefix)
         ]
 
+    def _targets(self, layer: int) -> dict[str, _Target]:
+        shapes = self.dims.canonical_shapes()
+        targets = {}
+        for expert in range(self.dims.num_experts):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                name = f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+                dim, start, stop = tp_slice_range(
+                    self.dims, name, self.rank_plan.gen_tp_rank, self.gen.tp, self.padded_vocab
+                )
+                targets[name] = _Target(name, dim, start, stop, shapes[name])
+        return targets
+
     @torch.no_grad()
     def stream(self) -> Iterator[list[CanonicalSlice]]:
         """Per MoE layer, one all-gather of the experts; the generation shard's pieces."""
         stats, full_shapes = self.stats, self.dims.canonical_shapes()
-        me = self.position.ep_rank
+        me, size = self.my_index, len(self.members)
         for layer in range(self.dims.num_layers):
-            own = self._layer_params(self.position, layer)
-            tensors = [self.params[p.name].detach() for p in own]
-            flat = torch.cat([t.reshape(-1) for t in tensors])
+            own = self._layer_params(self.members[me], layer)
+            flat = torch.cat([self.params[p.name].detach().reshape(-1) for p in own])
             width = flat.numel()
-            out = flat.new_empty(width * len(self.members))
+            out = flat.new_empty(width * size)
             out[me * width : (me + 1) * width].copy_(flat)
-            _all_gather_single(out, out[me * width : (me + 1) * width], self.group)
-            stats.collectives += 1
+            if size > 1:
+                _all_gather_single(out, out[me * width : (me + 1) * width], self.group)
+                stats.collectives += 1
             stats.expert_sent_bytes += width * flat.element_size()
-            stats.expert_received_bytes += (len(self.members) - 1) * width * flat.element_size()
+            stats.expert_received_bytes += (size - 1) * width * flat.element_size()
             if layer not in self.gen_layers:
                 continue
-            bucket = []
+            assembler = SliceAssembler(self._targets(layer), flat.dtype)
             for index, member in enumerate(self.members):
                 data, offset = out[index * width : (index + 1) * width], 0
                 for param in self._layer_params(member, layer):
                     tensor = data[offset : offset + param.numel].view(param.shape)
                     offset += param.numel
                     for piece in param.split(tensor, full_shapes):
-                        bucket.append(self._generation_slice(piece))
+                        assembler.add(piece)
+            missing = assembler.missing()
+            if missing:
+                raise RuntimeError(f"the experts' phase left {missing[:4]} incomplete")
+            bucket = [self._owned(piece) for piece in assembler.pop_ready()]
             stats.emitted_tensors += len(bucket)
             stats.emitted_bytes += sum(s.nbytes for s in bucket)
             yield bucket
 
-    def _generation_slice(self, piece: CanonicalSlice) -> CanonicalSlice:
-        dim, start, stop = tp_slice_range(
-            self.dims, piece.name, self.rank_plan.gen_tp_rank, self.gen.tp, self.padded_vocab
-        )
-        tensor = piece.tensor if dim is None else piece.tensor.narrow(dim, start, stop - start)
-        tensor = tensor.clone()  # off the gather buffer
+    def _owned(self, piece: CanonicalSlice) -> CanonicalSlice:
+        """A piece off the gather buffer, in the export dtype."""
+        tensor = piece.tensor.clone()
         if self.export_dtype is not None:
             tensor = tensor.to(self.export_dtype)
-        return CanonicalSlice(piece.name, tensor, dim, start, piece.full_shape)
+        return CanonicalSlice(piece.name, tensor, piece.dim, piece.start, piece.full_shape)
 
 
-def expert_bytes_per_rank(dims: ModelDims, ep: int, element_size: int) -> tuple[int, int]:
-    """The plan's figure for the experts' phase of a transition (``tp = pp = 1``): bytes
-    each rank sends (its own experts, once per layer's all-gather) and receives (every other
-    expert-parallel rank's, once: ``(ep - 1) / ep`` of the model's expert bytes; nothing is
-    received twice)."""
+def expert_bytes_per_rank(
+    dims: ModelDims, ep: int, element_size: int, tp: int = 1
+) -> tuple[int, int]:
+    """The plan's figure for the experts' phase of a transition (``pp = 1``): bytes each
+    rank sends (its own experts' TP slice, once per layer's all-gather) and receives (every
+    other rank's of the ``tp * ep`` group, once: ``(tp ep - 1) / (tp ep)`` of the model's
+    expert bytes; nothing is received twice)."""
     per_expert = 3 * dims.moe_ffn_size * dims.hidden_size  # gate, up and down
     model = dims.num_layers * dims.num_experts * per_expert * element_size
-    return model // ep, model * (ep - 1) // ep
+    ranks = tp * ep
+    return model // ranks, model * (ranks - 1) // ranks
 
 
 def _stage_layers(dims: ModelDims, stage: int, stages: int) -> range:

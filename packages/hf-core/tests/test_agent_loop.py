@@ -299,3 +299,69 @@ def test_rewards_see_the_whole_trajectory(tokenizer: Any) -> None:
     assert scores.tolist() == [1.0, 0.0, 1.0]
     # The response text itself is the model's own tokens only (no tool message in it).
     assert RuleReward(used_the_tool, tokenizer).decode(batch)[0] == CALL + "408"
+
+
+class RoutingEngine(ScriptedEngine):
+    """A scripted engine of a mixture of experts: with ``params.routed_experts`` it returns
+    each fed token's "experts", a function of the token, its position and the engine call
+    (so a context fed again in a later turn is routed differently there)."""
+
+    LAYERS, K = 2, 2
+
+    def __init__(self, tokenizer: Any, script: Callable[[str], str]) -> None:
+        super().__init__(tokenizer, script)
+        self.fed: list[list[list[int]]] = []  # per call, per row: the fed tokens
+
+    @classmethod
+    def experts(cls, token: int, position: int, call: int) -> list[list[int]]:
+        return [[(token + position + 5 * call + j + 2 * layer) % 7 for j in range(cls.K)]
+                for layer in range(cls.LAYERS)]  # fmt: skip
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        out = super().generate(prompts, params)
+        call = len(self.calls) - 1
+        rows, columns = out["input_ids"].shape
+        routed = torch.full((rows, columns, self.LAYERS, self.K), 255, dtype=torch.uint8)
+        fed_rows = []
+        for row in range(rows):
+            real = out["attention_mask"][row].nonzero().flatten()[:-1]  # the last is not fed
+            ids = out["input_ids"][row, real].tolist()
+            fed_rows.append(ids)
+            for p, (column, token) in enumerate(zip(real.tolist(), ids, strict=True)):
+                routed[row, column] = torch.tensor(self.experts(token, p, call))
+        self.fed.append(fed_rows)
+        if params.routed_experts:
+            out["routed_experts"] = routed
+        return out
+
+
+def test_agent_samples_carry_the_experts_of_the_first_turn_that_fed_each_token(
+    tokenizer: Any,
+) -> None:
+    engine = RoutingEngine(tokenizer, script)
+    agent = AgentConfig(tool_response_template=TEMPLATE, max_total_tokens=200)
+    loop = AgentLoop(engine, tokenizer, agent, resolve_tools(agent.tools))
+    params = SamplingParams(max_new_tokens=64, routed_experts=True)
+    batch = loop.generate(prompts(tokenizer, ["A: 12*34=", "B: 3+4=", "C: 12*34="]), params)
+    routed = batch["routed_experts"]
+    assert routed.shape[:2] == batch["input_ids"].shape and routed.dtype == torch.uint8
+    for row in range(len(batch)):
+        real = batch["attention_mask"][row].nonzero().flatten()
+        sequence = batch["input_ids"][row, real].tolist()
+        first_call: dict[int, int] = {}  # position -> the first engine call that fed it
+        for call, fed_rows in enumerate(engine.fed):
+            for fed in fed_rows:
+                if sequence[: len(fed)] == fed:
+                    for p in range(len(fed)):
+                        first_call.setdefault(p, call)
+        assert len(first_call) == len(sequence) - 1  # every token but the last was fed
+        # A and C take several turns (a later one re-fed the context), B one
+        assert (max(first_call.values()) > 0) == (row != 1)
+        for p, column in enumerate(real.tolist()[:-1]):
+            want = RoutingEngine.experts(sequence[p], p, first_call[p])
+            assert routed[row, column].tolist() == want, (row, p)
+        unfed = torch.ones(routed.shape[1], dtype=torch.bool)
+        unfed[real[:-1]] = False
+        assert (routed[row, unfed] == 255).all()
+    without, _ = run(tokenizer, ["A: 12*34="])
+    assert "routed_experts" not in without

@@ -91,9 +91,12 @@ def test_replay_needs_a_rollout_engine_that_returns_experts(tmp_path: Path) -> N
 
 @pytest.mark.usefixtures("engines")
 def test_replay_through_a_path_that_drops_the_experts_is_refused(tmp_path: Path) -> None:
-    agent = {"agent": {"max_total_tokens": 64}}
-    with pytest.raises(ConfigError, match="agent loops do not carry the experts"):
-        preflight(_config(tmp_path / "moe", MOE, "replays", **agent))
+    """The tool-calling agent loop carries each turn's experts; agent.function runs through
+    the OpenAI-compatible endpoint do not yet."""
+    preflight(_config(tmp_path / "moe", MOE, "replays", agent={"max_total_tokens": 64}))
+    function = {"max_total_tokens": 64, "function": "hf_testing.tool_task:openai_calculator_agent"}
+    with pytest.raises(ConfigError, match=r"agent\.function runs .* do not carry experts"):
+        preflight(_config(tmp_path / "moe2", MOE, "replays", agent=function))
 
 
 @pytest.mark.usefixtures("engines")

@@ -19,7 +19,10 @@ consumes it unchanged: ``responses`` holds the whole trajectory after the prompt
 ``attention_mask`` covers every real token (tool messages are context the model attends to),
 ``response_mask`` is 1 only on tokens the model sampled (what the policy loss and KL weigh),
 and ``rollout_log_probs`` holds the engine's log-prob of each of those (0 elsewhere), so the
-training engine's log-probs line up token by token.  Per sample it adds ``trajectory`` (the
+training engine's log-probs line up token by token.  With routing replay
+(``SamplingParams.routed_experts``) on a mixture-of-experts model it adds ``routed_experts``:
+each fed position's experts, from the first turn that fed it (a tool message's tokens are fed,
+and routed, by the next turn).  Per sample it adds ``trajectory`` (the
 decoded text after the prompt, tool messages included) and ``tool_calls`` (name, arguments,
 result, status of each call) for reward functions, and counters for :func:`agent_metrics`.
 """
@@ -41,6 +44,7 @@ from hf_core.agents.tools import Tool, ToolResult
 from hf_core.batch import Batch
 from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, keep_first_routing, routing_batch
 from hf_core.errors import ConfigError
 from hf_core.tool_calls import MalformedCall, parse_tool_calls
 
@@ -65,6 +69,9 @@ class _Sample:
     calls: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
     environment: Environment | None = None
+    routed: torch.Tensor | None = None
+    """Routing replay: ``[positions, moe layers, k]`` experts of the positions fed so far
+    (prompt, then trajectory; :func:`~hf_core.engines.routed_experts.keep_first_routing`)."""
 
     def add(self, tokens: list[int], log_probs: list[float] | None) -> None:
         self.tokens += tokens
@@ -124,13 +131,21 @@ class AgentLoop:
                 "seed": None if params.seed is None else params.seed + 7919 * call_index,
             }
         )
-        out = self.engine.generate(self._contexts(batch), turn_params)
+        contexts = self._contexts(batch)
+        out = self.engine.generate(contexts, turn_params)
         responses, mask = out["responses"], out["response_mask"].bool()
         log_probs = out["rollout_log_probs"]
+        # routing replay: each turn's forward feeds the context again, the first one's kept
+        routed = out[ROUTED_EXPERTS_KEY] if ROUTED_EXPERTS_KEY in out else None
+        width = contexts["input_ids"].shape[1]
         texts = []
         for i, sample in enumerate(batch):
             keep = min(int(mask[i].sum()), budget - len(sample.tokens))
             new = responses[i][mask[i]][:keep].tolist()
+            if routed is not None:
+                context = len(sample.prompt) + len(sample.tokens)
+                fed = routed[i, width - context : width + keep]
+                sample.routed = keep_first_routing(sample.routed, fed, f"agent sample {i}")
             sample.add(new, log_probs[i][mask[i]][:keep].tolist())
             sample.turns += 1
             texts.append((sample, self._decode(new)))
@@ -256,6 +271,10 @@ class AgentLoop:
             log_probs[row, :n] = torch.tensor(s.log_probs, dtype=torch.float32)
         out = assemble_rollout(prompts, responses, real, log_probs, temperature)
         out["response_mask"] = model  # attention covers tool tokens; the loss does not
+        recorded = [(s.routed, len(s.prompt), len(s.tokens)) for s in samples]
+        routed = routing_batch(recorded, prompts["input_ids"].shape[1], width)
+        if routed is not None:
+            out[ROUTED_EXPERTS_KEY] = routed
         out["trajectory"] = np.array([self._decode(s.tokens) for s in samples], dtype=object)
         tool_calls = np.empty(size, dtype=object)
         tool_calls[:] = [list(s.calls) for s in samples]

@@ -35,7 +35,7 @@ import torch
 from hf_core.batch import Batch
 from hf_core.engines.decoding import left_padded
 from hf_core.engines.rollout import SamplingParams
-from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, recorded_mask, unrecorded
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, keep_first_routing, routing_batch
 
 
 @dataclass
@@ -68,46 +68,11 @@ class StreamRequest:
         return 0 if self.routed is None else int(self.routed.shape[0])
 
     def record_routing(self, fed: torch.Tensor) -> None:
-        """Keep the experts of positions fed for the first time.
-
-        ``fed``: ``[positions, moe layers, k]``, one forward's routing of this request's
-        positions ``0, 1, ...`` (prompt, then response; positions it did not feed hold the
-        unrecorded marker).  Positions already recorded keep their experts: only positions
-        beyond :attr:`routed_positions` are added, up to the first unrecorded one.
-
-        Why the first forward's: the token after position ``p`` was sampled from the output at
-        ``p`` of the forward that first fed ``p``, and its behaviour log-prob
-        (``rollout_log_probs``) is that forward's; replaying those experts at ``p`` makes the
-        trainer score the token through the sub-network that sampled it, which is what routing
-        replay is for.  A later forward that feeds the prefix again (a chunked stream's next
-        chunk; after a weight update, the re-prefill under the new weights) samples only tokens
-        after the prefix: its routing of the prefix reaches them through attention (keys and
-        values), not through the sampled position's own experts.  With one routing per position
-        no choice reproduces both, so the positions that are re-fed after an update keep the
-        older version's experts while later tokens attended to the prefix as the new weights
-        routed it; with unchanged weights the two agree up to near ties of the router's
-        logits (and kernels that differ between the batch shapes).  Keeping the first record
-        also means a token's recorded experts never change once its log-prob is recorded.
-        """
-        known = self.routed_positions
-        fresh = fed[known:]
-        if not len(fresh):
-            return
-        valid = recorded_mask(fresh).flatten(1).all(dim=1)
-        cut = int(valid.long().cumprod(0).sum())  # up to the first unrecorded position
-        if not cut:
-            return
-        fresh = fresh[:cut].to("cpu")
-        if self.routed is None:
-            self.routed = fresh.clone()
-        else:
-            if self.routed.shape[1:] != fresh.shape[1:] or self.routed.dtype != fresh.dtype:
-                raise ValueError(
-                    f"request {self.key}: routing of shape {tuple(fresh.shape[1:])} "
-                    f"({fresh.dtype}) after {tuple(self.routed.shape[1:])} "
-                    f"({self.routed.dtype}): another model?"
-                )
-            self.routed = torch.cat([self.routed, fresh])
+        """Keep the experts of positions fed for the first time
+        (:func:`~hf_core.engines.routed_experts.keep_first_routing`, which says why the first
+        forward's): ``fed`` is one forward's ``[positions, moe layers, k]`` routing of this
+        request's positions ``0, 1, ...`` (prompt, then response)."""
+        self.routed = keep_first_routing(self.routed, fed, f"request {self.key}")
 
     def extend(self, tokens: list[int], log_probs: list[float], version: int) -> None:
         """Record tokens sampled by weights of ``version`` (at most :attr:`remaining`)."""
@@ -244,28 +209,8 @@ def responses_batch(requests: list[StreamRequest], pad_token_id: int) -> Batch:
     out["token_versions"] = versions
     spans = [len(set(r.versions)) > 1 for r in requests]
     out["interrupted"] = torch.tensor(spans, dtype=torch.bool)
-    routed = _routed_batch(requests, prompts["input_ids"].shape[1], width)
+    recorded = [(r.routed, len(r.prompt), len(r.tokens)) for r in requests]
+    routed = routing_batch(recorded, prompts["input_ids"].shape[1], width)
     if routed is not None:
         out[ROUTED_EXPERTS_KEY] = routed
-    return out
-
-
-def _routed_batch(
-    requests: list[StreamRequest], prompt_width: int, response_width: int
-) -> torch.Tensor | None:
-    """The requests' recorded experts in the batch layout (prompts left-padded to
-    ``prompt_width``, responses right-padded to ``response_width``); None when none has any."""
-    first = next((r.routed for r in requests if r.routed is not None), None)
-    if first is None:
-        return None
-    shape = (len(requests), prompt_width + response_width, *first.shape[1:])
-    out = torch.full(shape, unrecorded(first.dtype), dtype=first.dtype)
-    for row, request in enumerate(requests):
-        if request.routed is None:
-            continue
-        prompt = len(request.prompt)
-        fed = request.routed[: prompt + len(request.tokens)]
-        out[row, prompt_width - prompt : prompt_width] = fed[:prompt]
-        response = fed[prompt:]
-        out[row, prompt_width : prompt_width + len(response)] = response
     return out

@@ -57,3 +57,31 @@ def test_heads_that_do_not_split_and_vision_models_are_refused(models: dict, vlm
     assert model.config._attn_implementation == ulysses.ATTENTION
     with pytest.raises(EngineConfigError, match=r"vision-language model.*parallel.sp: 1"):
         ulysses.enable(empty(vlm["model"], AutoModelForImageTextToText), 2)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded-rows"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_per_token_tensors_are_laid_out_as_the_tokens(packed: bool, size: int) -> None:
+    """lay_out_like (the routing a replayed forward runs, its real-token mask) arranges a
+    ``[rows, columns, ...]`` tensor exactly as lay_out arranges ``input_ids``: the token ids
+    carried as a trailing dimension come out as the laid-out ids, padding columns hold the
+    fill, and the real-token mask marks exactly the laid-out real tokens."""
+    batch = rollout_batch(5, 8, 6, VOCAB, seed=4)
+    mask = batch["attention_mask"]
+    ids = batch["input_ids"]
+    shards = ulysses.lay_out(ids, mask, batch["position_ids"], 6, size, packed=packed)
+    per_token = torch.stack([ids, ids + 1000], dim=-1)[..., None]  # [rows, columns, 2, 1]
+    laid = ulysses.lay_out_like(per_token, mask, size, packed, -1)
+    real = ulysses.lay_out_like(mask.bool(), mask, size, packed, False)
+    assert laid.shape == (*shards.input_ids.shape, 2, 1)
+    assert real.shape == shards.input_ids.shape and int(real.sum()) == int(mask.sum())
+    assert torch.equal(laid[..., 0, 0][real], shards.input_ids[real])
+    assert torch.equal(laid[..., 1, 0][real], shards.input_ids[real] + 1000)
+    assert bool((laid[~real] == -1).all())
+    assert int((~real).sum()) == shards.padding
+    if packed:  # the real tokens first, then the rounding
+        assert bool(real[0, : int(mask.sum())].all())
+    else:  # each row's real tokens first
+        lengths = mask.sum(-1)
+        assert torch.equal(real.sum(-1), lengths)
+        assert all(bool(real[i, : int(n)].all()) for i, n in enumerate(lengths))

@@ -506,7 +506,16 @@ class FSDPEngine(TrainingEngine):
             # an MoE batch's recorded experts stay in force through the backward, where
             # activation checkpointing recomputes the forward
             lm = self.config.head == "lm"
-            with heads.routing_replay(self.model, mb, counted) if lm else nullcontext():
+            # (under sequence parallelism this rank's columns of them, laid out as its forward
+            # lays out the tokens)
+            replay = (
+                heads.routing_replay(
+                    self.model, mb, counted, self.sp_group, self.config.sequence_packing
+                )
+                if lm
+                else nullcontext()
+            )
+            with replay:
                 outputs = self._head_forward(mb, temperature, tokens=counted)
                 loss, metrics = loss_fn(outputs, mb)
                 if real:
@@ -540,10 +549,10 @@ class FSDPEngine(TrainingEngine):
         }
         if heads.MOE_AUX_LOSS not in outputs:
             if self.config.head == "lm" and any(coefs.values()) and moe_routers(self.model):
-                raise NotImplementedError(
-                    "algorithm.moe_aux_loss_coef / moe_z_loss_coef with Ulysses sequence "
-                    "parallelism: the router losses need every token of a row on one rank; "
-                    "set them to 0 or sequence_parallel_size to 1"
+                raise RuntimeError(
+                    "algorithm.moe_aux_loss_coef / moe_z_loss_coef: the training forward of "
+                    f"this MoE model returned no router losses ({heads.MOE_AUX_LOSS}); set "
+                    "them to 0"
                 )
             return loss
         share = 1.0 / max(int(meta.get("num_micro_batches", 1)), 1)

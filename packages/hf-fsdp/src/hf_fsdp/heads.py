@@ -34,7 +34,7 @@ from hf_core.algorithms.chunked_head import (
     tied_embedding,
 )
 from hf_core.batch import Batch
-from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, unrecorded
 from hf_core.engines.sequence_packing import PACKABLE_ATTENTION as SEQUENCE_PACKABLE
 from hf_core.engines.sequence_packing import pack_sequences, sequence_packing_pays
 from hf_core.engines.shared_prefix import PackedPrefixes, pack_shared_prefixes
@@ -267,16 +267,44 @@ def _head_as_log_probs(
 
 
 def routing_replay(
-    model: nn.Module, batch: Batch, tokens: ForwardTokens | None
+    model: nn.Module,
+    batch: Batch,
+    tokens: ForwardTokens | None,
+    group: torch.distributed.ProcessGroup | None = None,
+    sequence_packing: bool = True,
 ) -> AbstractContextManager[None]:
     """The rollout's experts for forwards inside when the batch carries them
     (:mod:`hf_fsdp.moe_routing`); agreement and load counted in ``tokens``.  A training step
     holds it open through its backward (activation checkpointing recomputes the forward
-    there); the forward's own then does nothing."""
+    there); the forward's own then does nothing.
+
+    ``group``: the Ulysses sequence-parallel group the forwards split the micro-batch over
+    (``sequence_packing``: its layout, :func:`hf_fsdp.ulysses.lay_out`); the routing is then
+    laid out as ``input_ids`` are and this rank replays its own columns
+    (:func:`sequence_parallel_routing`), the counts summed over the group when it closes."""
     if ROUTED_EXPERTS_KEY not in batch:
         return nullcontext()
     stats = tokens.routing if tokens is not None else None
-    return replaying(model, batch[ROUTED_EXPERTS_KEY], batch["attention_mask"], stats)
+    if group is None:
+        return replaying(model, batch[ROUTED_EXPERTS_KEY], batch["attention_mask"], stats)
+    routed, real = sequence_parallel_routing(batch, group, sequence_packing)
+    return replaying(model, routed, real, stats, group=group)
+
+
+def sequence_parallel_routing(
+    batch: Batch, group: torch.distributed.ProcessGroup, sequence_packing: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's columns of the batch's ``routed_experts`` laid out as
+    :func:`hf_fsdp.ulysses.lay_out` lays out ``input_ids`` (padding columns unrecorded), and
+    of the real-token mask laid out the same way: ``[rows', L / S, layers, k]`` and
+    ``[rows', L / S]``."""
+    rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    routed, mask = batch[ROUTED_EXPERTS_KEY], batch["attention_mask"]
+    laid = ulysses.lay_out_like(routed, mask, size, sequence_packing, unrecorded(routed.dtype))
+    real = ulysses.lay_out_like(mask.bool(), mask, size, sequence_packing, False)
+    width = laid.shape[1] // size
+    columns = slice(rank * width, (rank + 1) * width)
+    return laid[:, columns], real[:, columns]
 
 
 def lm_forward(
@@ -507,13 +535,12 @@ def sequence_parallel_forward(
 ) -> dict[str, torch.Tensor]:
     """The head's outputs for one micro-batch with its tokens split over ``group``
     (:mod:`hf_fsdp.ulysses`): this rank runs its columns, the outputs are gathered, and every
-    rank of the group returns the whole micro-batch's outputs (with autograd)."""
-    if ROUTED_EXPERTS_KEY in batch:
-        raise NotImplementedError(
-            "routing replay with sequence parallelism: each rank's column share of the "
-            "rollout's experts is not laid out yet; set algorithm.router_replay=off or "
-            "actor.engine.sequence_parallel_size=1"
-        )
+    rank of the group returns the whole micro-batch's outputs (with autograd).
+
+    An MoE policy replays the batch's ``routed_experts`` on its own columns
+    (:func:`routing_replay`) and, in a training forward (``tokens``), returns the router
+    losses of the whole micro-batch (:class:`~hf_fsdp.moe_routing.RouterLosses` over the
+    group), as :func:`lm_forward` does on one rank."""
     rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
     width = response_length(batch) if head != "score" else 0
     shards = ulysses.lay_out(
@@ -532,14 +559,26 @@ def sequence_parallel_forward(
     }
     ulysses.set_segments(model, group, shards.segments)
     if head == "lm":
+        # replay: this rank's columns of the recorded experts (a training step's outer
+        # context, held through the backward, lays them out the same way); router losses
+        # of a training forward over the group's real tokens
+        replay = routing_replay(model, batch, tokens, group, sequence_packing)
+        losses = None
+        if tokens is not None and moe_routers(model):
+            mask = batch["attention_mask"]
+            real = ulysses.lay_out_like(mask.bool(), mask, size, sequence_packing, False)
+            losses = RouterLosses(model, shards.local(real, rank, size), group)
         targets = shards.local(shards.targets, rank, size).to(device)
-        pairs = _token_pairs(model, inputs, targets, temperature, with_entropy, logits_budget_bytes)
+        with _then(replay, losses):
+            pairs = _token_pairs(
+                model, inputs, targets, temperature, with_entropy, logits_budget_bytes
+            )
         whole = ulysses.gather_columns(pairs, group).reshape(-1, 2)
         picked = whole[shards.predict_from.to(device)]
         result = {"log_probs": picked[..., 0]}
         if with_entropy:
             result["entropy"] = picked[..., 1]
-        return result
+        return _with_router_losses(result, losses)
     if head == "value":
         values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
         whole = ulysses.gather_columns(values, group).reshape(-1)

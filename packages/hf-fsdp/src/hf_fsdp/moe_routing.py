@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from hf_core.device import collective_device
 from hf_core.engines.routed_experts import (
     check_routed_experts,
     expert_load,
@@ -121,6 +123,7 @@ def replaying(
     routed: torch.Tensor,
     attention_mask: torch.Tensor,
     stats: RoutingStats | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> Iterator[None]:
     """Forwards of ``model`` inside route every token of the ``[rows, columns]`` inputs to
     its recorded experts (``routed``: ``[rows, columns, layers, k]``).  A forward may take the
@@ -129,7 +132,15 @@ def replaying(
     the layer's token count.  ``stats`` (when given) counts, over real tokens
     (``attention_mask``) with a record, how often the training router chose the recorded set
     itself, and the expert load; each layer once (a recomputation under activation
-    checkpointing does not count again)."""
+    checkpointing does not count again).
+
+    Under Ulysses sequence parallelism ``routed`` and ``attention_mask`` are this rank's
+    columns of the laid-out micro-batch (:func:`hf_fsdp.ulysses.lay_out_like`) and ``group``
+    the ranks that split it: each rank's layers route only its own tokens, and when the
+    context closes (after the backward, where a training step holds it) the counts of
+    ``stats`` are summed over ``group`` (one all-reduce), so every rank of the group reports
+    the whole micro-batch's agreement and per-layer expert load, each real token once, as a
+    single rank running it would."""
     if replay_active(model):  # an outer replay (held through the backward) routes already
         yield
         return
@@ -137,6 +148,27 @@ def replaying(
     check_routing(routers, routed)
     real_rows = attention_mask.reshape(-1).bool()
     seen: set[int] = set()
+    widest = num_experts(routers)
+    pending: dict[int, torch.Tensor] = {}
+    """Under ``group``: per layer ``[matching, compared, load per expert...]``, summed over
+    the group when the context closes."""
+
+    def count(
+        layer: int, own: torch.Tensor, here: torch.Tensor, ids: torch.Tensor, real: Any
+    ) -> None:
+        assert stats is not None
+        counted = real.to(own.device) & recorded_mask(here).all(dim=-1)
+        matching = int(same_sets(own[counted], here[counted]).sum())
+        load = expert_load(ids[counted], widest).float().cpu()
+        if group is not None:
+            pending[layer] = torch.cat(
+                [torch.tensor([matching, int(counted.sum())], dtype=torch.float64), load.double()]
+            )
+            return
+        stats.matching += matching
+        stats.compared += int(counted.sum())
+        experts = int(routers[layer].num_experts)
+        _add_load(stats, load[:experts])
 
     def hook(layer: int, router: nn.Module) -> Any:
         rows = routed[:, :, layer].reshape(-1, routed.shape[-1])
@@ -160,12 +192,7 @@ def replaying(
             ids, gates = replayed_gates(logits, here, own, normalize)
             if stats is not None and layer not in seen:
                 seen.add(layer)
-                counted = real.to(own.device) & recorded_mask(here).all(dim=-1)
-                stats.matching += int(same_sets(own[counted], here[counted]).sum())
-                stats.compared += int(counted.sum())
-                load = expert_load(ids[counted], int(router.num_experts)).float()
-                if load.sum() > 0:
-                    stats.load_ratios.append(float(load.max() / load.mean()))
+                count(layer, own, here, ids, real)
             return logits, gates.to(weights.dtype), ids
 
         return replace
@@ -174,10 +201,39 @@ def replaying(
     setattr(model, _REPLAY_ACTIVE, True)
     try:
         yield
+        if group is not None and stats is not None:
+            _combine(stats, pending, routers, group)
     finally:
         setattr(model, _REPLAY_ACTIVE, False)
         for handle in handles:
             handle.remove()
+
+
+def _add_load(stats: RoutingStats, load: torch.Tensor) -> None:
+    if load.sum() > 0:
+        stats.load_ratios.append(float(load.max() / load.mean()))
+
+
+def _combine(
+    stats: RoutingStats,
+    pending: dict[int, torch.Tensor],
+    routers: list[nn.Module],
+    group: dist.ProcessGroup,
+) -> None:
+    """Each layer's counts summed over the sequence-parallel ``group`` into ``stats``.  Every
+    rank of the group runs every layer (the attention all-to-alls keep them in step), so
+    each has a row for every layer that ran; a layer no forward ran adds nothing."""
+    if not pending:  # no forward ran inside: the same on every rank of the group
+        return
+    layers = sorted(pending)
+    counts = torch.stack([pending[layer] for layer in layers])
+    device = collective_device()
+    counts = counts.to(device)
+    dist.all_reduce(counts, group=group)
+    for layer, row in zip(layers, counts.cpu(), strict=True):
+        stats.matching += int(row[0])
+        stats.compared += int(row[1])
+        _add_load(stats, row[2 : 2 + int(routers[layer].num_experts)])
 
 
 _REPLAY_ACTIVE = "_hybridflow_routing_replay"
@@ -212,11 +268,23 @@ class RouterLosses:
     Inside the context a forward hook on each router keeps its logits (with their graph) and
     the ids the layer ran: enter it after :func:`replaying`, so its hook sees the replayed ids.
     Each layer counts once (a recomputation under activation checkpointing does not count
-    again).  :meth:`losses` then gives each loss averaged over the layers."""
+    again).  :meth:`losses` then gives each loss averaged over the layers.
 
-    def __init__(self, model: nn.Module, real: torch.Tensor) -> None:
+    Under Ulysses sequence parallelism (``group``: the ranks splitting the micro-batch's
+    columns; ``real`` this rank's columns of the laid-out real-token mask) each rank sees
+    only its own tokens, and the losses are those of the whole micro-batch: the expert slot
+    counts and token counts (no gradient) and the sums of router probabilities and of
+    ``logsumexp^2`` (with their graph, :func:`hf_fsdp.ulysses.all_reduce_sum`) are summed
+    over the group before ``f_e``, ``P_e`` and the means are taken.  Every rank then holds
+    the same losses, and the backward sums the group's gradients, as for the gathered
+    log-probs.  Two all-reduces per forward (the counts, then the sums)."""
+
+    def __init__(
+        self, model: nn.Module, real: torch.Tensor, group: dist.ProcessGroup | None = None
+    ) -> None:
         self.routers = moe_routers(model)
         self.real = real.reshape(-1).bool()
+        self.group = group
         self._seen: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.routers)
         self._handles: list[Any] = []
 
@@ -240,16 +308,62 @@ class RouterLosses:
     def losses(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(load-balancing loss, z-loss)``, each the mean over the MoE layers."""
         aux, z = [], []
+        seen_layers: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer, (router, seen) in enumerate(zip(self.routers, self._seen, strict=True)):
             if seen is None:
                 raise RuntimeError(f"MoE layer {layer}'s router did not run in the forward")
             logits, ids = seen
+            seen_layers.append(seen)
             if logits.shape[0] != self.real.shape[0]:
                 raise ValueError(
                     f"MoE layer {layer} routed {logits.shape[0]} tokens, the forward's token "
                     f"mask has {self.real.shape[0]}"
                 )
-            aux.append(load_balancing_loss(logits, ids, self.real, int(router.num_experts)))
-            z.append(router_z_loss(logits, self.real))
+            if self.group is None:
+                aux.append(load_balancing_loss(logits, ids, self.real, int(router.num_experts)))
+                z.append(router_z_loss(logits, self.real))
         self._seen = [None] * len(self.routers)
+        if self.group is not None:
+            aux, z = self._group_losses(seen_layers)
         return torch.stack(aux).mean(), torch.stack(z).mean()
+
+    def _group_losses(
+        self, seen: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per layer, the load-balancing and z losses over the whole group's real tokens:
+        :func:`~hf_core.engines.routed_experts.load_balancing_loss` and
+        :func:`~hf_core.engines.routed_experts.router_z_loss` from sums over the ranks."""
+        from hf_fsdp.ulysses import all_reduce_sum
+
+        assert self.group is not None
+        counts, sums, widths = [], [], []
+        for router, (logits, ids) in zip(self.routers, seen, strict=True):
+            experts = int(router.num_experts)
+            keep = self.real.to(logits.device)
+            kept = logits[keep].float()
+            chosen = ids[keep].reshape(-1).long()
+            slots = torch.bincount(chosen, minlength=experts)[:experts].to(kept.dtype)
+            tokens = kept.new_tensor([float(kept.shape[0])])
+            counts.append(torch.cat([slots, tokens]))
+            probs = torch.softmax(kept, dim=-1).sum(dim=0)  # [experts]
+            squares = torch.logsumexp(kept, dim=-1).square().sum()[None]
+            sums.append(torch.cat([probs, squares]))
+            widths.append(experts)
+        total_counts = torch.cat(counts).detach()
+        dist.all_reduce(total_counts, group=self.group)
+        total_sums = all_reduce_sum(torch.cat(sums), self.group)
+        aux, z = [], []
+        start = 0
+        for experts, sums_here in zip(widths, sums, strict=True):
+            count_row = total_counts[start : start + experts + 1]
+            sum_row = total_sums[start : start + experts + 1]
+            start += experts + 1
+            tokens = count_row[experts]
+            if float(tokens) == 0:  # no real token in the whole micro-batch
+                aux.append(sums_here.sum() * 0.0)
+                z.append(sums_here.sum() * 0.0)
+                continue
+            share = count_row[:experts] / count_row[:experts].sum()
+            aux.append(experts * (share * sum_row[:experts] / tokens).sum())
+            z.append(sum_row[experts] / tokens)
+        return aux, z

@@ -121,6 +121,44 @@ def lay_out(
     )
 
 
+def lay_out_like(
+    values: torch.Tensor,
+    attention_mask: torch.Tensor,
+    size: int,
+    packed: bool,
+    fill: int | float | bool,
+) -> torch.Tensor:
+    """A ``[rows, columns, ...]`` per-token tensor of the micro-batch (laid out like its
+    ``input_ids``) arranged as :func:`lay_out` arranges ``input_ids`` for ``size`` ranks:
+    packed, the real tokens in row order then ``fill`` up to the rounded width (one row);
+    else each row's real tokens first (the same stable order) then ``fill``, padded or cut
+    to the longest sample rounded up.  ``[rows', L, ...]`` on the CPU; take a rank's columns
+    with :meth:`SequenceShards.local`.  The routing a replayed forward runs
+    (:mod:`hf_fsdp.moe_routing`) and its real-token mask (``attention_mask`` itself, with
+    ``fill=False``) are laid out this way."""
+    mask = attention_mask.bool().cpu()
+    values = values.cpu()
+    lengths = mask.sum(-1)
+    if packed:
+        real = values[mask]  # pack_sequences' order: the real tokens, row by row
+        total = int(lengths.sum())
+        width = -(-total // size) * size
+        out = real.new_full((width, *values.shape[2:]), fill)
+        out[:total] = real
+        return out[None]
+    rows, columns = mask.shape
+    width = -(-int(lengths.max()) // size) * size
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # as lay_out's
+    index = order.reshape(rows, columns, *([1] * (values.dim() - 2))).expand_as(values)
+    arranged = values.gather(1, index)
+    real = mask.gather(1, order).reshape(index.shape[:2] + (1,) * (values.dim() - 2))
+    arranged = arranged.masked_fill(~real, fill)
+    out = arranged.new_full((rows, width, *values.shape[2:]), fill)
+    kept = min(width, columns)
+    out[:, :kept] = arranged[:, :kept]
+    return out
+
+
 def _next_tokens(ids: torch.Tensor) -> torch.Tensor:
     """Each position's next token in its row (0 after the last)."""
     return F.pad(ids[:, 1:], (0, 1))
@@ -178,6 +216,32 @@ class _GatherColumns(torch.autograd.Function):
 def gather_columns(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """``[rows, L / S, ...]`` per rank to ``[rows, L, ...]`` on every rank (with autograd)."""
     return _GatherColumns.apply(x, group)  # type: ignore[no-any-return]
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """The group's sum on every rank; the backward sums the ranks' gradients (each rank
+    computed the same loss from the sum), the convention of :class:`_GatherColumns`."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        ctx.group = group
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The sum of ``x`` over ``group`` on every rank (with autograd): a sum over the whole
+    micro-batch's tokens from each rank's sum over its own columns."""
+    return _AllReduceSum.apply(x, group)  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------ attention

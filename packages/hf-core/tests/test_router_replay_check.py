@@ -90,13 +90,14 @@ def test_replay_needs_a_rollout_engine_that_returns_experts(tmp_path: Path) -> N
 
 
 @pytest.mark.usefixtures("engines")
-def test_replay_through_a_path_that_drops_the_experts_is_refused(tmp_path: Path) -> None:
-    """The tool-calling agent loop carries each turn's experts; agent.function runs through
-    the OpenAI-compatible endpoint do not yet."""
-    preflight(_config(tmp_path / "moe", MOE, "replays", agent={"max_total_tokens": 64}))
+def test_replay_through_agent_loops_is_allowed(tmp_path: Path) -> None:
+    """The tool-calling agent loop and agent.function runs (the OpenAI endpoint) carry each
+    request's experts; an engine that returns none is still refused."""
     function = {"max_total_tokens": 64, "function": "hf_testing.tool_task:openai_calculator_agent"}
-    with pytest.raises(ConfigError, match=r"agent\.function runs .* do not carry experts"):
-        preflight(_config(tmp_path / "moe2", MOE, "replays", agent=function))
+    for n, agent in enumerate(({"max_total_tokens": 64}, function)):
+        preflight(_config(tmp_path / f"moe{n}", MOE, "replays", agent=agent))
+        with pytest.raises(ConfigError, match="does not return the experts"):
+            preflight(_config(tmp_path / f"plain{n}", MOE, "plain", agent=agent))
 
 
 @pytest.mark.usefixtures("engines")

@@ -33,6 +33,7 @@ from hf_core.batch import Batch
 from hf_core.engines import token_ids
 from hf_core.engines.decoding import left_padded, strip_left_padding
 from hf_core.engines.rollout import RolloutEngine, SamplingParams, assemble_rollout
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, routing_batch
 from hf_core.errors import ConfigError
 from hf_core.imports import resolve
 from hf_core.serving import (
@@ -219,6 +220,13 @@ class FunctionAgentLoop:
             left_padded(prompts, self.pad_token_id), responses, real, log_probs, temperature
         )
         out["response_mask"] = sampled
+        recorded = [
+            (t.routed, len(t.prompt), min(len(t.tokens), width)) if t else (None, 0, 0)
+            for t in kept
+        ]
+        routed = routing_batch(recorded, out["input_ids"].shape[1] - width, width)
+        if routed is not None:
+            out[ROUTED_EXPERTS_KEY] = routed
         out["agent_reward"] = torch.tensor([o.reward for o in outcomes], dtype=torch.float32)
         out["agent_failed"] = torch.tensor([o.status == "failed" for o in outcomes])
         out["agent_timed_out"] = torch.tensor([o.status == "timed_out" for o in outcomes])

@@ -15,8 +15,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from hf_core.engines.decoding import left_padded
 from hf_core.engines.rollout import RolloutEngine, SamplingParams
+from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
 
 GATHER_WINDOW_S = 0.01
 """How long the engine thread waits after the first request for others to join its call."""
@@ -30,6 +33,10 @@ class Completion:
     log_probs: list[float]
     version: int
     """The policy version of the weights that sampled it."""
+    routed: torch.Tensor | None = None
+    """Routing replay (``params.routed_experts`` on an MoE model): the experts of every
+    position the call fed, ``[context + tokens, moe layers, k]`` from the context's first
+    token (the last sampled token, never fed, unrecorded)."""
 
 
 @dataclass
@@ -97,9 +104,8 @@ class EngineBatcher:
                 update={"seed": None if seed is None else seed + 7919 * self.calls}
             )
             try:
-                out = self.engine.generate(
-                    left_padded([r.context for r in group], self.pad_token_id), params
-                )
+                contexts = left_padded([r.context for r in group], self.pad_token_id)
+                out = self.engine.generate(contexts, params)
             except BaseException as exc:  # the requests fail, the server goes on
                 for request in group:
                     request.future.set_exception(exc)
@@ -108,7 +114,12 @@ class EngineBatcher:
             self.rows += len(group)
             version = self.version()
             mask = out["response_mask"].bool()
+            routed = out[ROUTED_EXPERTS_KEY] if ROUTED_EXPERTS_KEY in out else None
+            width = contexts["input_ids"].shape[1]
             for row, request in enumerate(group):
                 tokens = out["responses"][row][mask[row]].tolist()
                 log_probs = out["rollout_log_probs"][row][mask[row]].tolist()
-                request.future.set_result(Completion(tokens, log_probs, version))
+                fed = None
+                if routed is not None:  # columns as input_ids: the context left-padded
+                    fed = routed[row, width - len(request.context) : width + len(tokens)]
+                request.future.set_result(Completion(tokens, log_probs, version, fed))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_core.engines.rollout import SamplingParams
+from hf_core.engines.routed_experts import keep_first_routing
 from hf_core.serving.batching import Completion, EngineBatcher
 from hf_core.serving.trajectories import (
     ChatRenderer,
@@ -356,6 +357,10 @@ class PolicyEndpoint:
     def _record(trajectory: Trajectory, completion: Completion) -> None:
         trajectory.append(completion.tokens, completion.log_probs, completion.version)
         trajectory.requests += 1
+        if completion.routed is not None:
+            trajectory.routed = keep_first_routing(
+                trajectory.routed, completion.routed, "trajectory"
+            )
 
     def _cut(self, tokens: list[int]) -> bool:
         """Whether the completion ended without a stop token (at a token limit)."""

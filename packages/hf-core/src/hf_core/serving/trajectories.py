@@ -68,6 +68,10 @@ class Trajectory:
     """The conversation so far, assistant turns as this server returned them."""
     tools: Any = None
     requests: int = 0
+    routed: Any = None
+    """Routing replay: the ``[positions, moe layers, k]`` experts of the positions fed so far,
+    each from the first completion that fed it
+    (:func:`hf_core.engines.routed_experts.keep_first_routing`)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One request of a trajectory at a time (the server's event loop)."""
 

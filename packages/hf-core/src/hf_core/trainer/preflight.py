@@ -309,8 +309,6 @@ def _check_router_replay(config: TrainerConfig, rollout_settings: object) -> Non
         reason = rollout_settings.routed_experts_unsupported()
     else:
         reason = f"the {backend!r} rollout engine does not return the experts it routes to"
-    if reason is None and config.agent is not None and config.agent.function is not None:
-        reason = "agent.function runs (the OpenAI-compatible endpoint) do not carry experts yet"
     # streaming rollouts carry them: each request keeps the experts of its fed positions,
     # partial rollouts included (hf_core.engines.streaming.StreamRequest.record_routing)
     if reason is not None:

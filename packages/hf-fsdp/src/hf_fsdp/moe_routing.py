@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -22,6 +21,7 @@ from torch import nn
 
 from hf_core.device import collective_device
 from hf_core.engines.routed_experts import (
+    RoutingStats,
     check_routed_experts,
     expert_load,
     load_balancing_loss,
@@ -51,17 +51,15 @@ def num_experts(routers: list[nn.Module]) -> int:
     return max((int(r.num_experts) for r in routers), default=0)
 
 
-class RoutingRecorder:
-    """Each router's top-k ids of the latest forward; :meth:`take` returns them laid out as
-    the forward's ``[rows, columns, layers, k]`` inputs, in :func:`routing_dtype`."""
+class _RouterHooks:
+    """A forward hook of :meth:`_hook`'s on each of the model's routers while the context is
+    open (entered, the hooks run after any registered before, e.g. :func:`replaying`'s)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.routers = moe_routers(model)
-        self.dtype = routing_dtype(num_experts(self.routers))
-        self._latest: list[torch.Tensor | None] = [None] * len(self.routers)
         self._handles: list[Any] = []
 
-    def __enter__(self) -> RoutingRecorder:
+    def __enter__(self) -> Self:
         for layer, router in enumerate(self.routers):
             self._handles.append(router.register_forward_hook(self._hook(layer)))
         return self
@@ -70,6 +68,19 @@ class RoutingRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    def _hook(self, layer: int) -> Any:
+        raise NotImplementedError
+
+
+class RoutingRecorder(_RouterHooks):
+    """Each router's top-k ids of the latest forward; :meth:`take` returns them laid out as
+    the forward's ``[rows, columns, layers, k]`` inputs, in :func:`routing_dtype`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.dtype = routing_dtype(num_experts(self.routers))
+        self._latest: list[torch.Tensor | None] = [None] * len(self.routers)
 
     def _hook(self, layer: int) -> Any:
         def record(_module: nn.Module, _args: Any, output: Any) -> None:
@@ -94,27 +105,6 @@ def check_routing(routers: list[nn.Module], routed: torch.Tensor) -> None:
     check_routed_experts(
         routed, [int(r.num_experts) for r in routers], [int(r.top_k) for r in routers]
     )
-
-
-@dataclass
-class RoutingStats:
-    """What replayed forwards saw, summed over micro-batches: how often the training
-    router's own top-k set equals the recorded one, and each layer's expert load."""
-
-    matching: int = 0
-    compared: int = 0
-    load_ratios: list[float] = field(default_factory=list)
-    """Per layer and forward: the busiest expert's tokens over the mean per expert."""
-
-    def metrics(self) -> dict[str, float]:
-        if not self.compared:
-            return {}
-        ratios = self.load_ratios
-        return {
-            "moe/router_agreement": self.matching / self.compared,
-            "moe/expert_load_max_over_mean": sum(ratios) / len(ratios),
-            "moe/expert_load_max_over_mean_max": max(ratios),
-        }
 
 
 @contextmanager
@@ -260,7 +250,7 @@ def _normalizes(
     return not torch.allclose(weights.float(), plain, rtol=1e-3, atol=1e-6)
 
 
-class RouterLosses:
+class RouterLosses(_RouterHooks):
     """The load-balancing and z losses of a forward's MoE layers (the arithmetic:
     :func:`~hf_core.engines.routed_experts.load_balancing_loss`, :func:`router_z_loss`), over
     the tokens where ``real`` (``[tokens]``, the forward's inputs flattened) is True.
@@ -282,21 +272,10 @@ class RouterLosses:
     def __init__(
         self, model: nn.Module, real: torch.Tensor, group: dist.ProcessGroup | None = None
     ) -> None:
-        self.routers = moe_routers(model)
+        super().__init__(model)
         self.real = real.reshape(-1).bool()
         self.group = group
         self._seen: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.routers)
-        self._handles: list[Any] = []
-
-    def __enter__(self) -> RouterLosses:
-        for layer, router in enumerate(self.routers):
-            self._handles.append(router.register_forward_hook(self._hook(layer)))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
     def _hook(self, layer: int) -> Any:
         def keep(_module: nn.Module, _args: Any, output: Any) -> None:

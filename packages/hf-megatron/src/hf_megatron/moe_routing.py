@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from hf_core.engines.routed_experts import (
+    RoutingStats,
     expert_load,
     recorded_mask,
     same_sets,
@@ -70,26 +70,6 @@ def packed_routing(
         )
         moved = torch.cat([moved, extra], dim=1)
     return moved.transpose(0, 1).reshape(-1, *routed.shape[2:])
-
-
-@dataclass
-class RoutingStats:
-    """As ``hf_fsdp.moe_routing.RoutingStats``: how often the training router's own top-k set
-    is the recorded one, and each layer's expert load, over replayed real tokens."""
-
-    matching: int = 0
-    compared: int = 0
-    load_ratios: list[float] = field(default_factory=list)
-
-    def metrics(self) -> dict[str, float]:
-        if not self.compared:
-            return {}
-        ratios = self.load_ratios
-        return {
-            "moe/router_agreement": self.matching / self.compared,
-            "moe/expert_load_max_over_mean": sum(ratios) / len(ratios),
-            "moe/expert_load_max_over_mean_max": max(ratios),
-        }
 
 
 class _Replay:

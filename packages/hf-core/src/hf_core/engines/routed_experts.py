@@ -22,6 +22,8 @@ This module is backend-neutral tensor arithmetic; each backend hooks its own rou
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 ROUTED_EXPERTS_KEY = "routed_experts"
@@ -222,3 +224,25 @@ def routing_batch(
         tail = fed[prompt:]
         out[row, prompt_width : prompt_width + len(tail)] = tail
     return out
+
+
+@dataclass
+class RoutingStats:
+    """What replayed forwards saw, summed over micro-batches (each backend's replay fills it):
+    how often the training router's own top-k set equals the recorded one, and each layer's
+    expert load."""
+
+    matching: int = 0
+    compared: int = 0
+    load_ratios: list[float] = field(default_factory=list)
+    """Per layer and forward: the busiest expert's tokens over the mean per expert."""
+
+    def metrics(self) -> dict[str, float]:
+        if not self.compared:
+            return {}
+        ratios = self.load_ratios
+        return {
+            "moe/router_agreement": self.matching / self.compared,
+            "moe/expert_load_max_over_mean": sum(ratios) / len(ratios),
+            "moe/expert_load_max_over_mean_max": max(ratios),
+        }

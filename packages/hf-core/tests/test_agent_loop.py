@@ -20,6 +20,7 @@ from hf_core.engines import NamedTensor, RolloutEngine, SamplingParams, assemble
 from hf_core.engines.decoding import pack_responses, strip_left_padding
 from hf_core.plugins.tools import resolve_tools
 from hf_core.tool_calls import format_tool_call
+from hf_testing.scripted_routing import add_scripted_routing, assert_first_routing
 
 TEMPLATE = "\n<tool_response>{result}</tool_response>\n"
 
@@ -302,36 +303,17 @@ def test_rewards_see_the_whole_trajectory(tokenizer: Any) -> None:
 
 
 class RoutingEngine(ScriptedEngine):
-    """A scripted engine of a mixture of experts: with ``params.routed_experts`` it returns
-    each fed token's "experts", a function of the token, its position and the engine call
-    (so a context fed again in a later turn is routed differently there)."""
-
-    LAYERS, K = 2, 2
+    """A scripted engine of a mixture of experts (:mod:`hf_testing.scripted_routing`)."""
 
     def __init__(self, tokenizer: Any, script: Callable[[str], str]) -> None:
         super().__init__(tokenizer, script)
         self.fed: list[list[list[int]]] = []  # per call, per row: the fed tokens
 
-    @classmethod
-    def experts(cls, token: int, position: int, call: int) -> list[list[int]]:
-        return [[(token + position + 5 * call + j + 2 * layer) % 7 for j in range(cls.K)]
-                for layer in range(cls.LAYERS)]  # fmt: skip
-
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         out = super().generate(prompts, params)
-        call = len(self.calls) - 1
-        rows, columns = out["input_ids"].shape
-        routed = torch.full((rows, columns, self.LAYERS, self.K), 255, dtype=torch.uint8)
-        fed_rows = []
-        for row in range(rows):
-            real = out["attention_mask"][row].nonzero().flatten()[:-1]  # the last is not fed
-            ids = out["input_ids"][row, real].tolist()
-            fed_rows.append(ids)
-            for p, (column, token) in enumerate(zip(real.tolist(), ids, strict=True)):
-                routed[row, column] = torch.tensor(self.experts(token, p, call))
-        self.fed.append(fed_rows)
-        if params.routed_experts:
-            out["routed_experts"] = routed
+        self.fed.append(add_scripted_routing(out, call=len(self.calls) - 1))
+        if not params.routed_experts:
+            out.pop("routed_experts")
         return out
 
 
@@ -343,25 +325,12 @@ def test_agent_samples_carry_the_experts_of_the_first_turn_that_fed_each_token(
     loop = AgentLoop(engine, tokenizer, agent, resolve_tools(agent.tools))
     params = SamplingParams(max_new_tokens=64, routed_experts=True)
     batch = loop.generate(prompts(tokenizer, ["A: 12*34=", "B: 3+4=", "C: 12*34="]), params)
-    routed = batch["routed_experts"]
-    assert routed.shape[:2] == batch["input_ids"].shape and routed.dtype == torch.uint8
-    for row in range(len(batch)):
-        real = batch["attention_mask"][row].nonzero().flatten()
-        sequence = batch["input_ids"][row, real].tolist()
-        first_call: dict[int, int] = {}  # position -> the first engine call that fed it
-        for call, fed_rows in enumerate(engine.fed):
-            for fed in fed_rows:
-                if sequence[: len(fed)] == fed:
-                    for p in range(len(fed)):
-                        first_call.setdefault(p, call)
-        assert len(first_call) == len(sequence) - 1  # every token but the last was fed
-        # A and C take several turns (a later one re-fed the context), B one
-        assert (max(first_call.values()) > 0) == (row != 1)
-        for p, column in enumerate(real.tolist()[:-1]):
-            want = RoutingEngine.experts(sequence[p], p, first_call[p])
-            assert routed[row, column].tolist() == want, (row, p)
-        unfed = torch.ones(routed.shape[1], dtype=torch.bool)
-        unfed[real[:-1]] = False
-        assert (routed[row, unfed] == 255).all()
+    assert batch["routed_experts"].shape[:2] == batch["input_ids"].shape
+    # A and C take several turns (later ones re-fed the context), B one
+    assert [assert_first_routing(batch, row, engine.fed) > 0 for row in range(3)] == [
+        True,
+        False,
+        True,
+    ]
     without, _ = run(tokenizer, ["A: 12*34="])
     assert "routed_experts" not in without

@@ -27,6 +27,7 @@ from hf_core.serving import (
     EngineBatcher,
     PolicyEndpoint,
 )
+from hf_testing.scripted_routing import add_scripted_routing, assert_first_routing
 from hf_testing.tiny import CHAT_TEMPLATE, build_tokenizer
 
 openai = pytest.importorskip("openai")
@@ -295,32 +296,17 @@ def test_failed_agent_functions_are_counted_and_masked(tokenizer: Any, tmp_path:
 
 
 class RoutingEngine(ScriptedEngine):
-    """The scripted engine as a mixture of experts: with ``params.routed_experts`` it returns
-    each fed token's "experts", a function of the token, its position and the engine call
-    (a context fed again by a later request is routed differently there)."""
+    """The scripted engine as a mixture of experts (:mod:`hf_testing.scripted_routing`)."""
 
     def __init__(self, tokenizer: Any) -> None:
         super().__init__(tokenizer)
         self.fed: list[list[list[int]]] = []  # per call, per row: the fed tokens
 
-    @staticmethod
-    def experts(token: int, position: int, call: int) -> list[list[int]]:
-        return [[(token + position + 5 * call + j) % 7 for j in range(2)]]  # 1 layer, top-2
-
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         out = super().generate(prompts, params)
-        call = len(self.calls) - 1
-        routed = torch.full((*out["input_ids"].shape, 1, 2), 255, dtype=torch.uint8)
-        rows = []
-        for row in range(len(out)):
-            real = out["attention_mask"][row].nonzero().flatten()[:-1]  # the last: not fed
-            ids = out["input_ids"][row, real].tolist()
-            rows.append(ids)
-            for p, (column, token) in enumerate(zip(real.tolist(), ids, strict=True)):
-                routed[row, column] = torch.tensor(self.experts(token, p, call))
-        self.fed.append(rows)
-        if params.routed_experts:
-            out["routed_experts"] = routed
+        self.fed.append(add_scripted_routing(out, call=len(self.calls) - 1, layers=1))
+        if not params.routed_experts:
+            out.pop("routed_experts")
         return out
 
 
@@ -339,18 +325,4 @@ def test_agent_function_samples_carry_the_experts_of_the_first_request_that_fed_
     finally:
         loop.close()
     assert batch["agent_reward"].tolist() == [1.0]
-    routed = batch["routed_experts"]
-    real = batch["attention_mask"][0].nonzero().flatten()
-    sequence = batch["input_ids"][0, real].tolist()
-    first_call: dict[int, int] = {}
-    for call, rows in enumerate(engine.fed):
-        for fed in rows:
-            if sequence[: len(fed)] == fed:
-                for p in range(len(fed)):
-                    first_call.setdefault(p, call)
-    assert len(first_call) == len(sequence) - 1 and max(first_call.values()) == 1  # 2 requests
-    for p, column in enumerate(real.tolist()[:-1]):
-        assert routed[0, column].tolist() == RoutingEngine.experts(sequence[p], p, first_call[p])
-    unfed = torch.ones(routed.shape[1], dtype=torch.bool)
-    unfed[real[:-1]] = False
-    assert (routed[0, unfed] == 255).all()
+    assert assert_first_routing(batch, 0, engine.fed, layers=1) == 1  # two requests

@@ -12,6 +12,8 @@ from conftest import FLOAT32_ROLLOUT, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.engines.dtypes import rollout_dtype
+from hf_core.engines.hf_folder import read_model_config
+from hf_core.model_shapes import from_hf_config
 from hf_core.trainer import RLTrainer
 from hf_testing.handover import check_handover_log
 
@@ -55,7 +57,7 @@ EXTRA = {
     "grpo_vllm": ["actor/kl", "actor/kl_loss"],
     "moe_grpo": MOE,
     "moe_grpo@transformers": MOE,
-    "moe_megatron": MOE,
+    "moe_megatron": [*MOE, "reshard/expert_bytes_received"],
     "grpo_lora": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "grpo_lora_vllm": ["actor/kl", "actor/kl_loss", "lora/sync_bytes", "lora/adapters_only"],
     "remax": [],
@@ -135,6 +137,16 @@ VARIANTS = {"moe_grpo@transformers": ["rollout.backend=transformers", FLOAT32_RO
 """Recipes run a second time with other backends (``recipe@variant``: the overrides)."""
 
 
+def expert_figure(config: TrainerConfig) -> int:
+    """The plan's bytes of other ranks' experts each rank receives per sync under expert
+    parallelism: ``(tp ep - 1) / (tp ep)`` of the model's float32 expert weights."""
+    spec = from_hf_config(read_model_config(config.role_model(config.actor)))
+    per_expert = 3 * spec.moe_intermediate_size * spec.hidden_size * 4  # gate, up, down
+    experts = spec.num_layers * spec.num_experts * per_expert
+    group = config.actor.parallel.tp * config.actor.parallel.ep
+    return experts * (group - 1) // group
+
+
 def recipe_names() -> list[str]:
     """Recipes run here: not the data recipes (test_data_recipes.py) nor the demos' settings
     (demo*.yaml, read by scripts of their own); then the :data:`VARIANTS`."""
@@ -203,6 +215,8 @@ def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         assert all(row["lora/adapters_only"] == adapters_only for row in rows)
         sent = rows[-1]["lora/sync_bytes"]
         assert sent < 1e6 if adapters_only else sent > 1e6
+    if "reshard/expert_bytes_received" in rows[-1]:  # ep: each rank gets the others' experts
+        assert all(row["reshard/expert_bytes_received"] == expert_figure(config) for row in rows)
     assert "val/reward_mean" in rows[-1]
     for role, ranks in fsdp_role_ranks(config).items():  # the path GPU runs take: FSDP2 shards
         strategy = "fsdp2" if ranks > 1 else "cpu_replicas"  # one CPU process: a plain module

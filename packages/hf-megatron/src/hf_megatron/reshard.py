@@ -177,6 +177,7 @@ class ReshardStats:
             peak_extra_bytes=self.peak_buffer_bytes,
             zero_redundancy=self.zero_redundancy,
             seconds=self.seconds,
+            expert_received_bytes=self.expert_received_bytes,
         )
 
     def as_dict(self) -> dict[str, object]:

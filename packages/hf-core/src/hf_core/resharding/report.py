@@ -26,6 +26,9 @@ class ReshardReport:
     zero_redundancy: bool
     """Own shard inside the generation shard, and nothing gathered beyond it."""
     seconds: float = 0.0
+    expert_received_bytes: int = 0
+    """Expert parallelism: other ranks' experts received in the experts' own phase (not in
+    ``received_bytes``, which counts the plan's units)."""
 
 
 def expected_received_bytes(plan: ReshardPlan, model_bytes: int) -> int:

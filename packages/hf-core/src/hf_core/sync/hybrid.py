@@ -80,7 +80,8 @@ class HybridSync:
         report = self.actor.last_reshard()
         if report is None:
             return {}
-        return {
+        experts = {"reshard/expert_bytes_received": float(report.expert_received_bytes)}
+        return (experts if report.expert_received_bytes else {}) | {
             "reshard/bytes_received": float(report.received_bytes),
             "reshard/bytes_expected": float(expected_received_bytes(self.plan, report.model_bytes)),
             "reshard/model_bytes": float(report.model_bytes),

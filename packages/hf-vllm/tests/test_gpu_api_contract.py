@@ -10,9 +10,11 @@ same vLLM release as the CUDA build (0.32.0), and the worker checked is the GPU 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hf_testing.api_contract import ApiCall, assert_accepted, calls_in, forwarded
+from hf_testing.tiny import tiny_config
 from hf_vllm.config import VLLMRolloutConfig
 from hf_vllm.engine import llm_kwargs
 
@@ -34,7 +36,9 @@ GPU_ONLY = {"vllm.LLM.sleep", "vllm.LLM.wake_up", "torch.cuda.current_device"}
 
 
 def _llm_keywords(folder: Path) -> tuple[str, ...]:
-    """``vllm.LLM``'s keywords on a GPU, every optional setting given."""
+    """``vllm.LLM``'s keywords on a GPU, every optional setting given (a dense model's
+    config in ``folder``: prefix caching depends on whether it is a mixture of experts)."""
+    (folder / "config.json").write_text(json.dumps(tiny_config("qwen2", 128).to_dict()))
     cfg = VLLMRolloutConfig(
         model_path=folder,
         kv_cache_bytes=1 << 30,

@@ -400,6 +400,17 @@ def rank_params(
         """A row-parallel weight (linear_proj, linear_fc2): the rank's input columns."""
         return NativeParam(name, (h, hi - lo), "slice", (Part(hf_name, 1, lo, hi),))
 
+    def gated_mlp(native: str, hf: str, lo: int, hi: int) -> list[NativeParam]:
+        """A SwiGLU MLP's fc1 (the rank's rows of gate and up, stacked) and fc2 (its columns
+        of down): a dense layer's, or one expert's."""
+        fc1 = NativeParam(
+            native + "linear_fc1.weight",
+            (2 * (hi - lo), h),
+            "fc1",
+            (Part(hf + "gate_proj.weight", 0, lo, hi), Part(hf + "up_proj.weight", 0, lo, hi)),
+        )
+        return [fc1, columns(native + "linear_fc2.weight", hf + "down_proj.weight", lo, hi)]
+
     out: list[NativeParam] = []
     if pos.first_stage:
         out.append(vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight"))
@@ -463,31 +474,9 @@ def rank_params(
             e_lo, e_hi = _split_range(dims.moe_ffn_size, t, r)
             for local, expert in enumerate(local_experts(dims, pos)):
                 ln, hp = f"{n}mlp.experts.local_experts.{local}.", f"{p}mlp.experts.{expert}."
-                out.append(
-                    NativeParam(
-                        ln + "linear_fc1.weight",
-                        (2 * (e_hi - e_lo), h),
-                        "fc1",
-                        (
-                            Part(hp + "gate_proj.weight", 0, e_lo, e_hi),
-                            Part(hp + "up_proj.weight", 0, e_lo, e_hi),
-                        ),
-                    )
-                )
-                out.append(columns(ln + "linear_fc2.weight", hp + "down_proj.weight", e_lo, e_hi))
+                out += gated_mlp(ln, hp, e_lo, e_hi)
             continue
-        out.append(
-            NativeParam(
-                n + "mlp.linear_fc1.weight",
-                (2 * (f_hi - f_lo), h),
-                "fc1",
-                (
-                    Part(p + "mlp.gate_proj.weight", 0, f_lo, f_hi),
-                    Part(p + "mlp.up_proj.weight", 0, f_lo, f_hi),
-                ),
-            )
-        )
-        out.append(columns(n + "mlp.linear_fc2.weight", p + "mlp.down_proj.weight", f_lo, f_hi))
+        out += gated_mlp(n + "mlp.", p + "mlp.", f_lo, f_hi)
     if pos.last_stage:
         out.append(norm("decoder.final_layernorm.weight", "model.norm.weight"))
         if dims.head == "lm":

@@ -34,7 +34,6 @@ from typing import Any
 
 from _common import (
     bench_model,
-    grpo_overrides,
     init_gloo,
     publish,
     run_ranks,
@@ -42,12 +41,21 @@ from _common import (
     status_kib,
 )
 from e2e_throughput import task_prompts, write_task
-from scale import STAGES, hybridflow, measure_floor, median, peak_rss
+from scale import (
+    NEW_TOKENS,
+    PROMPTS,
+    SAMPLES,
+    STAGES,
+    hybridflow,
+    measure_floor,
+    median,
+    overrides,
+    peak_rss,
+)
 
 TITLE = "## Mixture of experts: routing replay and the GRPO step (`bench/moe.py`)"
 SHAPE = "qwen3-30b-a3b-scaled"
 DTYPE = "bfloat16"
-PROMPTS, SAMPLES, NEW_TOKENS = 4, 4, 32
 STEPS, WARMUP = 3, 1
 
 
@@ -191,25 +199,11 @@ def replay_part(model: Path, data: Path) -> dict[str, Any]:
 
 def step_row(model: Path, data: Path, work: Path, replay: str) -> dict[str, Any]:
     out = work / f"steps-{replay}"
-    args = grpo_overrides(
-        model,
-        data,
-        out,
-        prompts=PROMPTS,
-        samples=SAMPLES,
-        new_tokens=NEW_TOKENS,
-        steps=STEPS,
-        processes=2,
-        lr="1e-5",
-        extra=[
-            "run.torch_threads=1",
-            "actor.backend=fsdp",
-            "rollout.backend=transformers",
-            f"actor.engine.param_dtype={DTYPE}",
-            f"rollout.engine.dtype={DTYPE}",
-            f"algorithm.router_replay={replay}",
-        ],
-    )
+    args = [  # bench/scale.py's GRPO row (2 processes x 1 thread), its step count and replay
+        *overrides(model, data, out, "fsdp-transformers", DTYPE, SHAPE),
+        f"run.total_steps={STEPS}",
+        f"algorithm.router_replay={replay}",
+    ]
     rows, _ = hybridflow(args, out)
     measured = rows[WARMUP:]
     step = median(measured, "perf/step_s") or float("nan")

@@ -193,6 +193,25 @@ class RolloutEngineConformance(EngineConformance):
     def hf_greedy_rows(cls, conformance_model: Path, prompts: Batch) -> list[list[int]]:
         return hf_greedy(hf_causal_lm(conformance_model), prompts, cls.max_new_tokens)
 
+    def assert_decodes_as(
+        self,
+        engine: RolloutEngine,
+        folder: Path,
+        weights: dict[str, torch.Tensor],
+        prompts: Batch,
+        before: list[list[int]],
+    ) -> None:
+        """After a sync of ``weights`` (``folder``'s tensors changed): the engine's greedy
+        answers are transformers' with those weights, not the ``before`` ones (the change
+        changed answers), and its log-probs are transformers' too."""
+        changed = self.greedy(engine, prompts)
+        model = hf_causal_lm(folder, weights)
+        assert responses_of(changed) == hf_greedy(model, prompts, self.max_new_tokens)
+        assert responses_of(changed) != before  # the perturbation changed answers
+        expected, _ = hf_log_probs_and_entropy(model, changed, 0.0)
+        mask = changed["response_mask"]
+        assert masked_max_diff(changed["rollout_log_probs"], expected, mask) < self.log_prob_atol
+
     def greedy(self, engine: RolloutEngine, prompts: Batch) -> Batch:
         return engine.generate(
             prompts, SamplingParams(temperature=0.0, max_new_tokens=self.max_new_tokens)
@@ -289,13 +308,7 @@ class RolloutEngineConformance(EngineConformance):
         base = self.greedy(rollout_engine, prompts)
 
         assert self.sync(rollout_engine, noisy) > 5  # many buckets, fused layers straddle
-        changed = self.greedy(rollout_engine, prompts)
-        noisy_model = hf_causal_lm(conformance_model, noisy)
-        assert responses_of(changed) == hf_greedy(noisy_model, prompts, self.max_new_tokens)
-        assert responses_of(changed) != hf_greedy_rows  # the perturbation changed answers
-        expected, _ = hf_log_probs_and_entropy(noisy_model, changed, 0.0)
-        mask = changed["response_mask"]
-        assert masked_max_diff(changed["rollout_log_probs"], expected, mask) < self.log_prob_atol
+        self.assert_decodes_as(rollout_engine, conformance_model, noisy, prompts, hf_greedy_rows)
         self.check_sync_metrics(rollout_engine)
 
         self.sync(rollout_engine, original)
@@ -366,13 +379,9 @@ class RolloutEngineConformance(EngineConformance):
         assert responses_of(self.greedy(moe_rollout_engine, moe_prompts)) == expected
         noisy = perturbed(original, self.perturb_scale)
         self.sync(moe_rollout_engine, noisy)
-        changed = self.greedy(moe_rollout_engine, moe_prompts)
-        noisy_model = hf_causal_lm(moe_conformance_model, noisy)
-        assert responses_of(changed) == hf_greedy(noisy_model, moe_prompts, self.max_new_tokens)
-        assert responses_of(changed) != expected  # the perturbation changed answers
-        logp, _ = hf_log_probs_and_entropy(noisy_model, changed, 0.0)
-        mask = changed["response_mask"]
-        assert masked_max_diff(changed["rollout_log_probs"], logp, mask) < self.log_prob_atol
+        self.assert_decodes_as(
+            moe_rollout_engine, moe_conformance_model, noisy, moe_prompts, expected
+        )
         self.sync(moe_rollout_engine, original)
         assert responses_of(self.greedy(moe_rollout_engine, moe_prompts)) == expected
 

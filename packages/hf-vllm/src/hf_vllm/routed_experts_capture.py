@@ -92,9 +92,10 @@ class RoutingCapture:
         row_of = {rid: row for row, rid in enumerate(request_ids)}
         shift = np.asarray([prompt_columns - n for n in prompt_lengths])
         for fwd in self.forwards:
-            rows = np.asarray(
-                [row_of.get(_external(fwd.request_ids[i]), -1) for i in fwd.request_index]
-            )
+            # each request's row once, then every token's by its request index (no per-token
+            # Python: a step feeds up to max_num_batched_tokens tokens to every layer)
+            request_rows = [row_of.get(_external(rid), -1) for rid in fwd.request_ids]
+            rows = np.asarray(request_rows, dtype=np.int64)[fwd.request_index]
             kept = rows >= 0
             rows, places = rows[kept], fwd.positions[kept]
             cols = places + shift[rows]

@@ -82,6 +82,14 @@ if TYPE_CHECKING:
     from hf_core.algorithms.masked import masked_whiten as masked_whiten
     from hf_core.algorithms.overlong import overlong_penalty as overlong_penalty
     from hf_core.algorithms.overlong import truncated_responses as truncated_responses
+    from hf_core.algorithms.preference import DPO_LOSS_TYPES as DPO_LOSS_TYPES
+    from hf_core.algorithms.preference import PREFERENCE_LOSSES as PREFERENCE_LOSSES
+    from hf_core.algorithms.preference import DPOLossType as DPOLossType
+    from hf_core.algorithms.preference import bradley_terry_loss as bradley_terry_loss
+    from hf_core.algorithms.preference import dpo_log_ratio_margin as dpo_log_ratio_margin
+    from hf_core.algorithms.preference import dpo_loss as dpo_loss
+    from hf_core.algorithms.preference import dpo_metrics as dpo_metrics
+    from hf_core.algorithms.preference import pair_metrics as pair_metrics
     from hf_core.algorithms.registry import Registry as Registry
     from hf_core.algorithms.registry import UnknownAlgorithmError as UnknownAlgorithmError
     from hf_core.algorithms.registry import advantage_estimator as advantage_estimator

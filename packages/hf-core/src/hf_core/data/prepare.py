@@ -1,4 +1,5 @@
-"""Public dataset formats -> the prompt / ground-truth JSONL files a recipe reads.
+"""Public dataset formats -> the prompt / ground-truth (or conversation) JSONL files a recipe
+reads.
 
     report = prepare(PrepareOptions("gsm8k", [Path("gsm8k/train.jsonl")], Path("data/gsm8k")))
 
@@ -21,9 +22,17 @@ Formats (``fmt``):
   Parquet files.  Both take named columns
   (``prompt_key`` / ``answer_key``) and an ``extract`` rule for the answer (``none``, ``gsm8k``,
   ``boxed``).
+* ``sft``: conversations for supervised fine-tuning -- chat ``messages``, ShareGPT
+  ``conversations``, ``prompt`` + ``completion`` or Alpaca ``instruction`` / ``input`` /
+  ``output`` -- as ``{"messages": [...], "source_row": i}`` (:mod:`hf_core.data.prepare_sft`).
+* ``preference``: pairs for a reward model or DPO -- ``prompt`` / ``chosen`` / ``rejected``
+  (strings or messages, replies with or without the prompt), whole conversations, Anthropic
+  HH transcripts -- as ``{"prompt": [...], "chosen": [...], "rejected": [...], "source_row":
+  i}`` (:mod:`hf_core.data.prepare_pairs`).  These two take no template (``--system`` adds a
+  system turn where a conversation has none).
 
 Each input becomes ``<output>/<name>.jsonl`` (``name``: the file's stem, the folder's name, or
-the split) with one record per kept row::
+the split) with one record per kept row (those of ``sft`` and ``preference`` are above)::
 
     {"prompt": "<template with the question>", "ground_truth": "72",
      "data_source": "gsm8k", "source_row": 0}
@@ -51,6 +60,8 @@ from hf_core.atomic import replaced_atomically
 from hf_core.data.answers import gsm8k_final_answer, last_boxed
 from hf_core.data.io import read_records, write_jsonl
 from hf_core.data.prepare_images import DECODED, check_images, row_images, write_images
+from hf_core.data.prepare_pairs import preference_preview, preference_record
+from hf_core.data.prepare_sft import sft_preview, sft_record
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.errors import DataError
 from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed
@@ -58,9 +69,11 @@ from hf_core.renamed import HF_MEANS_HYBRIDFLOW, renamed
 if TYPE_CHECKING:
     from hf_core.multimodal.vision import VisionProcessor
 
-Format = Literal["gsm8k", "math", "datasets", "jsonl", "vlm"]
+Format = Literal["gsm8k", "math", "datasets", "jsonl", "vlm", "sft", "preference"]
 Extract = Literal["none", "gsm8k", "boxed"]
-FORMATS: tuple[str, ...] = ("gsm8k", "math", "datasets", "jsonl", "vlm")
+FORMATS: tuple[str, ...] = ("gsm8k", "math", "datasets", "jsonl", "vlm", "sft", "preference")
+#: Formats whose records are conversations (no prompt template, no ground truth).
+CHAT_FORMATS: tuple[str, ...] = ("sft", "preference")
 RENAMED_FORMATS: dict[str, str] = {"hf": "datasets"}
 """Retired format names -> the current ones (refused with the new name: :func:`check_format`)."""
 EXTRACTS: tuple[str, ...] = ("none", "gsm8k", "boxed")
@@ -275,9 +288,14 @@ def _prompt(question: str, options: PrepareOptions, template: str) -> Any:
 
 
 def convert_row(
-    row: _Row, options: PrepareOptions, template: str, vision: VisionProcessor | None = None
+    row: _Row, options: PrepareOptions, template: str | None, vision: VisionProcessor | None = None
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The output record of ``row``, or ``(None, reason)`` when the row is dropped."""
+    if options.fmt == "sft":
+        return sft_record(row.values, row.where, row.index, options.system)
+    if options.fmt == "preference":
+        return preference_record(row.values, row.where, row.index, options.system)
+    assert template is not None
     question_key, answer_key, rule = _columns(options)
     question = _text(row, question_key, options.fmt).strip()
     answer = _text(row, answer_key, options.fmt)
@@ -305,7 +323,14 @@ def convert_row(
     return record, None
 
 
-def _template(options: PrepareOptions) -> str:
+def _template(options: PrepareOptions) -> str | None:
+    if options.fmt in CHAT_FORMATS:
+        if options.template is not None:
+            raise DataError(
+                f"the {options.fmt} format takes no prompt template (its rows are "
+                "conversations); drop --template"
+            )
+        return None
     template = options.template if options.template is not None else DEFAULT_TEMPLATES[options.fmt]
     if "{question}" not in template:
         raise DataError(f"the prompt template must contain '{{question}}', got {template!r}")
@@ -422,6 +447,10 @@ def _write_preview(
         why = f" ({_reasons(report)})" if dropped else ""
         lines.append(f"\n## {report.output}: {report.kept} kept, {dropped} dropped{why}")
         for record in records[: options.preview_rows]:
+            if options.fmt in CHAT_FORMATS:
+                preview = sft_preview if options.fmt == "sft" else preference_preview
+                lines += preview(record, tokenizer)
+                continue
             lines += [
                 f"\n--- row {record['source_row']} prompt ---",
                 render_prompt(record["prompt"], tokenizer),

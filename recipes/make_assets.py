@@ -6,9 +6,11 @@ Creates ``policy/`` (causal LM), ``teacher/`` (another causal LM, for distillati
 ``chat_policy/`` (a causal LM whose tokenizer has a chat template and tool-call text, with
 ``chat_calculator*.jsonl`` for agent code on the OpenAI endpoint),
 ``critic/`` (value head), ``reward/`` and ``cost/`` (score heads), all sharing one locally
-trained tokenizer, plus ``train.jsonl`` / ``val.jsonl`` of the
-digit-reversal task, and ``vlm/`` (a tiny Qwen2-VL) with ``count/`` (count the coloured
-squares: images and ``train.jsonl`` / ``val.jsonl``).  Deterministic: the same files every time.
+trained tokenizer, plus ``train.jsonl`` / ``val.jsonl`` of the digit-reversal task, its
+demonstrations (``sft_{train,val}.jsonl``, prompt/completion) and preference pairs
+(``pairs_{train,val}.jsonl``, prompt/chosen/rejected), and ``vlm/`` (a tiny Qwen2-VL) with
+``count/`` (count the coloured squares: images and ``train.jsonl`` / ``val.jsonl``).
+Deterministic: the same files every time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hf_testing.tasks import write_digit_task
+from hf_testing.tasks import write_digit_demonstrations, write_digit_preferences, write_digit_task
 from hf_testing.tiny import build_tiny_model
 from hf_testing.tiny_vlm import build_tiny_vlm
 from hf_testing.tool_task import CALCULATOR_TOOLS, write_calculator_task
@@ -50,6 +52,9 @@ def make_assets(folder: Path = DEFAULT) -> Path:
         write_calculator_task(folder / f"{name}.jsonl", n=n, seed=seed, prompt_template=template)
     write_digit_task(folder / "train.jsonl", "reverse", n=1000, min_len=3, max_len=5, seed=0)
     write_digit_task(folder / "val.jsonl", "reverse", n=32, min_len=3, max_len=5, seed=1)
+    for name, write in (("sft", write_digit_demonstrations), ("pairs", write_digit_preferences)):
+        write(folder / f"{name}_train.jsonl", n=1000, min_len=3, max_len=5, seed=0)
+        write(folder / f"{name}_val.jsonl", n=32, min_len=3, max_len=5, seed=1)
     build_tiny_vlm(folder / "vlm")
     write_count_task(folder / "count", "train", n=1000, seed=0)
     write_count_task(folder / "count", "val", n=64, seed=1)

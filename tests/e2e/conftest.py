@@ -23,6 +23,9 @@ def _load_make_assets():
     return module.make_assets
 
 
+POST_TRAINING = ("sft", "reward_model", "dpo")
+"""The recipes of the supervised and preference trainers (``trainer:`` other than rl)."""
+
 FLOAT32_ROLLOUT = "rollout.engine.dtype=float32"
 """For runs whose checks need float32 rollouts (rollout and training log-probs equal up to
 summation order): the transformers engine's default ``dtype: auto`` is bfloat16 on CPUs that compute

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FLOAT32_ROLLOUT, RECIPES
+from conftest import FLOAT32_ROLLOUT, POST_TRAINING, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.engines.dtypes import rollout_dtype
@@ -148,10 +148,15 @@ def expert_figure(config: TrainerConfig) -> int:
 
 
 def recipe_names() -> list[str]:
-    """Recipes run here: not the data recipes (test_data_recipes.py) nor the demos' settings
-    (demo*.yaml, read by scripts of their own); then the :data:`VARIANTS`."""
+    """RL recipes run here: not the data recipes (test_data_recipes.py), the demos' settings
+    (demo*.yaml, read by scripts of their own) nor the supervised and preference trainers'
+    (test_post_training.py); then the :data:`VARIANTS`."""
     names = (p.stem for p in RECIPES.glob("*.yaml"))
-    shipped = (n for n in names if n not in DATASET_RECIPES and not n.startswith("demo"))
+    shipped = (
+        n
+        for n in names
+        if n not in DATASET_RECIPES and not n.startswith("demo") and n not in POST_TRAINING
+    )
     return sorted([*shipped, *VARIANTS])
 
 

@@ -114,9 +114,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _train(config: TrainerConfig, layout: RunLayout, args: argparse.Namespace) -> int:
-    from hf_core.trainer import RLTrainer
+    from hf_core.trainer import trainer_class
 
-    trainer = RLTrainer(config, resume=args.resume, layout=layout)  # resolved once, at load
+    # resolved once, at load
+    trainer = trainer_class(config)(config, resume=args.resume, layout=layout)
     try:
         trainer.fit()  # prints its own summary table
     except DiskFullError as exc:  # a fault of the machine, like a lost worker: not a bad input

@@ -52,3 +52,50 @@ def write_digit_task(
 ) -> Path:
     """Generate a digit task with :func:`make_digit_task` and write it as JSONL (atomically)."""
     return write_jsonl(make_digit_task(kind, n, min_len, max_len, seed), path)
+
+
+def make_digit_demonstrations(
+    kind: DigitTaskKind = "reverse",
+    n: int = 1000,
+    min_len: int = 3,
+    max_len: int = 6,
+    seed: int = 0,
+) -> list[dict[str, str]]:
+    """Supervised examples of the task: ``{"prompt": ..., "completion": answer}`` (the
+    prompt/completion form ``hybridflow data prepare --format sft`` reads)."""
+    return [
+        {"prompt": r["prompt"], "completion": r["ground_truth"]}
+        for r in make_digit_task(kind, n, min_len, max_len, seed)
+    ]
+
+
+def make_digit_preferences(
+    kind: DigitTaskKind = "reverse",
+    n: int = 1000,
+    min_len: int = 3,
+    max_len: int = 6,
+    seed: int = 0,
+) -> list[dict[str, str]]:
+    """Preference pairs of the task: the right answer is ``chosen``; ``rejected`` is the same
+    digits in the wrong order (the input as written, or a rotation when that is the answer),
+    so a pair differs only in what the task scores."""
+    pairs = []
+    for record in make_digit_task(kind, n, min_len, max_len, seed):
+        answer, digits = record["ground_truth"], record["prompt"].split()[1].rstrip(":")
+        wrong = next(
+            (c for c in (digits, digits[1:] + digits[:1], answer[1:] + answer[:1]) if c != answer),
+            None,
+        )
+        if wrong is not None:  # every order of e.g. "777" is right: no pair
+            pairs.append({"prompt": record["prompt"], "chosen": answer, "rejected": wrong})
+    return pairs
+
+
+def write_digit_demonstrations(path: str | os.PathLike[str], **kwargs: object) -> Path:
+    """:func:`make_digit_demonstrations` as JSONL (atomically)."""
+    return write_jsonl(make_digit_demonstrations(**kwargs), path)  # type: ignore[arg-type]
+
+
+def write_digit_preferences(path: str | os.PathLike[str], **kwargs: object) -> Path:
+    """:func:`make_digit_preferences` as JSONL (atomically)."""
+    return write_jsonl(make_digit_preferences(**kwargs), path)  # type: ignore[arg-type]

@@ -9,6 +9,8 @@ from hf_core.config.loader import (
     validate,
 )
 from hf_core.config.schema import (
+    TRAINED_ROLE,
+    TRAINERS,
     AlgorithmConfig,
     ClusterConfig,
     DataConfig,
@@ -20,6 +22,7 @@ from hf_core.config.schema import (
     OverlongConfig,
     ParallelConfig,
     PlacementConfig,
+    PreferenceConfig,
     RewardConfig,
     RolloutConfig,
     RunConfig,
@@ -28,6 +31,8 @@ from hf_core.config.schema import (
 )
 
 __all__ = [
+    "TRAINED_ROLE",
+    "TRAINERS",
     "AlgorithmConfig",
     "ClusterConfig",
     "ConfigError",
@@ -41,6 +46,7 @@ __all__ = [
     "OverlongConfig",
     "ParallelConfig",
     "PlacementConfig",
+    "PreferenceConfig",
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",

@@ -411,7 +411,9 @@ class RewardConfig(_Strict):
 
 
 class SFTConfig(_Strict):
-    """An optional supervised warm-start before RL (prompt -> ground truth)."""
+    """Supervised fine-tuning: ``trainer: sft`` (chat or prompt/completion records, the loss
+    on the assistant's tokens), or an optional warm start before RL (``steps``: prompt ->
+    ground truth from the RL data)."""
 
     steps: int = Field(0, ge=0, description="supervised steps (the actor's optimizer)")
     batch_size: int = Field(16, ge=1)
@@ -420,9 +422,48 @@ class SFTConfig(_Strict):
         description="dataset field with the target: text, or a multi-turn list of "
         "{text, train} segments (train: false for tool messages, attended but not trained on)",
     )
+    max_length: int | None = Field(
+        None,
+        ge=2,
+        description="trainer: sft: the most tokens an example may have (longer ones are "
+        "dropped and counted); None: no limit",
+    )
+
+
+class PreferenceConfig(_Strict):
+    """Training on chosen/rejected pairs: a reward model's Bradley-Terry loss
+    (``trainer: reward_model``) and direct preference optimisation (``trainer: dpo``)."""
+
+    loss: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid", description="dpo: sigmoid (DPO) or ipo (IPO's squared loss)"
+    )
+    beta: float = Field(
+        0.1, gt=0, description="dpo: how far from the reference the policy may move"
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0.0, lt=0.5, description="dpo (sigmoid): the share of pairs taken as mislabelled"
+    )
+    max_length: int | None = Field(
+        None,
+        ge=2,
+        description="prompt + response tokens a pair's sequences may have (longer "
+        "pairs are dropped and counted); None: no limit",
+    )
+
+
+TRAINERS = ("rl", "sft", "reward_model", "dpo")
+"""The dataflows ``hybridflow run`` runs (``trainer:`` in a recipe)."""
+TRAINED_ROLE = {"rl": "actor", "sft": "actor", "reward_model": "reward.model", "dpo": "actor"}
+"""The recipe section of the model each trainer trains."""
 
 
 class TrainerConfig(_Strict):
+    trainer: Literal["rl", "sft", "reward_model", "dpo"] = Field(
+        "rl",
+        description="the dataflow: rl (the default), sft (supervised fine-tuning on chat or "
+        "prompt/completion data), reward_model (Bradley-Terry on preference pairs, trains "
+        "reward.model), dpo (preference pairs against the reference)",
+    )
     run: RunConfig = Field(default_factory=RunConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
@@ -442,6 +483,7 @@ class TrainerConfig(_Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     cost: RewardConfig | None = Field(None, description="Safe-RLHF cost: function or model")
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     agent: AgentConfig | None = Field(
         None, description="multi-turn tool-using rollouts (None: one response per prompt)"
     )
@@ -452,6 +494,8 @@ class TrainerConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
+        if self.trainer != "rl":
+            return self._consistent_post_training()
         reward = self.reward
         has_reward = reward.function or reward.model or reward.judge
         agent_rewards = self.agent is not None and self.agent.function is not None
@@ -529,6 +573,33 @@ class TrainerConfig(_Strict):
                     f"data.batch_size * rollout.n = {samples} samples must split evenly into "
                     f"{count} ranks * algorithm.mini_batches = {per_update} parts"
                 )
+        return self
+
+    def _consistent_post_training(self) -> TrainerConfig:
+        """The roles and batch sizes of the supervised and preference trainers: a missing
+        role is named with the key to add, before anything starts."""
+        if self.placement.mode != "colocate":
+            raise ValueError(
+                f"trainer: {self.trainer} trains one model on one pool: placement.mode "
+                f"colocate, not {self.placement.mode!r} (which places rollouts or roles apart)"
+            )
+        if self.trainer == "reward_model" and self.reward.model is None:
+            raise ValueError(
+                "trainer: reward_model trains reward.model: add a 'reward.model' section (its "
+                "model_path defaults to model.path, the backbone the score head starts from)"
+            )
+        if self.trainer == "dpo" and self.reference is None:
+            raise ValueError(
+                "trainer: dpo needs a 'reference' section: the frozen policy the pairs' "
+                "log-probs are measured against (usually model.path, the SFT model)"
+            )
+        rows = self.data.batch_size * (1 if self.trainer == "sft" else 2)
+        if rows % self.placement.processes:
+            what = "examples" if self.trainer == "sft" else "rows (2 per pair)"
+            raise ValueError(
+                f"data.batch_size gives {rows} {what} per step, which must split evenly "
+                f"over placement.processes={self.placement.processes} ranks"
+            )
         return self
 
     def role_model(self, role: ModelRoleConfig) -> Path:

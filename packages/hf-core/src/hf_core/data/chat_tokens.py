@@ -31,6 +31,8 @@ accepts alike.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import os
 from collections import Counter
@@ -38,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
+import numpy as np
 import torch
 
 from hf_core.batch import Batch
@@ -346,6 +349,7 @@ class _ChatDataset(Generic[E]):
         self.pad_token_id = _pad_id(tokenizer)
         self.num_records = len(records)
         self.dropped: Counter[str] = Counter()
+        self._fingerprint: str | None = None
         self.items: list[E] = []
         for i, record in enumerate(records):
             where = str(locations[i]) if locations is not None else f"{name}: record {i}"
@@ -398,6 +402,21 @@ class _ChatDataset(Generic[E]):
 
     def __getitem__(self, index: int) -> E:
         return self.items[index]
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of every kept example's token ids and masks: a resumed loader checks it
+        (the data, tokenizer, template or filter changed)."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for item in self.items:
+                for field in dataclasses.fields(item):
+                    value = getattr(item, field.name)
+                    if isinstance(value, list | tuple):
+                        digest.update(np.asarray(value, dtype=np.int64).tobytes())
+                    digest.update(b"|")
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
 
     @property
     def num_filtered(self) -> int:

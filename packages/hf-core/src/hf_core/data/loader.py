@@ -23,15 +23,30 @@ every time it is iterated, in dataset order.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from hf_core.batch import Batch
-from hf_core.data.dataset import PromptDataset
 from hf_core.data.io import DataError
 
 _STATE_VERSION = 1
+
+
+class CollatingDataset(Protocol):
+    """What the loader reads: a named dataset of examples collated into batches by position
+    (:class:`~hf_core.data.PromptDataset`, the SFT and preference datasets of
+    :mod:`hf_core.data.chat_tokens`); its fingerprint ties a saved position to its content."""
+
+    name: str
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+    def collate(self, indices: Sequence[int]) -> Batch: ...
 
 
 class PromptLoader:
@@ -50,7 +65,7 @@ class PromptLoader:
 
     def __init__(
         self,
-        dataset: PromptDataset,
+        dataset: CollatingDataset,
         batch_size: int,
         *,
         shuffle: bool = True,
@@ -80,7 +95,7 @@ class PromptLoader:
         self._order_cache: tuple[int, np.ndarray] | None = None
 
     @classmethod
-    def for_validation(cls, dataset: PromptDataset, batch_size: int) -> PromptLoader:
+    def for_validation(cls, dataset: CollatingDataset, batch_size: int) -> PromptLoader:
         """One pass in dataset order, every prompt once, the last batch possibly smaller."""
         return cls(
             dataset, batch_size, shuffle=False, drop_last=False, num_epochs=1, single_pass=True

@@ -46,6 +46,7 @@ from hf_core.roles.common import (
 )
 from hf_core.roles.handover import MemoryHandover
 from hf_core.roles.losses import PolicyLoss, rollout_is_cap, rollout_is_mode, sft_loss
+from hf_core.roles.preference_losses import LinearisedPairLoss
 from hf_core.sync import BroadcastSync, ChannelAddress, WeightSync, lora_of, weight_sync_for
 from hf_core.worker import Worker
 
@@ -82,7 +83,10 @@ class ActorRolloutRefWorker(Worker):
         )
         """On-policy distillation's teacher: scores the student's samples per token."""
         self.standalone = config.placement.mode == "standalone"
-        self.rollout = None if self.standalone else self._build_rollout(config, layout)
+        generates = config.trainer == "rl" and not self.standalone
+        """Supervised and preference trainers never sample: no rollout engine then (and the
+        unused weight sync below is a broadcast whose channel is never opened)."""
+        self.rollout = self._build_rollout(config, layout) if generates else None
         self.agent = (
             None
             if self.rollout is None
@@ -283,6 +287,18 @@ class ActorRolloutRefWorker(Worker):
         batch.meta["temperature"] = 1.0
         self.handover.to_training()
         metrics = self.actor.train_step(batch, sft_loss)
+        self.needs_sync = True
+        return metrics
+
+    @register("3D_PROTO")
+    def preference_step(self, batch: Batch) -> dict[str, float]:
+        """One DPO step: each row's summed log-prob weighted by its ``pair_weight`` (the
+        driver's derivative of the pair loss at these weights), so any split of the pairs
+        over micro-batches and ranks gives the pair loss's exact gradient."""
+        batch.meta["temperature"] = 1.0
+        self.handover.to_training()
+        metrics = self.actor.train_step(batch, LinearisedPairLoss("log_probs"))
+        self.updates += 1
         self.needs_sync = True
         return metrics
 

@@ -460,7 +460,16 @@ class ValueLoss:
 def sft_loss(
     outputs: Mapping[str, torch.Tensor], mb: Batch
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Negative log-likelihood of the target tokens, token mean over the global batch."""
+    """Negative log-likelihood of the target tokens, token mean over the global batch.
+
+    ``sft_nll`` is the micro-batch's mean; ``sft_nll_sum`` / ``sft_tokens_sum`` add up over
+    micro-batches and ranks, so their ratio is the step's exact token mean."""
     mask = mb["response_mask"].to(outputs["log_probs"].dtype)
-    nll = -(outputs["log_probs"] * mask).sum() / mask.sum().clamp(min=1)
-    return nll * global_share(mb, "token-mean"), {"sft_nll": float(nll.detach())}
+    total = -(outputs["log_probs"] * mask).sum()
+    nll = total / mask.sum().clamp(min=1)
+    metrics = {
+        "sft_nll": float(nll.detach()),
+        "sft_nll_sum": float(total.detach()),
+        "sft_tokens_sum": float(mask.sum()),
+    }
+    return nll * global_share(mb, "token-mean"), metrics

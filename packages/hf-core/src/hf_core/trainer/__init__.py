@@ -1,4 +1,9 @@
-"""The single-controller trainer and its helpers."""
+"""The single-controller trainers and their helpers.
+
+``trainer:`` in a recipe picks the dataflow (:func:`trainer_class`): RL (the default),
+supervised fine-tuning, reward-model training or DPO, each a
+:class:`~hf_core.trainer.run_loop.RunLoop` on the same role workers and engines.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,53 @@ from typing import TYPE_CHECKING
 from hf_core.lazy_imports import lazy_exports
 
 if TYPE_CHECKING:
+    from hf_core.config import TrainerConfig
     from hf_core.trainer.checkpoint import CheckpointError
+    from hf_core.trainer.preference import DPOTrainer, RewardModelTrainer
     from hf_core.trainer.rl import RLTrainer
+    from hf_core.trainer.run_loop import RunLoop
+    from hf_core.trainer.sft import SFTTrainer
     from hf_core.trainer.spawning import RoleGroups, spawn_roles
 
-__all__ = ["CheckpointError", "RLTrainer", "RoleGroups", "spawn_roles"]
+__all__ = [
+    "CheckpointError",
+    "DPOTrainer",
+    "RLTrainer",
+    "RewardModelTrainer",
+    "RoleGroups",
+    "RunLoop",
+    "SFTTrainer",
+    "spawn_roles",
+    "trainer_class",
+]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "checkpoint": ("CheckpointError",),
+        "preference": ("DPOTrainer", "RewardModelTrainer"),
         "rl": ("RLTrainer",),
+        "run_loop": ("RunLoop",),
+        "sft": ("SFTTrainer",),
         "spawning": ("RoleGroups", "spawn_roles"),
     },
 )
+
+
+def trainer_class(config: TrainerConfig) -> type[RunLoop]:
+    """The trainer of ``config.trainer`` (imported only when chosen)."""
+    if config.trainer == "sft":
+        from hf_core.trainer.sft import SFTTrainer
+
+        return SFTTrainer
+    if config.trainer == "reward_model":
+        from hf_core.trainer.preference import RewardModelTrainer
+
+        return RewardModelTrainer
+    if config.trainer == "dpo":
+        from hf_core.trainer.preference import DPOTrainer
+
+        return DPOTrainer
+    from hf_core.trainer.rl import RLTrainer
+
+    return RLTrainer

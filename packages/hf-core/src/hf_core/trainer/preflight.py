@@ -77,9 +77,10 @@ def preflight(config: TrainerConfig, layout: RunLayout | None = None) -> RunLayo
     recipe it applied); ``None``: resolved here -- the one place a recipe's layout is
     resolved, so pass the result on rather than resolving it again.
     """
-    _check_algorithm(config)
-    _check_reward_functions(config)
-    _check_agent(config)
+    if config.trainer == "rl":  # the others sample nothing and compute no reward
+        _check_algorithm(config)
+        _check_reward_functions(config)
+        _check_agent(config)
     if layout is None:
         try:
             layout = resolve_layout(config)

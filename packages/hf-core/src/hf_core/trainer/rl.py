@@ -20,13 +20,11 @@ passed since the last one, so a fault loses at most that much work.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hf_core.agents.loop import agent_metrics
@@ -51,28 +49,17 @@ from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, tensor_nbytes, token_ids
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
-from hf_core.metrics import MetricsLogger, RunSummary, Timer, peak_memory
+from hf_core.metrics import Timer, peak_memory
 from hf_core.multimodal import MULTI_MODAL_KEY, VisionProcessor, is_vision_model
 from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
 from hf_core.roles import JUDGE_KEYS
 from hf_core.roles.handover import handover_metrics
 from hf_core.roles.losses import GROUP_MEAN_MODE, mismatch_parts, mismatch_summary
-from hf_core.runtime import Cluster, WorkerLostError
-from hf_core.trainer.auto_placement import place_roles
 from hf_core.trainer.batches import generation_input, sampling_params, sft_batch, token_count
-from hf_core.trainer.checkpoint import (
-    folder_bytes,
-    latest_checkpoint,
-    load_trainer_state,
-    remove_partial_checkpoints,
-    save_run_checkpoint,
-)
 from hf_core.trainer.dynamic_sampling import DynamicSampler
-from hf_core.trainer.out_of_memory import out_of_memory_error
-from hf_core.trainer.preflight import preflight
 from hf_core.trainer.rollout_source import RolloutSource, StepSamples, rollout_source
-from hf_core.trainer.spawning import PoolSpec, RoleGroups, spawn_roles
+from hf_core.trainer.run_loop import RunLoop
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +89,9 @@ HANDOVER_LOG_STEPS = 100
 """Steps of hand-over events kept in memory (a long run must not grow with them)."""
 
 
-class RLTrainer:
-    """Owns the cluster, the worker groups, the data and the metrics of one run."""
+class RLTrainer(RunLoop):
+    """The RL dataflow: owns the rollouts, the rewards and the algorithm's state; the run
+    around the steps (cluster, restarts, checkpoints, metrics) is :class:`RunLoop`'s."""
 
     def __init__(
         self, config: TrainerConfig, *, resume: bool = False, layout: RunLayout | None = None
@@ -112,10 +100,7 @@ class RLTrainer:
         returned it with ``config``; ``None``: resolved here, by the pre-start checks."""
         from transformers import AutoTokenizer
 
-        # names and engine blocks, before any process starts; the layout resolved (once)
-        self.layout = preflight(config, layout)
-        """The run's layout: placement and every role worker take it from here."""
-        self.config = config
+        super().__init__(config, resume=resume, layout=layout)
         algo = config.algorithm
         self.recompute_behaviour_log_probs = (
             algo.ppo_epochs > 1 or algo.mini_batches > 1 or algo.kl.mode == "in_reward"
@@ -129,8 +114,6 @@ class RLTrainer:
         )
         """Whether whole samples may leave the loss (a failed agent run, a filtered truncated
         response): their rows have no valid token, and get no reward."""
-        self.resume = resume
-        self.output_dir = Path(config.run.output_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(
             str(config.tokenizer_path), local_files_only=True
         )
@@ -170,24 +153,9 @@ class RLTrainer:
             if config.cost is not None and config.cost.function
             else None
         )
-        self.roles: RoleGroups | None = None
         self.sampler: DynamicSampler | None = None
         """Dynamic sampling (``algorithm.dynamic_sampling``), while fit() runs."""
         self._rollouts: RolloutSource | None = None
-        self.restarts: list[str] = []
-        """The cause of each self-healing restart of this run, in order."""
-        self._last_metrics: dict[str, float] = {}
-        """The last logged step's metrics (its stages' peak memory names an OOM's cause)."""
-        self.start_steps: list[int] = []
-        """The step each attempt of :meth:`fit` started training from, as restored (0: from
-        scratch); ``start_steps[1:]`` is where each restart resumed.  The metrics cannot tell:
-        a deterministic replay from step 0 logs the same rows as a resume."""
-        self._checkpoint_step: int | None = None
-        """Step of the newest checkpoint this run wrote or resumed from (None: none yet); a
-        restart resumes only from such a one, never from a stale run's in the same folder."""
-        self._last_save = time.monotonic()
-        self._resume_now = resume
-        """Whether the next attempt of :meth:`_fit` starts from the latest checkpoint."""
         self._new_run_state()
 
     def _new_run_state(self) -> None:
@@ -219,103 +187,19 @@ class RLTrainer:
         last HANDOVER_LOG_STEPS steps (the metrics carry every step's totals)."""
 
     @property
-    def _groups(self) -> RoleGroups:
-        if self.roles is None:
-            raise RuntimeError("the worker groups exist only while fit() runs")
-        return self.roles
-
-    @property
     def rollouts(self) -> RolloutSource:
         if self._rollouts is None:
             raise RuntimeError("the rollout source exists only while fit() runs")
         return self._rollouts
 
-    # ------------------------------------------------------------------ run
-    def fit(self) -> RunSummary:
-        self._seed()
-        remove_partial_checkpoints(self.output_dir)  # a failed or killed save's leftovers
-        # auto: the planner's pools and layout
-        placed = place_roles(self.config, self.layout, self.output_dir)
-        self.config = cfg = placed.config
-        self.layout = placed.layout
-        with Cluster(cfg.cluster.address, num_cpus=cfg.cluster.num_cpus):
-            return self._fit_with_restarts(placed.pools)
+    # ------------------------------------------------------- the run's hooks
+    def _after_groups(self) -> None:
+        self._rollouts = None
 
-    def _seed(self) -> None:
-        seed = self.config.run.seed
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
+    def _has_validation(self) -> bool:
+        return self.val_loader is not None
 
-    def _fit_with_restarts(self, pools: list[PoolSpec]) -> RunSummary:
-        """Spawn the groups and train; on a lost or hung worker, start over from the latest
-        checkpoint with fresh groups, at most ``run.max_restarts`` times.
-
-        Only :class:`WorkerLostError` restarts (a process died, or stopped answering within
-        ``cluster.failure_timeout_s``): that is a fault of the machine, not of the program.
-        Everything else propagates at once, with the groups torn down.
-        """
-        self._resume_now = self.resume
-        while True:
-            try:
-                self.roles = spawn_roles(
-                    self.config, self.layout, pools, stacks_dir=str(self.output_dir / "stacks")
-                )
-                return self._fit()
-            except WorkerLostError as exc:
-                if exc.out_of_memory:  # restarting would run the same step out of memory again
-                    raise out_of_memory_error(exc, self._last_metrics) from None
-                if len(self.restarts) >= self.config.run.max_restarts:
-                    raise
-                self._resume_now = self._prepare_restart(exc)
-            finally:
-                self._rollouts = None
-                if self.roles is not None:
-                    self.roles.shutdown()
-                    self.roles = None
-
-    def _prepare_restart(self, cause: WorkerLostError) -> bool:
-        """Log the restart and its cause; True to resume from a checkpoint, False to go back
-        to step 0 (no checkpoint of this run exists yet)."""
-        self.restarts.append(str(cause))
-        resume = self._checkpoint_step is not None
-        log.warning(
-            "restart %d/%d after a worker failure at step %d, from %s: %s",
-            len(self.restarts),
-            self.config.run.max_restarts,
-            self.step,
-            f"the checkpoint of step {self._checkpoint_step}" if resume else "step 0",
-            cause,
-        )
-        if not resume:
-            self._seed()
-            self._new_run_state()
-        return resume
-
-    def _save_due(self) -> bool:
-        """Every ``save_every`` steps, and whenever ``save_every_minutes`` passed since the
-        last save (bounding the work a fault can lose)."""
-        run = self.config.run
-        if run.save_every and self.step % run.save_every == 0:
-            return True
-        minutes = run.save_every_minutes
-        return minutes is not None and time.monotonic() - self._last_save >= minutes * 60
-
-    def _checkpoint(self) -> None:
-        start = time.perf_counter()
-        folder = self.save()
-        log.info(
-            "checkpoint of step %d saved in %.2f s (%d bytes): %s",
-            self.step,
-            time.perf_counter() - start,
-            folder_bytes(folder),
-            folder,
-        )
-        self._checkpoint_step = self.step
-        self._last_save = time.monotonic()
-
-    def _fit(self) -> RunSummary:
-        """One attempt: restore (``--resume`` or a restart), train, save, export."""
+    def _start_attempt(self) -> None:
         cfg = self.config
         self._rollouts = rollout_source(cfg, self._groups, self.loader)
         dynamic = cfg.algorithm.dynamic_sampling
@@ -331,49 +215,16 @@ class RLTrainer:
             if dynamic.enabled
             else None
         )
-        resumed_step = self._restore() if self._resume_now else None
-        self._last_save = time.monotonic()
-        if resumed_step is not None:
-            self._checkpoint_step = resumed_step
-        if resumed_step is None and cfg.sft.steps:
+
+    def _before_training(self, resumed_step: int | None) -> None:
+        if resumed_step is None and self.config.sft.steps:
             self._warm_start()
-        self.start_steps.append(self.step)
-        log.info("attempt %d trains from step %d", len(self.start_steps), self.step)
-        logger = MetricsLogger(
-            self.output_dir,
-            total_steps=cfg.run.total_steps,
-            run_name=cfg.run.name,
-            config=cfg.model_dump(mode="json"),
-            tensorboard=cfg.run.tensorboard,
-            wandb=cfg.run.wandb,
-            progress=cfg.run.progress,
-            resume_step=resumed_step,
-            overwrite=resumed_step is None,
-        )
-        try:
-            while self.step < cfg.run.total_steps:
-                self.step += 1
-                metrics = self._train_step()
-                if (
-                    self.val_loader is not None
-                    and cfg.run.val_every
-                    and (self.step % cfg.run.val_every == 0 or self.step == cfg.run.total_steps)
-                ):
-                    metrics.update(self.validate())
-                logger.log(metrics, self.step)
-                self._last_metrics = metrics
-                if self._save_due():
-                    self._checkpoint()
-            if cfg.run.save_final and self._checkpoint_step != self.step:
-                self._checkpoint()
-            if cfg.run.export_final:
-                self._groups.actor.export_hf(str(self.output_dir / "actor_hf"))
-        except BaseException as failure:
-            logger.close()  # rows so far stay complete; no summary for a failed run
-            self.rollouts.write_account(self.output_dir, len(self.start_steps), failure)
-            raise
-        self.rollouts.write_account(self.output_dir, len(self.start_steps), None)
-        return logger.finish()
+
+    def _end_attempt(self, failure: BaseException | None) -> None:
+        self.rollouts.write_account(self.output_dir, len(self.start_steps), failure)
+
+    def _export(self) -> None:
+        self._groups.actor.export_hf(str(self.output_dir / "actor_hf"))
 
     # --------------------------------------------------------------- stages
     def _train_step(self) -> dict[str, float]:
@@ -669,21 +520,12 @@ class RLTrainer:
             "rng": rng_state(),  # JSON values and tensors: nothing pickled
         }
 
-    def save(self) -> Path:
-        def save_engines(folder: Path) -> None:
-            self._groups.actor.save_checkpoint(str(folder))
-            if self._groups.critic is not None:
-                self._groups.critic.save_checkpoint(str(folder))
+    def _save_engines(self, folder: Path) -> None:
+        self._groups.actor.save_checkpoint(str(folder))
+        if self._groups.critic is not None:
+            self._groups.critic.save_checkpoint(str(folder))
 
-        keep = self.config.run.keep_checkpoints
-        return save_run_checkpoint(
-            self.output_dir, self.step, self._state(), save_engines, keep=keep
-        )
-
-    def _restore(self) -> int:
-        start = time.perf_counter()
-        folder = latest_checkpoint(self.output_dir)
-        state = load_trainer_state(folder)
+    def _load(self, folder: Path, state: dict[str, Any]) -> None:
         self._groups.actor.load_checkpoint(str(folder), int(state["step"]))
         if self._groups.critic is not None:
             self._groups.critic.load_checkpoint(str(folder))
@@ -695,10 +537,3 @@ class RLTrainer:
         if self.lagrange is not None and state["lagrange"] is not None:
             self.lagrange.load_state_dict(state["lagrange"])
         set_rng_state(state["rng"])
-        log.info(
-            "resumed from %s at step %d, restored in %.2f s",
-            folder,
-            self.step,
-            time.perf_counter() - start,
-        )
-        return self.step

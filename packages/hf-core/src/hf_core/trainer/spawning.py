@@ -36,7 +36,9 @@ class PoolSpec:
 
 @dataclass
 class RoleGroups:
-    actor: WorkerGroup
+    actor_group: WorkerGroup | None
+    """The actor's workers; ``None`` only where no policy is trained (``trainer:
+    reward_model``), so every other run reads :attr:`actor`."""
     critic: WorkerGroup | None = None
     reward: WorkerGroup | None = None
     cost: WorkerGroup | None = None
@@ -44,8 +46,15 @@ class RoleGroups:
     """The standalone rollout pool's workers (``None``: the actor generates itself)."""
     pools: list[ResourcePool] = field(default_factory=list)
 
+    @property
+    def actor(self) -> WorkerGroup:
+        if self.actor_group is None:
+            raise RuntimeError("this run has no actor workers (trainer: reward_model)")
+        return self.actor_group
+
     def shutdown(self) -> None:
-        _shutdown([self.actor, self.critic, self.reward, self.cost, self.rollout], self.pools)
+        groups = [self.actor_group, self.critic, self.reward, self.cost, self.rollout]
+        _shutdown(groups, self.pools)
 
 
 def _shutdown(groups: Sequence[WorkerGroup | None], pools: Sequence[ResourcePool]) -> None:
@@ -61,7 +70,11 @@ def _shutdown(groups: Sequence[WorkerGroup | None], pools: Sequence[ResourcePool
 
 def worker_roles(config: TrainerConfig) -> tuple[str, ...]:
     """The roles the config asks workers for, in :func:`role_specs`' order (the reference
-    lives in the actor's worker; a generative judge fills the reward role's place)."""
+    lives in the actor's worker; a generative judge fills the reward role's place).  The
+    supervised and preference trainers train one model: the actor, or (``trainer:
+    reward_model``) the reward model."""
+    if config.trainer != "rl":
+        return ("reward",) if config.trainer == "reward_model" else ("actor",)
     wanted = {
         "actor": True,
         "critic": config.critic is not None,
@@ -76,7 +89,13 @@ def role_specs(config: TrainerConfig, layout: RunLayout) -> dict[str, RoleSpec]:
     """The worker of every role the config uses.  The workers that build engines get
     ``layout``, the run's layout resolved on the driver: it reaches them pickled with the
     config, so no worker resolves it again."""
+    if config.trainer == "reward_model" and config.reward.model is not None:
+        return {
+            "reward": RoleSpec(ScoreModelWorker, (config, config.reward.model, "reward", layout))
+        }
     specs = {"actor": RoleSpec(ActorRolloutRefWorker, (config, layout))}
+    if config.trainer != "rl":
+        return specs
     if config.critic is not None:
         specs["critic"] = RoleSpec(CriticWorker, (config, layout))
     if config.reward.model is not None:
@@ -165,7 +184,7 @@ def spawn_roles(
         _shutdown(list(groups.values()), resource_pools)  # nothing half-started stays up
         raise
     return RoleGroups(
-        actor=groups["actor"],
+        actor_group=groups.get("actor"),
         critic=groups.get("critic"),
         reward=groups.get("reward"),
         cost=groups.get("cost"),

@@ -32,7 +32,7 @@ import torch
 from hf_core.atomic import replaced_atomically
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
-from hf_core.data import PromptLoader
+from hf_core.data import PromptDataset, PromptLoader
 from hf_core.engines import SamplingParams
 from hf_core.engines.streaming import StreamRequest, responses_batch
 from hf_core.roles.rollout_pool import ROLLOUT_VERSION
@@ -67,6 +67,7 @@ class StreamingRollouts(StandaloneRollouts):
         self.drawn: dict[PromptId, SamplingParams] = {}
         """Prompts drawn and not yet trained, in draw order, with their sampling parameters."""
         dataset = loader.dataset
+        assert isinstance(dataset, PromptDataset), "streaming rollouts draw prompts"
         self.position = {item.sample_index: i for i, item in enumerate(dataset.items)}
         """The dataset position of each ``sample_index`` (prompts are collated from it)."""
         self.pending: deque[PromptId] = deque()

@@ -1,0 +1,167 @@
+"""The supervised and preference trainers end to end: every recipe runs 3 steps on FSDP (SFT
+and reward-model training also on megatron), data parallelism equals one process, a resumed
+run equals an uninterrupted one, and the exported model loads where the next stage reads it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import LONG, POST_TRAINING, RECIPES, exported_weights
+
+from hf_core.config import TrainerConfig, load_config
+from hf_core.trainer import trainer_class
+from hf_core.trainer.preflight import load_run_config
+
+HEADLINE = {
+    "sft": ["actor/sft_nll", "actor/grad_norm", "sft/target_tokens", "val/nll", "val/perplexity"],
+    "reward_model": [
+        "reward_model/loss",
+        "reward_model/pair_accuracy",
+        "reward_model/score_margin",
+        "reward_model/grad_norm",
+        "val/pair_accuracy",
+        "val/score_margin",
+    ],
+    "dpo": [
+        "dpo/loss",
+        "dpo/rewards/chosen",
+        "dpo/rewards/rejected",
+        "dpo/rewards/margin",
+        "dpo/rewards/accuracy",
+        "dpo/grad_norm",
+        "val/rewards/accuracy",
+        "val/loss",
+    ],
+}
+MEGATRON = {
+    "sft": ["actor.backend=megatron", "actor.parallel.tp=2"],
+    "reward_model": ["reward.model.backend=megatron", "reward.model.parallel.tp=2"],
+}
+"""SFT and reward-model training on megatron-core (TP=2 over the recipe's two ranks)."""
+CASES = [*POST_TRAINING, *(f"{name}@megatron" for name in MEGATRON)]
+
+
+def _run(name: str, out: Path, *overrides: str) -> list[dict]:
+    recipe, _, backend = name.partition("@")
+    config, layout = load_run_config(
+        RECIPES / f"{recipe}.yaml",
+        [
+            "run.total_steps=3",
+            "run.val_every=3",
+            "run.progress=false",
+            f"run.output_dir={out}",
+            *(MEGATRON[recipe] if backend else []),
+            *overrides,
+        ],
+    )
+    trainer_class(config)(config, layout=layout).fit()
+    return [json.loads(line) for line in (out / "metrics.jsonl").open()]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("name", CASES)
+def test_trainer_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
+    out = in_workdir / "runs" / name.replace("@", "-")
+    rows = _run(name, out, "run.export_final=true")
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    for key in HEADLINE[name.partition("@")[0]]:
+        assert key in rows[-1], f"{name}: no {key} at step 3"
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, int | float):
+                assert math.isfinite(value), f"{name}: {key} = {value} at step {row['step']}"
+    first, last = rows[0], rows[-1]
+    if name.startswith("sft"):
+        assert last["actor/sft_nll"] < first["actor/sft_nll"], "SFT did not lower the NLL"
+    if name.startswith("reward_model"):
+        assert last["reward_model/loss"] < first["reward_model/loss"], "BT loss did not fall"
+    # the export is what the next stage reads: the RL policy, or a PPO recipe's reward model
+    if name.startswith("reward_model"):
+        load_run_config(RECIPES / "ppo.yaml", [f"reward.model.model_path={out / 'reward_hf'}"])
+    else:
+        load_run_config(RECIPES / "grpo.yaml", [f"model.path={out / 'actor_hf'}"])
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("name", [pytest.param("sft", marks=LONG), "dpo"])
+def test_two_ranks_equal_one(name: str, in_workdir: Path) -> None:
+    """The same steps on 1 and 2 data-parallel ranks: losses, gradient norms and weights
+    agree (DPO's pairs split over ranks and micro-batches: the pair loss is exact anyway)."""
+    runs = {}
+    for processes in (1, 2):
+        out = in_workdir / "runs" / f"{name}-dp{processes}"
+        runs[processes] = _run(
+            name,
+            out,
+            f"placement.processes={processes}",
+            "actor.engine.micro_batch_size=4",  # several micro-batches per rank
+            "run.export_final=true",
+        )
+        runs[processes].append(exported_weights(out))
+    loss = "actor/sft_nll" if name == "sft" else "dpo/loss"
+    for one, two in zip(runs[1][:-1], runs[2][:-1], strict=True):
+        for key in (loss, f"{'actor' if name == 'sft' else 'dpo'}/grad_norm"):
+            assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+    # Adam divides by sqrt(v): where a gradient is ~0, a summation-order difference of 1e-9
+    # moves a weight by up to ~1% of one step (lr 1e-3), so weights agree to 1e-5, not 1e-6
+    weights_one, weights_two = runs[1][-1], runs[2][-1]
+    for key, tensor in weights_one.items():
+        torch.testing.assert_close(weights_two[key], tensor, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_resumed_dpo_run_equals_an_uninterrupted_one(in_workdir: Path) -> None:
+    """4 steps at once, and 2 steps + a resume to 4 (checkpoint of step 2): the same rows for
+    steps 3-4 (loss, metrics) and the same final weights."""
+    whole = in_workdir / "runs" / "dpo-whole"
+    rows = _run("dpo", whole, "run.total_steps=4", "run.val_every=0", "run.export_final=true")
+    part = in_workdir / "runs" / "dpo-part"
+    _run("dpo", part, "run.total_steps=2", "run.val_every=0", "run.save_every=2")
+    config = load_config(
+        TrainerConfig,
+        RECIPES / "dpo.yaml",
+        [f"run.output_dir={part}", "run.total_steps=4", "run.val_every=0", "run.progress=false",
+         "run.export_final=true"],
+    )  # fmt: skip
+    trainer = trainer_class(config)(config, resume=True)
+    trainer.fit()
+    assert trainer.start_steps == [2]
+    resumed = [json.loads(line) for line in (part / "metrics.jsonl").open()]
+    volatile = ("perf/", "memory/", "timestamp")
+    for a, b in zip(rows, resumed, strict=True):
+        assert {k: v for k, v in a.items() if not k.startswith(volatile)} == {
+            k: v for k, v in b.items() if not k.startswith(volatile)
+        }
+    final, resumed_final = exported_weights(whole), exported_weights(part)
+    for key, tensor in final.items():
+        assert torch.equal(resumed_final[key], tensor), key
+
+
+def test_a_recipe_missing_its_trained_role_exits_2_naming_the_key(in_workdir: Path) -> None:
+    """Before anything starts: a reward-model recipe without reward.model, a DPO recipe
+    without a reference, bad preference data."""
+    import subprocess
+    import sys
+
+    def run(recipe: str, *overrides: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hf_core.cli", "run", str(RECIPES / recipe), *overrides],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    missing = run("reward_model.yaml", "reward.model=null")
+    assert missing.returncode == 2 and "reward.model" in missing.stderr, missing.stderr
+    missing = run("dpo.yaml", "reference=null")
+    assert missing.returncode == 2 and "reference" in missing.stderr, missing.stderr
+    bad = in_workdir / "bad_pairs.jsonl"
+    bad.write_text('{"prompt": "reverse 12:", "chosen": "21", "rejected": "12"}\n{"prompt": 3}\n')
+    broken = run("dpo.yaml", f"data.train_files=[{bad}]")
+    assert broken.returncode == 2, broken.stderr
+    assert "bad_pairs.jsonl" in broken.stderr and "2" in broken.stderr, broken.stderr
+    assert not (in_workdir / "runs" / "dpo").exists(), "a refused run left its folder behind"

@@ -52,7 +52,11 @@ class RunConfig(_Strict):
         description="when a worker dies or hangs: tear down, restart the groups and resume from "
         "the latest checkpoint this many times before giving up",
     )
-    export_final: bool = Field(False, description="export the actor as an HF folder at the end")
+    export_final: bool = Field(
+        False,
+        description="export the trained model as an HF folder at the end (actor_hf; reward_hf "
+        "under trainer: reward_model)",
+    )
     tensorboard: bool = False
     wandb: bool = False
     progress: bool = True

@@ -153,6 +153,7 @@ def workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """Ray replaced: every worker is built here from its pickled arguments (what a worker
     process receives); the trainer's loop returns at once.  Yields the workers by role."""
     import hf_core.trainer.rl as rl
+    import hf_core.trainer.run_loop as run_loop
     import hf_core.trainer.spawning as spawning
 
     built: dict[str, Any] = {}
@@ -165,7 +166,7 @@ def workers(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
 
     monkeypatch.setattr(spawning, "spawn", spawn)
     monkeypatch.setattr(spawning, "ResourcePool", _Pool)
-    monkeypatch.setattr(rl, "Cluster", _Cluster)
+    monkeypatch.setattr(run_loop, "Cluster", _Cluster)
     monkeypatch.setattr(rl.RLTrainer, "_fit", lambda self: None)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")  # rank 0 of the actor's two ranks

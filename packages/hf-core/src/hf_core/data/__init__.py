@@ -1,4 +1,6 @@
-"""Prompt datasets: local JSONL / JSON / Parquet files -> tokenised, left-padded batches.
+"""Datasets: local JSONL / JSON / Parquet files -> tokenised, left-padded batches (prompts
+for RL; :class:`SFTDataset` / :class:`PreferenceDataset` for the supervised and preference
+trainers, :mod:`hf_core.data.chat_tokens`).
 
     dataset = PromptDataset.from_files("train.jsonl", tokenizer, max_prompt_length=256)
     loader = PromptLoader(dataset, batch_size=32, shuffle=True, seed=0, num_epochs=None)
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING
 from hf_core.lazy_imports import lazy_package
 
 if TYPE_CHECKING:
+    from hf_core.data.chat_tokens import PreferenceDataset as PreferenceDataset
+    from hf_core.data.chat_tokens import SFTDataset as SFTDataset
     from hf_core.data.dataset import RESERVED_KEYS as RESERVED_KEYS
     from hf_core.data.dataset import PromptDataset as PromptDataset
     from hf_core.data.dataset import PromptItem as PromptItem
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     from hf_core.data.io import check_dataset_file as check_dataset_file
     from hf_core.data.io import read_records as read_records
     from hf_core.data.io import write_jsonl as write_jsonl
+    from hf_core.data.loader import CollatingDataset as CollatingDataset
     from hf_core.data.loader import PromptLoader as PromptLoader
 # The re-exports above; the typed ones load on first use (hf_core.lazy_imports).
 __all__, __getattr__, __dir__ = lazy_package(__name__)

@@ -35,9 +35,11 @@ def add_data_command(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser = actions.add_parser(
         "prepare",
         help="convert GSM8K / MATH / a saved datasets dataset / JSONL-Parquet columns / "
-        "image+question+answer rows (vlm)",
+        "image+question+answer rows (vlm) / chat or prompt-completion demonstrations (sft) / "
+        "chosen-rejected pairs (preference)",
         description=(
-            "Write <output>/<name>.jsonl (prompt, ground_truth) for each input, plus "
+            "Write <output>/<name>.jsonl (prompt, ground_truth; sft: messages; preference: "
+            "prompt, chosen, rejected) for each input, plus "
             f"{REPORT_FILE} (rows kept and dropped, and why) and {PREVIEW_FILE}.  Default "
             "prompt templates: "
             + "; ".join(f"{k}: {v!r}" for k, v in DEFAULT_TEMPLATES.items() if k != "datasets")

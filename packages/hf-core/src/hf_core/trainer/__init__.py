@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from hf_core.lazy_imports import lazy_exports
 
 if TYPE_CHECKING:
-    from hf_core.config import TrainerConfig
     from hf_core.trainer.checkpoint import CheckpointError
+    from hf_core.trainer.choice import trainer_class
     from hf_core.trainer.preference import DPOTrainer, RewardModelTrainer
     from hf_core.trainer.rl import RLTrainer
     from hf_core.trainer.run_loop import RunLoop
@@ -36,6 +36,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "checkpoint": ("CheckpointError",),
+        "choice": ("trainer_class",),
         "preference": ("DPOTrainer", "RewardModelTrainer"),
         "rl": ("RLTrainer",),
         "run_loop": ("RunLoop",),
@@ -43,22 +44,3 @@ __getattr__, __dir__ = lazy_exports(
         "spawning": ("RoleGroups", "spawn_roles"),
     },
 )
-
-
-def trainer_class(config: TrainerConfig) -> type[RunLoop]:
-    """The trainer of ``config.trainer`` (imported only when chosen)."""
-    if config.trainer == "sft":
-        from hf_core.trainer.sft import SFTTrainer
-
-        return SFTTrainer
-    if config.trainer == "reward_model":
-        from hf_core.trainer.preference import RewardModelTrainer
-
-        return RewardModelTrainer
-    if config.trainer == "dpo":
-        from hf_core.trainer.preference import DPOTrainer
-
-        return DPOTrainer
-    from hf_core.trainer.rl import RLTrainer
-
-    return RLTrainer

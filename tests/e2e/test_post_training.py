@@ -143,7 +143,7 @@ def test_a_resumed_dpo_run_equals_an_uninterrupted_one(in_workdir: Path) -> None
 
 def test_a_recipe_missing_its_trained_role_exits_2_naming_the_key(in_workdir: Path) -> None:
     """Before anything starts: a reward-model recipe without reward.model, a DPO recipe
-    without a reference, bad preference data."""
+    without a reference, bad preference and chat data."""
     import subprocess
     import sys
 
@@ -165,3 +165,12 @@ def test_a_recipe_missing_its_trained_role_exits_2_naming_the_key(in_workdir: Pa
     assert broken.returncode == 2, broken.stderr
     assert "bad_pairs.jsonl" in broken.stderr and "2" in broken.stderr, broken.stderr
     assert not (in_workdir / "runs" / "dpo").exists(), "a refused run left its folder behind"
+    bad = in_workdir / "bad_chat.jsonl"
+    bad.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}'
+        '\n{"messages": [{"role": "narrator", "content": "hi"}]}\n'
+    )
+    broken = run("sft.yaml", f"data.train_files=[{bad}]")
+    assert broken.returncode == 2, broken.stderr
+    assert "bad_chat.jsonl" in broken.stderr and "narrator" in broken.stderr, broken.stderr
+    assert not (in_workdir / "runs" / "sft").exists(), "a refused run left its folder behind"

@@ -17,6 +17,10 @@ from hf_core.rewards import get_reward_function
 from hf_core.rewards.code import extract_code
 from hf_testing.kernel import landlock_expected
 
+# the sandbox tests run alone (not beside pytest-xdist workers): some check that no sandbox
+# process or cgroup of the machine outlives a call, which a neighbour's sandbox would break
+pytestmark = pytest.mark.serial
+
 
 def test_extracts_the_last_fenced_block() -> None:
     text = "First try:\n```python\nx = 1\n```\nBetter:\n```\ndef f():\n    return 2\n```\n"

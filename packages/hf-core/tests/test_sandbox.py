@@ -17,6 +17,10 @@ from hf_core.agents.sandbox import SandboxLimits, _pump, _Stream, run_python, ru
 from hf_core.agents.sandbox_isolation import IsolationSupport
 from hf_testing.kernel import landlock_expected
 
+# the sandbox tests run alone (not beside pytest-xdist workers): some check that no sandbox
+# process or cgroup of the machine outlives a call, which a neighbour's sandbox would break
+pytestmark = pytest.mark.serial
+
 FAST = SandboxLimits(cpu_seconds=1, memory_mb=256, wall_seconds=2.0, output_kb=4)
 
 

@@ -32,6 +32,10 @@ import pytest
 from hf_core.agents.sandbox import SandboxLimits, SandboxResult, run_python
 from hf_core.agents.sandbox_isolation import CGROUP_PREFIX, CGROUP_ROOT, isolation_support
 
+# the sandbox tests run alone (not beside pytest-xdist workers): some check that no sandbox
+# process or cgroup of the machine outlives a call, which a neighbour's sandbox would break
+pytestmark = pytest.mark.serial
+
 LIMITS = SandboxLimits(cpu_seconds=2, memory_mb=256, wall_seconds=5.0, output_kb=8, processes=16)
 BOOTSTRAP_MARK = "__hf_sandbox_bootstrap__"  # in every sandbox process's command line
 

@@ -34,6 +34,10 @@ from hf_core.rewards import code as code_reward
 from hf_core.rewards.scorer import RewardFunctionError
 from hf_core.tool_calls import format_tool_call
 
+# the sandbox tests run alone (not beside pytest-xdist workers): some check that no sandbox
+# process or cgroup of the machine outlives a call, which a neighbour's sandbox would break
+pytestmark = pytest.mark.serial
+
 # ------------------------------------------------------------------------ the service double
 
 

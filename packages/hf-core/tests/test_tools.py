@@ -16,6 +16,10 @@ from hf_core.plugins import hookimpl
 from hf_core.plugins.tools import get_tool, resolve_tools, tool_names
 from hf_core.tool_calls import MalformedCall, ToolCall, format_tool_call, parse_tool_calls
 
+# the sandbox tests run alone (not beside pytest-xdist workers): some check that no sandbox
+# process or cgroup of the machine outlives a call, which a neighbour's sandbox would break
+pytestmark = pytest.mark.serial
+
 
 def shout(text: str) -> str:
     """Upper-case the text."""

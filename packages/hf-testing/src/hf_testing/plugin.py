@@ -17,6 +17,11 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line(
+        "markers",
+        "serial: checks state of the whole machine (its processes, cgroups), so it runs after "
+        "the pytest-xdist workers, alone",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -400,11 +400,11 @@ def _save_checkpoint(out: Path, step: int = 3) -> Path:
 def test_options_and_overrides_in_any_order(
     words: list[str], in_workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hf_core.trainer
+    import hf_core.trainer.choice
 
     out = tmp_path / "out"
     _save_checkpoint(out)
-    monkeypatch.setattr(hf_core.trainer, "RLTrainer", _RecordingTrainer)
+    monkeypatch.setattr(hf_core.trainer.choice, "trainer_class", lambda _: _RecordingTrainer)
     _RecordingTrainer.calls = []
     argv = [w.format(recipe=GRPO, out=f"run.output_dir={out}") for w in words]
     assert main(["run", *argv]) == 0

@@ -25,7 +25,7 @@ from conftest import RECIPES, exported_weights, logged_step_reached, stable_metr
 from hf_core.config import TrainerConfig, load_config
 from hf_core.runtime import WorkerError, WorkerLostError
 from hf_core.trainer import RLTrainer
-from hf_core.trainer import rl as rl_module
+from hf_core.trainer import run_loop
 
 VOLATILE = ("timing/", "perf/", "memory/", "timestamp", "handover/")
 """Not compared: times, memory peaks and the hand-over's bytes.  The first step after a
@@ -146,7 +146,7 @@ def _policy_trainer(
             raise outcome
         return outcome
 
-    monkeypatch.setattr(rl_module, "spawn_roles", fake_spawn)
+    monkeypatch.setattr(run_loop, "spawn_roles", fake_spawn)  # the run loop spawns the groups
     monkeypatch.setattr(RLTrainer, "_fit", fake_fit)
     trainer = RLTrainer(_config(in_workdir / "runs" / "policy", *overrides))
     return trainer, events

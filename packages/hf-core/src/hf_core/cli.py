@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _train(config: TrainerConfig, layout: RunLayout, args: argparse.Namespace) -> int:
-    from hf_core.trainer import trainer_class
+    from hf_core.trainer.choice import trainer_class
 
     # resolved once, at load
     trainer = trainer_class(config)(config, resume=args.resume, layout=layout)

@@ -24,8 +24,7 @@ from conftest import RECIPES, exported_weights, logged_step_reached, stable_metr
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.runtime import WorkerError, WorkerLostError
-from hf_core.trainer import RLTrainer
-from hf_core.trainer import run_loop
+from hf_core.trainer import RLTrainer, run_loop
 
 VOLATILE = ("timing/", "perf/", "memory/", "timestamp", "handover/")
 """Not compared: times, memory peaks and the hand-over's bytes.  The first step after a

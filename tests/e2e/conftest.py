@@ -68,12 +68,13 @@ def stable_metrics(row: dict, volatile: tuple[str, ...]) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(volatile)}
 
 
-def exported_weights(out: Path) -> dict:
-    """Every tensor of the actor's HF export (``run.export_final``) of the run in ``out``."""
+def exported_weights(out: Path, folder: str = "actor_hf") -> dict:
+    """Every tensor of the HF export (``run.export_final``) of the run in ``out``: the actor's,
+    or another trained role's ``folder`` (``reward_hf``)."""
     from safetensors.torch import load_file
 
     tensors = {}
-    for file in sorted((out / "actor_hf").glob("*.safetensors")):
+    for file in sorted((out / folder).glob("*.safetensors")):
         tensors.update(load_file(file))
     return tensors
 

@@ -86,31 +86,47 @@ def test_trainer_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
         load_run_config(RECIPES / "grpo.yaml", [f"model.path={out / 'actor_hf'}"])
 
 
+DATA_PARALLEL = {
+    # name: (loss, gradient norm, the trained role's engine key, its export folder)
+    "sft": ("actor/sft_nll", "actor/grad_norm", "actor.engine", "actor_hf"),
+    "reward_model": (
+        "reward_model/loss",
+        "reward_model/grad_norm",
+        "reward.model.engine",
+        "reward_hf",
+    ),
+    "dpo": ("dpo/loss", "dpo/grad_norm", "actor.engine", "actor_hf"),
+}
+
+
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("name", [pytest.param("sft", marks=LONG), "dpo"])
+@pytest.mark.parametrize(
+    "name", [pytest.param("sft", marks=LONG), pytest.param("reward_model", marks=LONG), "dpo"]
+)
 def test_two_ranks_equal_one(name: str, in_workdir: Path) -> None:
     """The same steps on 1 and 2 data-parallel ranks: losses, gradient norms and weights
-    agree (DPO's pairs split over ranks and micro-batches: the pair loss is exact anyway)."""
-    runs = {}
+    agree (pairs split over ranks and micro-batches: the Bradley-Terry and DPO pair losses are
+    exact anyway)."""
+    loss, grad_norm, engine, export = DATA_PARALLEL[name]
+    runs, weights = {}, {}
     for processes in (1, 2):
         out = in_workdir / "runs" / f"{name}-dp{processes}"
         runs[processes] = _run(
             name,
             out,
             f"placement.processes={processes}",
-            "actor.engine.micro_batch_size=4",  # several micro-batches per rank
+            f"{engine}.micro_batch_size=4",  # several micro-batches per rank
             "run.export_final=true",
         )
-        runs[processes].append(exported_weights(out))
-    loss = "actor/sft_nll" if name == "sft" else "dpo/loss"
-    for one, two in zip(runs[1][:-1], runs[2][:-1], strict=True):
-        for key in (loss, f"{'actor' if name == 'sft' else 'dpo'}/grad_norm"):
+        weights[processes] = exported_weights(out, export)
+    for one, two in zip(runs[1], runs[2], strict=True):
+        for key in (loss, grad_norm):
             assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
     # Adam divides by sqrt(v): where a gradient is ~0, a summation-order difference of 1e-9
     # moves a weight by up to ~1% of one step (lr 1e-3), so weights agree to 1e-5, not 1e-6
-    weights_one, weights_two = runs[1][-1], runs[2][-1]
-    for key, tensor in weights_one.items():
-        torch.testing.assert_close(weights_two[key], tensor, rtol=1e-4, atol=1e-5)
+    assert weights[1].keys() == weights[2].keys() and weights[1]
+    for key, tensor in weights[1].items():
+        torch.testing.assert_close(weights[2][key], tensor, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -161,16 +177,18 @@ def test_a_recipe_missing_its_trained_role_exits_2_naming_the_key(in_workdir: Pa
     assert missing.returncode == 2 and "reference" in missing.stderr, missing.stderr
     bad = in_workdir / "bad_pairs.jsonl"
     bad.write_text('{"prompt": "reverse 12:", "chosen": "21", "rejected": "12"}\n{"prompt": 3}\n')
-    broken = run("dpo.yaml", f"data.train_files=[{bad}]")
+    refused = in_workdir / "runs" / "refused_dpo"  # the shared workdir: a folder of its own
+    broken = run("dpo.yaml", f"data.train_files=[{bad}]", f"run.output_dir={refused}")
     assert broken.returncode == 2, broken.stderr
     assert "bad_pairs.jsonl" in broken.stderr and "2" in broken.stderr, broken.stderr
-    assert not (in_workdir / "runs" / "dpo").exists(), "a refused run left its folder behind"
+    assert not refused.exists(), "a refused run left its folder behind"
     bad = in_workdir / "bad_chat.jsonl"
     bad.write_text(
         '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}'
         '\n{"messages": [{"role": "narrator", "content": "hi"}]}\n'
     )
-    broken = run("sft.yaml", f"data.train_files=[{bad}]")
+    refused = in_workdir / "runs" / "refused_sft"
+    broken = run("sft.yaml", f"data.train_files=[{bad}]", f"run.output_dir={refused}")
     assert broken.returncode == 2, broken.stderr
     assert "bad_chat.jsonl" in broken.stderr and "narrator" in broken.stderr, broken.stderr
-    assert not (in_workdir / "runs" / "sft").exists(), "a refused run left its folder behind"
+    assert not refused.exists(), "a refused run left its folder behind"

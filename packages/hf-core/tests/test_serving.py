@@ -114,7 +114,12 @@ async def _calculator_agent(client: Any, question: str) -> str:
     return str(second.choices[0].message.content)
 
 
-def test_concurrent_conversations_are_token_exact(tokenizer: Any) -> None:
+def test_concurrent_conversations_are_token_exact(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the two agents' requests must meet in the batcher's gathering window: its 10 ms is
+    # shorter than a busy test machine's scheduling delay between the two coroutines' requests
+    monkeypatch.setattr("hf_core.serving.batching.GATHER_WINDOW_S", 1.0)
     engine = ScriptedEngine(tokenizer)
     endpoint = _endpoint(tokenizer, engine)
     server = EndpointServer(endpoint)

@@ -192,3 +192,49 @@ def test_a_recipe_missing_its_trained_role_exits_2_naming_the_key(in_workdir: Pa
     assert broken.returncode == 2, broken.stderr
     assert "bad_chat.jsonl" in broken.stderr and "narrator" in broken.stderr, broken.stderr
     assert not refused.exists(), "a refused run left its folder behind"
+
+
+SHORT_PIPELINE = [
+    # SFT steps cost milliseconds here: enough of them that the samples differ (pairs)
+    "sft.run.total_steps=40",
+    "sft.run.val_every=40",
+    *(
+        f"{stage}.run.{key}"
+        for stage in ("reward_model", "rl", "dpo")
+        for key in ("total_steps=2", "val_every=2")
+    ),
+    "pipeline.demonstrations=640",
+    "pipeline.pair_prompts=64",
+    "pipeline.pair_val_prompts=32",
+    "pipeline.rl_prompts=48",
+    "pipeline.eval_prompts=16",
+    "pipeline.required.reward_model_accuracy=0",
+    "pipeline.required.rl_gain=-1",
+    "pipeline.required.dpo_gain=-1",
+]
+"""Every stage of recipes/pipeline_demo.py for a few steps on small sets, no figure required:
+the default session's short version of ``nox -s pipeline_demo``."""
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_pipeline_demo_runs_every_stage(
+    in_workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("pipeline_demo", RECIPES / "pipeline_demo.py")
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pipeline_demo", demo)  # its dataclasses look it up
+    spec.loader.exec_module(demo)
+    out = in_workdir / "runs" / "pipeline_short"
+    assert demo.main([*SHORT_PIPELINE, f"pipeline.output_dir={out}"]) == 0
+    printed = capsys.readouterr().out
+    for figure in ("untrained", "sft", "pairs", "reward_model", "rl", "dpo"):
+        assert f"pipeline: {figure}:" in printed, printed[-2000:]
+    assert "every stage reached its figure" in printed
+    # each stage's export is what the next one read
+    assert (out / "sft" / "actor_hf").is_dir() and (out / "reward_model" / "reward_hf").is_dir()
+    pairs = (out / "assets" / "pair_train.jsonl").read_text().splitlines()
+    assert pairs and all({"prompt", "chosen", "rejected"} <= json.loads(p).keys() for p in pairs)

@@ -287,9 +287,9 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def pipeline_demo(session: nox.Session) -> None:
     """The whole post-training pipeline from an untrained tiny model (not in the default
-    matrix: tens of minutes): SFT, pairs sampled from it and ranked by the rule reward, a
-    reward model on them, GRPO on that learned reward alone, and DPO; exits 1 when a stage
-    misses its figure (recipes/demo_pipeline.yaml)."""
+    matrix: about 6 minutes on the 2-core machine): SFT, pairs sampled from it and ranked by
+    the rule reward, a reward model on them, GRPO on that learned reward alone, and DPO; exits
+    1 when a stage misses its figure (recipes/demo_pipeline.yaml)."""
     _install_base(session)
     session.install(*_constraints(), *_editable("hf-fsdp"))
     session.run("python", str(ROOT / "recipes" / "pipeline_demo.py"), *session.posargs)

@@ -129,6 +129,16 @@ def init_gloo(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def init_engine_rank(rank: int, world: int, port: int) -> None:
+    """A bare engine rank on one node, as the runtime starts one: torchrun's ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (the engines read them), then
+    :func:`init_gloo`."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
+    )
+    init_gloo(rank, world, port)
+
+
 def _rank_entry(
     rank_main: RankMain, rank: int, world: int, port: int, args: argparse.Namespace, queue: Any
 ) -> None:

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from _common import bench_model, init_gloo, machine_line, print_result, run_ranks
+from _common import bench_model, init_engine_rank, machine_line, print_result, run_ranks
 
 COLLECTIVE = ("c10d::", "gloo:", "nccl:", "record_param_comms", "all_gather", "reduce_scatter",
               "allreduce", "all_reduce")  # fmt: skip
@@ -31,10 +31,7 @@ def profile_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
-    )
-    init_gloo(rank, world, port)
+    init_engine_rank(rank, world, port)
     torch.set_num_threads(args.threads)
     from hf_fsdp.engine import FSDPEngine
     from hf_testing.workers import policy_loss, rollout_batch

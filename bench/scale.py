@@ -40,7 +40,7 @@ from _common import (
     bench_model,
     cpu_vector_isa,
     grpo_overrides,
-    init_gloo,
+    init_engine_rank,
     print_result,
     publish,
     run_ranks,
@@ -133,10 +133,7 @@ def floor_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> di
     """One rank of the floor: the run's own engines, bare, on one step's batch."""
     import torch
 
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
-    )
-    init_gloo(rank, world, port)
+    init_engine_rank(rank, world, port)
     from hf_core.config import TrainerConfig, load_config
     from hf_core.config.layout import resolve_layout
     from hf_core.plugins import get_rollout_engine

@@ -40,7 +40,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import bench_model, cpu_vector_isa, init_gloo, print_result, publish, run_ranks
+from _common import (
+    bench_model,
+    cpu_vector_isa,
+    init_engine_rank,
+    print_result,
+    publish,
+    run_ranks,
+)
 from _common import section as make_section
 from e2e_throughput import worker_env
 
@@ -186,10 +193,7 @@ def run_trainer(args: list[str], out: Path) -> tuple[list[dict], list[float], st
 
 def floor_rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict:
     """One rank of the floor: the recipe's actor engine, bare, on its half of each batch."""
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
-    )
-    init_gloo(rank, world, port)
+    init_engine_rank(rank, world, port)
     from transformers import AutoTokenizer
 
     from hf_core.config import TrainerConfig, load_config

@@ -26,6 +26,7 @@ with no stage name goes to every stage (``placement.processes=1``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -176,11 +177,9 @@ def rule_reward(model_dir: Path, records: list[dict[str, str]], max_new_tokens: 
 
 @dataclass
 class PairStats:
-    prompts: int = 0
     kept: int = 0
     chosen_reward: float = 0.0
     rejected_reward: float = 0.0
-    sample_reward: float = 0.0
 
 
 def sample_pairs(
@@ -204,33 +203,28 @@ def sample_pairs(
         samples=k,
         seed=seed,
     )
-    pairs, stats, all_scores = [], PairStats(prompts=len(records)), []
+    pairs, stats = [], PairStats()
     for record, samples in zip(records, answers, strict=True):
         scored = [(digit_partial_credit(s, record["ground_truth"]), s) for s in samples]
-        all_scores += [score for score, _ in scored]
         distinct = sorted({(score, s) for score, s in scored if s.strip()}, reverse=True)
         if len(distinct) < 2 or distinct[0][0] == distinct[-1][0]:
             continue
-        made = 0
-        for better in range(len(distinct)):  # the best against the worst first
-            for worse in range(len(distinct) - 1, better, -1):
-                if made == pairs_per_prompt or distinct[better][0] == distinct[worse][0]:
-                    continue
-                pairs.append(
-                    {
-                        "prompt": record["prompt"],
-                        "chosen": distinct[better][1],
-                        "rejected": distinct[worse][1],
-                    }
-                )
-                stats.chosen_reward += distinct[better][0]
-                stats.rejected_reward += distinct[worse][0]
-                made += 1
+        ranked = (  # the best against the worst first, then the next-worst, ...
+            (better, worse)
+            for i, better in enumerate(distinct)
+            for worse in reversed(distinct[i + 1 :])
+            if better[0] != worse[0]
+        )
+        for (chosen_score, chosen), (rejected_score, rejected) in itertools.islice(
+            ranked, pairs_per_prompt
+        ):
+            pairs.append({"prompt": record["prompt"], "chosen": chosen, "rejected": rejected})
+            stats.chosen_reward += chosen_score
+            stats.rejected_reward += rejected_score
     stats.kept = len(pairs)
     if pairs:
         stats.chosen_reward /= len(pairs)
         stats.rejected_reward /= len(pairs)
-    stats.sample_reward = sum(all_scores) / max(len(all_scores), 1)
     return pairs, stats
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -16,11 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
 
 
-def _load_make_assets():
-    spec = importlib.util.spec_from_file_location("make_assets", RECIPES / "make_assets.py")
+def load_script(path: Path) -> ModuleType:
+    """A script of the repository (``recipes/*.py``, ``faults/*.py``) as a module, registered
+    under its file name: its dataclasses look their module up in ``sys.modules``."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
     spec.loader.exec_module(module)
-    return module.make_assets
+    return module
+
+
+def _load_make_assets():
+    return load_script(RECIPES / "make_assets.py").make_assets
 
 
 POST_TRAINING = ("sft", "reward_model", "dpo")

@@ -3,13 +3,12 @@ the vLLM rollout engines (FSDP actor), after a short SFT warm start on tool-call
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
-from conftest import FLOAT32_ROLLOUT, LONG, RECIPES
+from conftest import FLOAT32_ROLLOUT, LONG, RECIPES, load_script
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -25,10 +24,7 @@ VLLM = ["rollout.engine={kv_cache_bytes: 268435456}"]
 
 
 def _demo_module():
-    spec = importlib.util.spec_from_file_location("demo_tools", RECIPES / "demo_tools.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RECIPES / "demo_tools.py")
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,11 @@ first 10% by 0.2, as the demo's must.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from conftest import FLOAT32_ROLLOUT, LONG, RECIPES
+from conftest import FLOAT32_ROLLOUT, LONG, RECIPES, load_script
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import RLTrainer
@@ -27,10 +26,7 @@ WARM_START = ["run.total_steps=1", "run.export_final=true", "run.save_final=fals
 
 def demo_assets(folder: Path) -> list[str]:
     """The demo's own model and task files (recipes/demo.py), as overrides."""
-    spec = importlib.util.spec_from_file_location("demo", RECIPES / "demo.py")
-    assert spec is not None and spec.loader is not None
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = load_script(RECIPES / "demo.py")
     return [f"{key}={value}" for key, value in demo.build_assets(folder).items()]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LONG, POST_TRAINING, RECIPES, exported_weights
+from conftest import LONG, POST_TRAINING, RECIPES, exported_weights, load_script
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.trainer import trainer_class
@@ -218,16 +218,9 @@ the default session's short version of ``nox -s pipeline_demo``."""
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_the_pipeline_demo_runs_every_stage(
-    in_workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    in_workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("pipeline_demo", RECIPES / "pipeline_demo.py")
-    assert spec is not None and spec.loader is not None
-    demo = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "pipeline_demo", demo)  # its dataclasses look it up
-    spec.loader.exec_module(demo)
+    demo = load_script(RECIPES / "pipeline_demo.py")
     out = in_workdir / "runs" / "pipeline_short"
     assert demo.main([*SHORT_PIPELINE, f"pipeline.output_dir={out}"]) == 0
     printed = capsys.readouterr().out

@@ -4,20 +4,13 @@ so a leak is caught and a flat run passes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 
 def _soak():
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "faults" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "faults" / "soak.py")
 
 
 def test_the_growth_check_catches_a_leak_and_passes_a_flat_run() -> None:

@@ -85,17 +85,18 @@ def held_out_split(settings: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
     training sets with those prompts removed."""
     p = settings["pipeline"]
     seed, lengths = int(p["seed"]), {"min_len": int(p["min_len"]), "max_len": int(p["max_len"])}
-    evaluation = make_digit_task("reverse", n=int(p["eval_prompts"]), seed=seed + 1, **lengths)
-    pair_val = make_digit_task("reverse", n=int(p["pair_val_prompts"]), seed=seed + 3, **lengths)
+    task = p["task"]
+    evaluation = make_digit_task(task, n=int(p["eval_prompts"]), seed=seed + 1, **lengths)
+    pair_val = make_digit_task(task, n=int(p["pair_val_prompts"]), seed=seed + 3, **lengths)
     held_out = {r["prompt"] for r in evaluation}
 
     def fresh(records: list[dict[str, str]]) -> list[dict[str, str]]:
         return [r for r in records if r["prompt"] not in held_out]
 
-    demos = make_digit_demonstrations("reverse", n=int(p["demonstrations"]), seed=seed, **lengths)
-    sft_val = make_digit_demonstrations("reverse", n=64, seed=seed + 5, **lengths)
-    pairs = make_digit_task("reverse", n=int(p["pair_prompts"]), seed=seed + 2, **lengths)
-    rl = make_digit_task("reverse", n=int(p["rl_prompts"]), seed=seed + 4, **lengths)
+    demos = make_digit_demonstrations(task, n=int(p["demonstrations"]), seed=seed, **lengths)
+    sft_val = make_digit_demonstrations(task, n=64, seed=seed + 5, **lengths)
+    pairs = make_digit_task(task, n=int(p["pair_prompts"]), seed=seed + 2, **lengths)
+    rl = make_digit_task(task, n=int(p["rl_prompts"]), seed=seed + 4, **lengths)
     return {
         "eval": evaluation,
         "sft_train": fresh(demos),
@@ -166,11 +167,27 @@ def _generate(
     return out
 
 
-def rule_reward(model_dir: Path, records: list[dict[str, str]], max_new_tokens: int) -> float:
-    """Mean ``digits_reverse`` reward of the model's greedy answers to ``records``."""
-    answers = _generate(model_dir, [r["prompt"] for r in records], max_new_tokens=max_new_tokens)
+def rule_reward(
+    model_dir: Path,
+    records: list[dict[str, str]],
+    max_new_tokens: int,
+    *,
+    samples: int = 1,
+    seed: int = 0,
+) -> float:
+    """Mean rule reward of the model's answers to ``records``: its greedy answer
+    (``samples=1``), or ``samples`` temperature-1 samples a prompt (the policy RL optimises)."""
+    answers = _generate(
+        model_dir,
+        [r["prompt"] for r in records],
+        max_new_tokens=max_new_tokens,
+        samples=samples,
+        seed=seed,
+    )
     scores = [
-        digit_partial_credit(a[0], r["ground_truth"]) for a, r in zip(answers, records, strict=True)
+        digit_partial_credit(answer, r["ground_truth"])
+        for group, r in zip(answers, records, strict=True)
+        for answer in group
     ]
     return sum(scores) / len(scores)
 
@@ -265,6 +282,50 @@ def train(config: TrainerConfig) -> Path:
     return Path(config.run.output_dir)
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A policy's held-out rule reward: its greedy answers, and its samples (temperature 1,
+    ``SAMPLES_PER_EVAL_PROMPT`` a prompt: the expected reward RL and DPO optimise)."""
+
+    greedy: float
+    sampled: float
+
+    def __str__(self) -> str:
+        return f"{self.sampled:.3f} / {self.greedy:.3f}"
+
+    def gain(self, base: Figure) -> str:
+        return f"{self.sampled - base.sampled:+.3f} / {self.greedy - base.greedy:+.3f}"
+
+
+SAMPLES_PER_EVAL_PROMPT = 4
+FIGURE = "held-out rule reward sampled / greedy"
+
+
+def measure(model_dir: Path, records: list[dict[str, str]], tokens: int, seed: int) -> Figure:
+    """:class:`Figure` of a policy on ``records`` (the same samples' seed for every stage)."""
+    return Figure(
+        greedy=rule_reward(model_dir, records, tokens),
+        sampled=rule_reward(
+            model_dir, records, tokens, samples=SAMPLES_PER_EVAL_PROMPT, seed=seed + 99
+        ),
+    )
+
+
+def round_prompts(settings: dict[str, Any], round_index: int) -> list[dict[str, str]]:
+    """Fresh prompts for the pairs sampled from the policy after RL round ``round_index``
+    (none of them held out)."""
+    p = settings["pipeline"]
+    held_out = {r["prompt"] for r in held_out_split(settings)["eval"]}
+    records = make_digit_task(
+        p["task"],
+        n=int(p["round_pair_prompts"]),
+        seed=int(p["seed"]) + 100 + round_index,
+        min_len=int(p["min_len"]),
+        max_len=int(p["max_len"]),
+    )
+    return [r for r in records if r["prompt"] not in held_out]
+
+
 def main(argv: list[str]) -> int:
     # A single-machine demo: no need for Ray's cluster token in the home folder.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -279,8 +340,8 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     assets = build_assets(out / "assets", settings)
     split, files = assets["split"], assets["files"]
-    base = rule_reward(assets["model"], split["eval"], tokens)
-    report.add("untrained", "held-out rule reward", f"{base:.3f}", time.perf_counter() - start)
+    base = measure(assets["model"], split["eval"], tokens, seed)
+    report.add("untrained", FIGURE, str(base), time.perf_counter() - start)
 
     # 2. SFT
     start = time.perf_counter()
@@ -296,13 +357,13 @@ def main(argv: list[str]) -> int:
         )
     )
     sft_model = sft_dir / "actor_hf"
-    sft = rule_reward(sft_model, split["eval"], tokens)
-    report.add("sft", "held-out rule reward", f"{sft:.3f}", time.perf_counter() - start)
+    sft = measure(sft_model, split["eval"], tokens, seed)
+    report.add("sft", FIGURE, str(sft), time.perf_counter() - start)
 
     # 3. pairs from the SFT model's samples
     start = time.perf_counter()
     k = int(p["samples_per_prompt"])
-    pair_files, pair_stats = {}, {}
+    train_pairs, pair_stats = [], {}
     for name, offset in (("pair_train", 0), ("pair_val", 1)):
         pairs, stats = sample_pairs(
             sft_model,
@@ -312,8 +373,10 @@ def main(argv: list[str]) -> int:
             max_new_tokens=tokens,
             seed=seed * 1000 + offset,
         )
-        pair_files[name] = write_jsonl(pairs, out / "assets" / f"{name}.jsonl")
+        write_jsonl(pairs, out / "assets" / f"{name}.jsonl")
         pair_stats[name] = stats
+        if name == "pair_train":
+            train_pairs = pairs
     train_stats = pair_stats["pair_train"]
     report.add(
         "pairs",
@@ -327,9 +390,10 @@ def main(argv: list[str]) -> int:
         f"{train_stats.chosen_reward:.2f}/{train_stats.rejected_reward:.2f}",
         0.0,
     )
+    pair_val = f"[{out / 'assets' / 'pair_val.jsonl'}]"
     pair_data = {
-        "data.train_files": f"[{pair_files['pair_train']}]",
-        "data.val_files": f"[{pair_files['pair_val']}]",
+        "data.train_files": f"[{out / 'assets' / 'pair_train.jsonl'}]",
+        "data.val_files": pair_val,
     }
 
     # 4. the reward model, on the SFT model's backbone
@@ -351,36 +415,87 @@ def main(argv: list[str]) -> int:
             f"{required['reward_model_accuracy']}"
         )
 
-    # 5. RL on the learned reward alone
-    start = time.perf_counter()
-    rl_dir = train(
-        stage_config(
-            settings,
-            "rl",
-            **{
-                "model.path": sft_model,
-                "reward.model.model_path": rm_dir / "reward_hf",
-                "data.train_files": f"[{files['rl_train']}]",
-                "data.val_files": f"[{files['rl_val']}]",
-            },
+    # 5. RL on the learned reward alone, in rounds: after each, pairs of the RL policy's own
+    # samples (ranked by the rule, as the first pairs were) join the reward model's data and it
+    # trains on, so that what the policy learned to exploit is labelled (iterated RLHF)
+    rounds = int(p["rl_rounds"])
+    steps = int(settings["rl"]["run"]["total_steps"]) // rounds
+    policy, reward_model = sft_model, rm_dir / "reward_hf"
+    for index in range(1, rounds + 1):
+        start = time.perf_counter()
+        rl_dir = train(
+            stage_config(
+                settings,
+                "rl",
+                **{
+                    "model.path": policy,
+                    "reference.model_path": sft_model,  # the KL anchor stays the SFT model
+                    "reward.model.model_path": reward_model,
+                    "data.train_files": f"[{files['rl_train']}]",
+                    "data.val_files": f"[{files['rl_val']}]",
+                    "run.total_steps": steps,
+                    "run.output_dir": out / "rl" / f"round_{index}",
+                },
+            )
         )
-    )
-    rl = rule_reward(rl_dir / "actor_hf", split["eval"], tokens)
-    report.add(
-        "rl", "held-out rule reward", f"{rl:.3f} ({rl - sft:+.3f})", time.perf_counter() - start
-    )
-    if rl - sft < float(required["rl_gain"]):
-        report.failures.append(f"RL: {rl:.3f} is not {required['rl_gain']} above SFT's {sft:.3f}")
+        policy = rl_dir / "actor_hf"
+        figure = measure(policy, split["eval"], tokens, seed)
+        report.add(
+            "rl", f"round {index} {FIGURE}", f"{figure} ({figure.gain(sft)})",
+            time.perf_counter() - start,
+        )  # fmt: skip
+        if index == rounds:
+            break
+        start = time.perf_counter()
+        fresh, stats = sample_pairs(
+            policy,
+            round_prompts(settings, index),
+            k=k,
+            pairs_per_prompt=int(p["pairs_per_prompt"]),
+            max_new_tokens=tokens,
+            seed=seed * 1000 + 10 + index,
+        )
+        train_pairs += fresh
+        pair_file = write_jsonl(train_pairs, out / "assets" / f"pair_train_round_{index}.jsonl")
+        rm_round = train(
+            stage_config(
+                settings,
+                "reward_model",
+                **{
+                    "model.path": sft_model,
+                    "reward.model.model_path": reward_model,  # trains on from the last one
+                    "data.train_files": f"[{pair_file}]",
+                    "data.val_files": pair_val,
+                    "run.total_steps": int(p["round_reward_model_steps"]),
+                    "run.val_every": int(p["round_reward_model_steps"]),
+                    "run.output_dir": out / "reward_model" / f"round_{index}",
+                },
+            )
+        )
+        reward_model = rm_round / "reward_hf"
+        round_accuracy = last_value(rm_round, "val/pair_accuracy") or 0.0
+        report.add(
+            "reward_model",
+            f"round {index}: +{stats.kept} policy pairs, held-out pair accuracy",
+            f"{round_accuracy:.3f}",
+            time.perf_counter() - start,
+        )
+    rl = figure
+    if rl.sampled - sft.sampled < float(required["rl_gain"]):
+        report.failures.append(
+            f"RL: sampled {rl.sampled:.3f} is not {required['rl_gain']} above SFT's "
+            f"{sft.sampled:.3f}"
+        )
 
-    # 6. DPO on the same pairs, against the SFT model
+    # 6. DPO on the SFT model's pairs, against it
     start = time.perf_counter()
     dpo_dir = train(stage_config(settings, "dpo", **{"model.path": sft_model, **pair_data}))
-    dpo = rule_reward(dpo_dir / "actor_hf", split["eval"], tokens)
-    report.add(
-        "dpo", "held-out rule reward", f"{dpo:.3f} ({dpo - sft:+.3f})", time.perf_counter() - start
-    )
-    if dpo - sft <= float(required["dpo_gain"]):
-        report.failures.append(f"DPO: {dpo:.3f} is not above SFT's {sft:.3f}")
+    dpo = measure(dpo_dir / "actor_hf", split["eval"], tokens, seed)
+    report.add("dpo", FIGURE, f"{dpo} ({dpo.gain(sft)})", time.perf_counter() - start)
+    if dpo.sampled - sft.sampled <= float(required["dpo_gain"]):
+        report.failures.append(
+            f"DPO: sampled {dpo.sampled:.3f} is not above SFT's {sft.sampled:.3f}"
+        )
 
     print(report.table(time.perf_counter() - began))
     for failure in report.failures:

@@ -24,6 +24,7 @@ from hf_core.cli import main
 
 GRPO = str(RECIPES / "grpo.yaml")
 PPO = str(RECIPES / "ppo.yaml")
+REASONING_GYM = str(RECIPES / "reasoning_gym.yaml")
 
 
 def _run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -296,6 +297,27 @@ BAD_INPUTS = [
             "against a budget of",
             "per process",
         ),
+    ),
+    # environments: the library's names and settings, checked before Ray starts
+    Bad(
+        "env-unknown-task",
+        lambda tmp, assets: [REASONING_GYM, "env.tasks={basic_arithmetc: 1}"],
+        ("env.task: unknown reasoning-gym task 'basic_arithmetc'", "did you mean basic_arithmetic"),
+    ),
+    Bad(
+        "env-unknown-kind",
+        lambda tmp, assets: [REASONING_GYM, "env.kind=reasoning-gym"],
+        ("env.kind: unknown environment kind 'reasoning-gym'", "reasoning_gym"),
+    ),
+    Bad(
+        "env-and-data-files",
+        lambda tmp, assets: [REASONING_GYM, f"data.train_files=[{assets / 'train.jsonl'}]"],
+        ("the environment gives the prompts and the reward", "data.train_files"),
+    ),
+    Bad(
+        "env-bad-generator-setting",
+        lambda tmp, assets: [REASONING_GYM, "env.task_config.leg_counting.min_animals=many"],
+        ("env.task_config.leg_counting: reasoning-gym refused the settings",),
     ),
     # checkpoints
     Bad(

@@ -461,6 +461,15 @@ TRAINED_ROLE = {"rl": "actor", "sft": "actor", "reward_model": "reward.model", "
 """The recipe section of the model each trainer trains."""
 
 
+class EnvConfig(BaseModel):
+    """A task environment from a library (:mod:`hf_core.environments`): ``kind`` names it;
+    the other keys are that kind's settings, validated by it where the recipe loads."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field(description="a registered environment kind (reasoning_gym) or module:Class")
+
+
 class TrainerConfig(_Strict):
     trainer: Literal["rl", "sft", "reward_model", "dpo"] = Field(
         "rl",
@@ -495,13 +504,22 @@ class TrainerConfig(_Strict):
         default_factory=SandboxConfig,
         description="where model-written code runs (the python tool, the code_tests reward)",
     )
+    env: EnvConfig | None = Field(
+        None,
+        description="prompts and rewards from an environment library (replaces data files "
+        "and reward.function)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainerConfig:
         if self.trainer != "rl":
+            if self.env is not None:
+                raise ValueError(f"env: trainer: {self.trainer} does not use an environment")
             return self._consistent_post_training()
         reward = self.reward
-        has_reward = reward.function or reward.model or reward.judge
+        if self.env is not None:
+            self._consistent_env()
+        has_reward = reward.function or reward.model or reward.judge or self.env
         agent_rewards = self.agent is not None and self.agent.function is not None
         if not has_reward and self.teacher is None and not agent_rewards:
             raise ValueError(
@@ -605,6 +623,23 @@ class TrainerConfig(_Strict):
                 f"over placement.processes={self.placement.processes} ranks"
             )
         return self
+
+    def _consistent_env(self) -> None:
+        """An environment gives the prompts and the reward: files or a reward function of
+        the recipe's own would be silently ignored, so they are refused."""
+        given = [
+            key
+            for key, value in (
+                ("data.train_files", self.data.train_files),
+                ("data.val_files", self.data.val_files),
+                ("reward.function", self.reward.function),
+            )
+            if value
+        ]
+        if given:
+            raise ValueError(
+                f"env: the environment gives the prompts and the reward; remove {given}"
+            )
 
     def role_model(self, role: ModelRoleConfig) -> Path:
         return role.model_path or self.model.path

@@ -23,6 +23,7 @@ class BackendInfo:
     reward_functions: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     environments: list[str] = field(default_factory=list)
+    env_kinds: list[str] = field(default_factory=list)
     error: str = ""
     """Why the plugin was skipped (it failed to import); empty when it loaded."""
     group: str = ""
@@ -40,5 +41,6 @@ class BackendInfo:
 
     @property
     def rewards_and_agents(self) -> list[str]:
-        """Reward functions, agent tools and environments, in that order."""
-        return self.reward_functions + self.tools + self.environments
+        """Reward functions, agent tools, agent environments and task environment kinds,
+        in that order."""
+        return self.reward_functions + self.tools + self.environments + self.env_kinds

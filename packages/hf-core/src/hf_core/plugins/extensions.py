@@ -1,5 +1,6 @@
 """The hooks whose entries live in their own modules' tables: advantage estimators, policy
-losses, KL estimators, aggregation modes, reward functions, agent tools and environments.
+losses, KL estimators, aggregation modes, reward functions, agent tools, agent environments and
+task environment kinds.
 
 Those tables sit below the plugin layer (the algorithms, rewards and agents work without it),
 so this module fills them from the hooks and installs the loader each table calls before a
@@ -29,6 +30,7 @@ from hf_core.algorithms.registry import (
     add_kl_estimator,
     add_policy_loss,
 )
+from hf_core.environments.base import ENV_KINDS, register_env_kind
 from hf_core.plugins.backend_info import BackendInfo
 from hf_core.plugins.entry_points import PluginLoadError
 from hf_core.registry import DuplicateNameError, NamedRegistry
@@ -79,6 +81,10 @@ def _environment(plugin: str, name: str, factory: Any) -> None:
     register_environment(name, factory, owner=plugin)
 
 
+def _env_kind(plugin: str, name: str, cls: Any) -> None:
+    register_env_kind(name, cls, owner=plugin)
+
+
 @dataclass(frozen=True)
 class Extension:
     """One hook: how its ``register(name, fn, ...)`` adds to the table, and the
@@ -102,6 +108,7 @@ EXTENSIONS = (
     Extension("register_reward_functions", _reward, "reward_functions", REWARD_FUNCTIONS),
     Extension("register_tools", _tool, "tools", TOOLS),
     Extension("register_environments", _environment, "environments", ENVIRONMENTS),
+    Extension("register_env_kinds", _env_kind, "env_kinds", ENV_KINDS),
 )
 
 TABLES_WITH_PLUGINS: tuple[NamedRegistry[Any], ...] = (

@@ -131,6 +131,17 @@ def register_environments(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def register_env_kinds(register: Callable[..., None]) -> None:
+    """Register task environment kinds: ``register(name, cls)``.
+
+    ``cls`` has a pydantic ``Settings`` model (the recipe's ``env`` keys besides ``kind``),
+    ``records(split)`` and ``score(responses, ground_truths, extras)``
+    (:class:`hf_core.environments.TaskEnvironment`).  A recipe uses it as
+    ``env: {kind: <name>, ...}``.
+    """
+
+
+@hookspec
 def register_reward_functions(register: Callable[..., None]) -> None:
     """Register rule-based reward functions: ``register(name, fn, batched=True)``.
 

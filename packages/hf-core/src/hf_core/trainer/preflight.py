@@ -81,6 +81,7 @@ def preflight(config: TrainerConfig, layout: RunLayout | None = None) -> RunLayo
         _check_algorithm(config)
         _check_reward_functions(config)
         _check_agent(config)
+        _check_env(config)
     if layout is None:
         try:
             layout = resolve_layout(config)
@@ -142,6 +143,8 @@ def _check_model(key: str, folder: Path) -> None:
 
 def _check_data_files(config: TrainerConfig) -> None:
     data = config.data
+    if config.env is not None:
+        return  # the environment gives the prompts (checked by preflight)
     if not data.train_files:
         raise ConfigError(
             "invalid configuration:\n  data.train_files: empty; give at least one JSONL, "
@@ -179,6 +182,15 @@ def _check_reward_functions(config: TrainerConfig) -> None:
             get_reward_function(section.function)
         except UnknownRewardFunctionError as exc:
             raise ConfigError(f"invalid configuration:\n  {key}: {exc}") from None
+
+
+def _check_env(config: TrainerConfig) -> None:
+    """Build ``env`` now: a missing library, an unknown task or bad settings exit before Ray
+    starts, naming the key (the trainer builds it again where it runs)."""
+    if config.env is not None:
+        from hf_core.environments import build_environment
+
+        build_environment(config.env.model_dump())
 
 
 def _check_agent(config: TrainerConfig) -> None:
@@ -369,7 +381,8 @@ def _engine_blocks(
         ("reference", config.reference, "lm", False),
         ("teacher", config.teacher, "lm", False),
         ("critic", config.critic, "value", True),
-        ("reward.model", config.reward.model, "score", False),
+        # trained only by its own trainer (a LoRA reward model is valid there, nowhere else)
+        ("reward.model", config.reward.model, "score", config.trainer == "reward_model"),
         ("cost.model", config.cost.model if config.cost is not None else None, "score", False),
     ]
     for key, role, head, trainable in training:

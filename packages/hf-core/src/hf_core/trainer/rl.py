@@ -49,6 +49,7 @@ from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, tensor_nbytes, token_ids
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
+from hf_core.environments import ENV_TASK_KEY, build_environment, task_metrics
 from hf_core.metrics import Timer, peak_memory
 from hf_core.multimodal import MULTI_MODAL_KEY, VisionProcessor, is_vision_model
 from hf_core.rewards import RuleReward
@@ -118,7 +119,10 @@ class RLTrainer(RunLoop):
             str(config.tokenizer_path), local_files_only=True
         )
         data = config.data
-        if not data.train_files:
+        self.environment = (
+            build_environment(config.env.model_dump()) if config.env is not None else None
+        )
+        if not data.train_files and self.environment is None:
             raise DataError("data.train_files is empty: give at least one JSONL/Parquet file")
         dataset_kwargs: dict[str, Any] = dict(
             prompt_key=data.prompt_key,
@@ -131,23 +135,15 @@ class RLTrainer(RunLoop):
             dataset_kwargs["vision"] = VisionProcessor(
                 config.model.path, self.tokenizer, data.max_image_tokens
             )
-        self.train_set = PromptDataset.from_files(
-            [str(p) for p in data.train_files], self.tokenizer, **dataset_kwargs
-        )
+        self.train_set, val_set = self._prompt_sets(dataset_kwargs)
         self.val_loader = (
-            PromptLoader.for_validation(
-                PromptDataset.from_files(
-                    [str(p) for p in data.val_files], self.tokenizer, **dataset_kwargs
-                ),
-                data.val_batch_size,
-            )
-            if data.val_files
-            else None
+            PromptLoader.for_validation(val_set, data.val_batch_size) if val_set else None
         )
         use_sandbox(config.sandbox)  # rule-based rewards (code_tests) run their code there
-        self.reward_fn = (
-            RuleReward(config.reward.function, self.tokenizer) if config.reward.function else None
+        reward_function = (
+            self.environment.score if self.environment is not None else config.reward.function
         )
+        self.reward_fn = RuleReward(reward_function, self.tokenizer) if reward_function else None
         self.cost_fn = (
             RuleReward(config.cost.function, self.tokenizer)
             if config.cost is not None and config.cost.function
@@ -157,6 +153,32 @@ class RLTrainer(RunLoop):
         """Dynamic sampling (``algorithm.dynamic_sampling``), while fit() runs."""
         self._rollouts: RolloutSource | None = None
         self._new_run_state()
+
+    def _prompt_sets(
+        self, dataset_kwargs: dict[str, Any]
+    ) -> tuple[PromptDataset, PromptDataset | None]:
+        """The training and validation prompts: the environment's splits, or the files."""
+        data = self.config.data
+        if self.environment is not None:
+            env = self.environment
+            train = PromptDataset(env.records("train"), self.tokenizer, name="env: train",
+                                  **dataset_kwargs)  # fmt: skip
+            val_records = env.records("val")
+            val = (
+                PromptDataset(val_records, self.tokenizer, name="env: val", **dataset_kwargs)
+                if val_records
+                else None
+            )
+            return train, val
+        train = PromptDataset.from_files(
+            [str(p) for p in data.train_files], self.tokenizer, **dataset_kwargs
+        )
+        if not data.val_files:
+            return train, None
+        val = PromptDataset.from_files(
+            [str(p) for p in data.val_files], self.tokenizer, **dataset_kwargs
+        )
+        return train, val
 
     def _new_run_state(self) -> None:
         """The driver's training state at step 0 (a restart with no checkpoint goes back here)."""
@@ -357,6 +379,8 @@ class RLTrainer(RunLoop):
                 **peak_memory(),
             }
         )
+        if ENV_TASK_KEY in batch.non_tensors:  # an environment's tasks, each on its own
+            metrics.update(task_metrics(batch.non_tensors[ENV_TASK_KEY], task_scores.tolist()))
         if ROUTED_EXPERTS_KEY in batch:  # what routing replay adds to the step's batch
             metrics["moe/routing_bytes"] = float(tensor_nbytes(batch[ROUTED_EXPERTS_KEY]))
         if "old_log_probs" in batch:  # recomputed: the mismatch is measured here
@@ -476,7 +500,8 @@ class RLTrainer(RunLoop):
     def _has_reward(self) -> bool:
         reward, agent = self.config.reward, self.config.agent
         agent_rewards = agent is not None and agent.function is not None
-        return bool(reward.function or reward.model or reward.judge or agent_rewards)
+        has = reward.function or reward.model or reward.judge or self.environment is not None
+        return bool(has or agent_rewards)
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
@@ -485,11 +510,16 @@ class RLTrainer(RunLoop):
             return {}
         params = sampling_params(self.config.rollout, 0, self.config.run.seed, n=1)
         params = params.model_copy(update={"temperature": self.config.rollout.val_temperature})
-        scores = []
+        scores, tasks = [], []
         for prompts in self.val_loader:
             generated = self.rollouts.generate_now(generation_input(prompts, self.config), params)
             scores.append(self._score(generated | prompts.select(*prompts.non_tensors)))
-        return {"val/reward_mean": float(torch.cat(scores).float().mean())}
+            tasks += list(prompts.non_tensors.get(ENV_TASK_KEY, ()))
+        every = torch.cat(scores).float()
+        out = {"val/reward_mean": float(every.mean())}
+        if len(tasks) == len(every):  # an environment's validation table, task by task
+            out.update(task_metrics(tasks, every.tolist(), prefix="val/env"))
+        return out
 
     # ----------------------------------------------------------------- SFT
     def _warm_start(self) -> None:

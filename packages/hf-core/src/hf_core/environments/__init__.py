@@ -1,0 +1,25 @@
+"""Task environments from the libraries users already have (``env:`` in a recipe): the
+prompts of a run and the library's own scoring of the answers (:mod:`.base`).  Built-in kinds:
+``reasoning_gym`` (:mod:`.reasoning_gym`, the ``hf-core[reasoning-gym]`` extra)."""
+
+from hf_core.environments.base import (
+    ENV_KINDS,
+    ENV_TASK_KEY,
+    Split,
+    TaskEnvironment,
+    UnknownEnvKindError,
+    build_environment,
+    register_env_kind,
+    task_metrics,
+)
+
+__all__ = [
+    "ENV_KINDS",
+    "ENV_TASK_KEY",
+    "Split",
+    "TaskEnvironment",
+    "UnknownEnvKindError",
+    "build_environment",
+    "register_env_kind",
+    "task_metrics",
+]

@@ -1,23 +1,29 @@
-"""The whole post-training pipeline on the digit-reversal task, from an untrained model:
+"""The whole post-training pipeline on a digit task, from an untrained model:
 
     python recipes/pipeline_demo.py [key=value ...]    # settings: recipes/demo_pipeline.yaml
 
-1. builds the tiny untrained model and the task locally (the README demo's shapes,
-   deterministic; no model hub);
+1. builds the tiny untrained model and the task (``pipeline.task``: sort, or reverse) locally
+   (the README demo's shapes, deterministic; no model hub);
 2. SFT (``trainer: sft``) on prompt/completion demonstrations;
 3. samples ``pipeline.samples_per_prompt`` answers (temperature 1) of the SFT model to each
-   pair prompt, ranks them with the ``digits_reverse`` rule reward and writes the best as
-   ``chosen`` and the worst as ``rejected`` (prompts whose samples all score the same are
-   dropped), a training and a held-out split;
+   pair prompt, ranks them with the partial-credit rule reward (``digit_partial_credit``, the
+   stand-in for a human labeller) and writes the best as ``chosen`` and the worst as
+   ``rejected`` (prompts whose samples all score the same are dropped), a training and a
+   held-out split;
 4. a reward model (``trainer: reward_model``) on those pairs, its score head on the SFT
    model's backbone: its held-out pair accuracy must reach ``required.reward_model_accuracy``;
-5. GRPO (``trainer: rl``) from the SFT model whose only reward is that reward model;
-6. DPO (``trainer: dpo``) from the SFT model, against it, on the same pairs.
+5. GRPO (``trainer: rl``) from the SFT model whose only reward is the reward model, in
+   ``pipeline.rl_rounds`` rounds (iterated RLHF): after each round the RL policy's own samples
+   on fresh prompts are ranked the same way, join the pairs, and the reward model trains on
+   from where it was; the KL anchor stays the SFT model;
+6. DPO (``trainer: dpo``) from the SFT model, against it, on the SFT model's pairs.
 
-The figure of each policy (the SFT, RL and DPO models) is the same measurement: the mean
-``digits_reverse`` rule reward of its greedy answers to ``pipeline.eval_prompts`` held-out
-prompts (none of them in any training set).  RL must beat SFT by ``required.rl_gain`` and DPO
-must beat it; the script prints a table of the stages and exits 1 when a figure is missed.
+Every policy's figure (untrained, SFT, each RL round, DPO) is the same measurement on
+``pipeline.eval_prompts`` held-out prompts (none of them in any training set): the mean rule
+reward of its samples (temperature 1, :data:`SAMPLES_PER_EVAL_PROMPT` a prompt: the expected
+reward RL and DPO optimise) and of its greedy answers.  RL must beat SFT's sampled figure by
+``required.rl_gain`` and DPO must beat it; the script prints a table of the stages and exits 1
+when a figure is missed.
 
 Overrides: ``<stage>.<key>=value`` for a stage (``sft``, ``reward_model``, ``rl``, ``dpo``),
 e.g. ``rl.run.total_steps=300``; ``pipeline.<key>=value`` for the demo's own settings; a key
@@ -258,10 +264,11 @@ class Report:
 
     def table(self, total: float) -> str:
         width = max(len(f"{s}: {f}") for s, f, _, _ in self.rows)
-        lines = [f"{'stage: figure':<{width}}  {'value':>14}  {'wall':>6}"]
+        values = max(len(v) for _, _, v, _ in self.rows)
+        lines = [f"{'stage: figure':<{width}}  {'value':>{values}}  {'wall':>6}"]
         for stage, figure, value, seconds in self.rows:
-            lines.append(f"{f'{stage}: {figure}':<{width}}  {value:>14}  {seconds:>5.0f}s")
-        lines.append(f"{'total':<{width}}  {'':>14}  {total:>5.0f}s")
+            lines.append(f"{f'{stage}: {figure}':<{width}}  {value:>{values}}  {seconds:>5.0f}s")
+        lines.append(f"{'total':<{width}}  {'':>{values}}  {total:>5.0f}s")
         return "\n".join(lines)
 
 
@@ -419,7 +426,9 @@ def main(argv: list[str]) -> int:
     # samples (ranked by the rule, as the first pairs were) join the reward model's data and it
     # trains on, so that what the policy learned to exploit is labelled (iterated RLHF)
     rounds = int(p["rl_rounds"])
-    steps = int(settings["rl"]["run"]["total_steps"]) // rounds
+    if rounds < 1:
+        raise SystemExit(f"pipeline.rl_rounds must be >= 1, got {rounds}")
+    steps = max(1, int(settings["rl"]["run"]["total_steps"]) // rounds)
     policy, reward_model = sft_model, rm_dir / "reward_hf"
     for index in range(1, rounds + 1):
         start = time.perf_counter()

@@ -38,7 +38,8 @@ TINY_MODEL_SETTINGS = [
     "actor.engine.lr=1e-3",
     "reference=null",
     "algorithm.kl.mode=none",
-    "sft.steps=100",
+    "sft.steps=200",
+    "run.total_steps=400",
     "sft.batch_size=32",
 ]
 """What the tiny model needs (the command line still wins): the README demo's settings."""

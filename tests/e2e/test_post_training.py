@@ -233,6 +233,10 @@ SHORT_PIPELINE = [
         for stage in ("reward_model", "rl", "dpo")
         for key in ("total_steps=2", "val_every=2")
     ),
+    "rl.run.total_steps=4",  # 2 rounds of 2 steps, the reward model trained on in between
+    "pipeline.rl_rounds=2",
+    "pipeline.round_pair_prompts=32",
+    "pipeline.round_reward_model_steps=2",
     "pipeline.demonstrations=640",
     "pipeline.pair_prompts=64",
     "pipeline.pair_val_prompts=32",
@@ -259,5 +263,8 @@ def test_the_pipeline_demo_runs_every_stage(
     assert "every stage reached its figure" in printed
     # each stage's export is what the next one read
     assert (out / "sft" / "actor_hf").is_dir() and (out / "reward_model" / "reward_hf").is_dir()
+    assert (out / "reward_model" / "round_1" / "reward_hf").is_dir()  # round 2 scored with it
+    assert (out / "rl" / "round_2" / "actor_hf").is_dir()
+    assert "round 2" in printed
     pairs = (out / "assets" / "pair_train.jsonl").read_text().splitlines()
     assert pairs and all({"prompt", "chosen", "rejected"} <= json.loads(p).keys() for p in pairs)

@@ -331,6 +331,34 @@ def rollout_table_rows(
 # -------------------------------------------------------------------------- RESULTS.md
 
 
+def add_keep_args(parser: argparse.ArgumentParser) -> None:
+    """``--keep`` / ``--table-only``: a table's rows measured over several runs."""
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="a JSONL file: rows measured now are appended to it, and the table shows every "
+        "row in it (so rows can be measured in several runs)",
+    )
+    parser.add_argument(
+        "--table-only", action="store_true", help="measure nothing: the table of --keep's rows"
+    )
+
+
+def kept_rows(keep: Path | None) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The rows ``--keep`` holds, by their key (empty without one)."""
+    if keep is None or not keep.exists():
+        return {}
+    rows = (json.loads(line) for line in keep.read_text().splitlines())
+    return {tuple(row["row"]): row["result"] for row in rows}
+
+
+def keep_row(keep: Path | None, key: tuple[str, ...], result: dict[str, Any]) -> None:
+    """Append a measured row to ``--keep``'s file (nothing without one)."""
+    if keep is not None:
+        with keep.open("a") as fh:
+            fh.write(json.dumps({"row": list(key), "result": result}) + "\n")
+
+
 def section(title: str, description: str, body: str) -> str:
     """A RESULTS.md section: title, what was measured, the machine line, then the figures."""
     return "\n".join([title, "", description, "", machine_line(load=True), "", body, ""])

@@ -37,10 +37,13 @@ from typing import Any
 from _common import (
     REAL_SHAPES,
     TINY_SHAPES,
+    add_keep_args,
     bench_model,
     cpu_vector_isa,
     grpo_overrides,
     init_engine_rank,
+    keep_row,
+    kept_rows,
     print_result,
     publish,
     run_ranks,
@@ -222,7 +225,7 @@ def parameter_count(model: Path) -> int:
     return load_model(model).num_params
 
 
-def table(results: dict[tuple[str, str, str], dict[str, Any]]) -> str:
+def table(results: dict[tuple[str, ...], dict[str, Any]]) -> str:
     head = (
         "| model | params | pair | dtype | CPU | step s | floor x | tokens/s | generate s "
         "| update s | sync s | peak RSS GiB | resumed peak | save s | restore s | ckpt GiB "
@@ -250,7 +253,7 @@ def table(results: dict[tuple[str, str, str], dict[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def plot(results: dict[tuple[str, str, str], dict[str, Any]], path: Path) -> bool:
+def plot(results: dict[tuple[str, ...], dict[str, Any]], path: Path) -> bool:
     """Each cost against parameter count, log-log; False without matplotlib."""
     try:
         import matplotlib
@@ -292,15 +295,7 @@ def main() -> None:
     parser.add_argument("--no-lora", action="store_true", help="skip the 1.5B LoRA row")
     parser.add_argument("--lora-only", action="store_true", help="only the 1.5B LoRA row")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
-    parser.add_argument(
-        "--keep",
-        type=Path,
-        help="a JSONL file: rows measured now are appended to it, and the table shows every "
-        "row in it (so rows can be measured in several runs)",
-    )
-    parser.add_argument(
-        "--table-only", action="store_true", help="measure nothing: the table of --keep's rows"
-    )
+    add_keep_args(parser)
     parser.add_argument("--child-floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -320,11 +315,7 @@ def main() -> None:
         runs.append((LORA_SHAPE[0], "fsdp-transformers", LORA_DTYPE))
     if args.table_only:
         runs = []
-    results: dict[tuple[str, str, str], dict[str, Any]] = {}
-    if args.keep is not None and args.keep.exists():
-        for line in args.keep.read_text().splitlines():
-            kept = json.loads(line)
-            results[tuple(kept["row"])] = kept["result"]  # type: ignore[index]
+    results = kept_rows(args.keep)
     with tempfile.TemporaryDirectory(prefix="hf-scale-") as tmp:
         work = Path(tmp)
         data = write_task(work / "task.jsonl", rows=256)
@@ -336,9 +327,7 @@ def main() -> None:
                 print(f"  failed: {exc}", flush=True)
                 continue
             print(f"  {json.dumps(row)}", flush=True)
-            if args.keep is not None:
-                with args.keep.open("a") as fh:
-                    fh.write(json.dumps({"row": [size, pair, dtype], "result": row}) + "\n")
+            keep_row(args.keep, (size, pair, dtype), row)
     body = table(results)
     picture = ROOT / "bench" / "scale.png"
     if args.write and plot(results, picture):

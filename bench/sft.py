@@ -41,9 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    add_keep_args,
     bench_model,
     cpu_vector_isa,
     init_engine_rank,
+    keep_row,
+    kept_rows,
     print_result,
     publish,
     run_ranks,
@@ -348,7 +351,7 @@ def parameter_count(model: Path) -> int:
     return load_model(model).num_params
 
 
-def table(results: dict[tuple[str, str], dict[str, Any]]) -> str:
+def table(results: dict[tuple[str, ...], dict[str, Any]]) -> str:
     head = (
         "| model | params | dtype | tokens/step | trainer s/step | loop s/step | trainer tokens/s "
         "| floor s/step "
@@ -388,15 +391,7 @@ def main() -> None:
         "--rounds", type=int, default=1, help="trainer-then-floor runs a row, steps pooled"
     )
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
-    parser.add_argument(
-        "--keep",
-        type=Path,
-        help="a JSONL file: rows measured now are appended to it, and the table shows every "
-        "row in it (so rows can be measured in several runs)",
-    )
-    parser.add_argument(
-        "--table-only", action="store_true", help="measure nothing: the table of --keep's rows"
-    )
+    add_keep_args(parser)
     parser.add_argument("--reading", default="", help="a line under the table saying what it shows")
     parser.add_argument("--child-floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
@@ -404,11 +399,7 @@ def main() -> None:
     if args.child_floor:
         print_result(run_ranks(floor_rank, 2, args))
         return
-    results: dict[tuple[str, str], dict[str, Any]] = {}
-    if args.keep is not None and args.keep.exists():
-        for line in args.keep.read_text().splitlines():
-            kept = json.loads(line)
-            results[(kept["row"][0], kept["row"][1])] = kept["result"]
+    results = kept_rows(args.keep)
     runs = (
         []
         if args.table_only
@@ -427,9 +418,7 @@ def main() -> None:
                 print(f"  failed: {exc}", flush=True)
                 continue
             print(f"  {json.dumps(row)}", flush=True)
-            if args.keep is not None:
-                with args.keep.open("a") as fh:
-                    fh.write(json.dumps({"row": [size, dtype], "result": row}) + "\n")
+            keep_row(args.keep, (size, dtype), row)
     body = table(results)
     if results:
         ratios = [r["ratio"] for r in results.values()]

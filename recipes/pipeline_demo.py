@@ -318,11 +318,12 @@ def measure(model_dir: Path, records: list[dict[str, str]], tokens: int, seed: i
     )
 
 
-def round_prompts(settings: dict[str, Any], round_index: int) -> list[dict[str, str]]:
-    """Fresh prompts for the pairs sampled from the policy after RL round ``round_index``
-    (none of them held out)."""
+def round_prompts(
+    settings: dict[str, Any], round_index: int, held_out: set[str]
+) -> list[dict[str, str]]:
+    """Fresh prompts for the pairs sampled from the policy after RL round ``round_index``,
+    none of them ``held_out``."""
     p = settings["pipeline"]
-    held_out = {r["prompt"] for r in held_out_split(settings)["eval"]}
     records = make_digit_task(
         p["task"],
         n=int(p["round_pair_prompts"]),
@@ -426,6 +427,7 @@ def main(argv: list[str]) -> int:
     # samples (ranked by the rule, as the first pairs were) join the reward model's data and it
     # trains on, so that what the policy learned to exploit is labelled (iterated RLHF)
     rounds = int(p["rl_rounds"])
+    held_out = {r["prompt"] for r in split["eval"]}
     if rounds < 1:
         raise SystemExit(f"pipeline.rl_rounds must be >= 1, got {rounds}")
     steps = max(1, int(settings["rl"]["run"]["total_steps"]) // rounds)
@@ -458,7 +460,7 @@ def main(argv: list[str]) -> int:
         start = time.perf_counter()
         fresh, stats = sample_pairs(
             policy,
-            round_prompts(settings, index),
+            round_prompts(settings, index, held_out),
             k=k,
             pairs_per_prompt=int(p["pairs_per_prompt"]),
             max_new_tokens=tokens,

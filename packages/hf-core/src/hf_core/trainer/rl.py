@@ -49,7 +49,7 @@ from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, tensor_nbytes, token_ids
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
-from hf_core.environments import ENV_TASK_KEY, build_environment, task_metrics
+from hf_core.environments import ENV_TASK_KEY, Split, build_environment, task_metrics
 from hf_core.metrics import Timer, peak_memory
 from hf_core.multimodal import MULTI_MODAL_KEY, VisionProcessor, is_vision_model
 from hf_core.rewards import RuleReward
@@ -158,27 +158,25 @@ class RLTrainer(RunLoop):
         self, dataset_kwargs: dict[str, Any]
     ) -> tuple[PromptDataset, PromptDataset | None]:
         """The training and validation prompts: the environment's splits, or the files."""
-        data = self.config.data
-        if self.environment is not None:
-            env = self.environment
-            train = PromptDataset(env.records("train"), self.tokenizer, name="env: train",
-                                  **dataset_kwargs)  # fmt: skip
-            val_records = env.records("val")
-            val = (
-                PromptDataset(val_records, self.tokenizer, name="env: val", **dataset_kwargs)
-                if val_records
-                else None
-            )
-            return train, val
-        train = PromptDataset.from_files(
-            [str(p) for p in data.train_files], self.tokenizer, **dataset_kwargs
-        )
-        if not data.val_files:
-            return train, None
-        val = PromptDataset.from_files(
-            [str(p) for p in data.val_files], self.tokenizer, **dataset_kwargs
-        )
-        return train, val
+        env, data = self.environment, self.config.data
+
+        def prompts(split: Split, files: list[Path]) -> PromptDataset | None:
+            if env is not None:
+                records = env.records(split)
+                if not records:
+                    return None
+                return PromptDataset(
+                    records, self.tokenizer, name=f"env: {split}", **dataset_kwargs
+                )
+            if not files:
+                return None
+            paths = [str(p) for p in files]
+            return PromptDataset.from_files(paths, self.tokenizer, **dataset_kwargs)
+
+        train = prompts("train", data.train_files)
+        if train is None:
+            raise DataError("the environment gave no training prompts (env.size)")
+        return train, prompts("val", data.val_files)
 
     def _new_run_state(self) -> None:
         """The driver's training state at step 0 (a restart with no checkpoint goes back here)."""

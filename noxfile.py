@@ -35,7 +35,7 @@ CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 # vLLM on CPU: a 1 GiB KV cache (not ~11 GiB) and the engine in-process (hybrid mode needs it)
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
-E2E_PACKAGES = ("hf-fsdp", "hf-megatron", "hf-vllm[cpu]")
+E2E_PACKAGES = ("hf-fsdp", "hf-megatron", "hf-vllm[cpu]", "hf-core[env-test]")
 
 nox.options.sessions = ["lint", "core", "testing", "fsdp", "megatron", "vllm", "sglang", "e2e"]
 nox.options.error_on_missing_interpreters = True

@@ -91,14 +91,19 @@ class FunctionAgentLoop:
         engine: RolloutEngine,
         tokenizer: Any,
         config: AgentConfig,
+        function: AgentFunction | None = None,
         version: Callable[[], int] = lambda: 0,
         capacity: int | None = None,
     ) -> None:
-        """``capacity``: the most tokens the rollout engine holds in one sequence, where the
-        caller knows it (the endpoint then refuses longer contexts before they reach it)."""
-        if config.function is None:
-            raise ConfigError("agent.function is not set")
-        self.function = load_agent_function(config.function)
+        """``function``: what runs each sample (default: ``agent.function``; an environment's
+        episode runner otherwise); ``capacity``: the most tokens the rollout engine holds in
+        one sequence, where the caller knows it (the endpoint then refuses longer contexts
+        before they reach it)."""
+        if function is None:
+            if config.function is None:
+                raise ConfigError("agent.function is not set")
+            function = load_agent_function(config.function)
+        self.function = function
         self.tokenizer, self.config = tokenizer, config
         if tokenizer.pad_token_id is None:
             raise ConfigError("agent: the tokenizer has no pad token")
@@ -147,7 +152,13 @@ class FunctionAgentLoop:
                 failed[0].status,
                 failed[0].error,
             )
-        return self._assemble(rows, trajectories, outcomes, params.temperature)
+        width = max(prompts["input_ids"].shape[1], self._prompt_limit())
+        return self._assemble(rows, trajectories, outcomes, params.temperature, width)
+
+    def _prompt_limit(self) -> int:
+        """The most tokens a trajectory's prompt may have (the endpoint refuses longer)."""
+        limits = self.endpoint.limits
+        return limits.max_prompt_tokens or limits.max_total_tokens
 
     def _sample(self, prompts: Batch, index: int, prompt_ids: list[int]) -> dict[str, Any]:
         """The dataset fields of row ``index`` for the agent function."""
@@ -194,9 +205,12 @@ class FunctionAgentLoop:
         trajectories: list[Trajectory | None],
         outcomes: list[_Outcome],
         temperature: float,
+        prompt_width: int,
     ) -> Batch:
         """The rollout batch: each trajectory's prompt and tokens, only successful samples'
-        sampled tokens in the loss."""
+        sampled tokens in the loss.  Prompts are left-padded to ``prompt_width``, the same on
+        every rank of the step whatever its agents sent (a trajectory's prompt is what its
+        first request rendered, not the dataset row), so the ranks' batches join."""
         width = self.config.max_total_tokens
         size = len(rows)
         prompts, kept = [], []
@@ -217,7 +231,11 @@ class FunctionAgentLoop:
             sampled[i, :n] = torch.tensor(trajectory.sampled[:n], dtype=torch.long)
             log_probs[i, :n] = torch.tensor(trajectory.log_probs[:n], dtype=torch.float32)
         out = assemble_rollout(
-            left_padded(prompts, self.pad_token_id), responses, real, log_probs, temperature
+            left_padded(prompts, self.pad_token_id, prompt_width),
+            responses,
+            real,
+            log_probs,
+            temperature,
         )
         out["response_mask"] = sampled
         recorded = [

@@ -470,6 +470,12 @@ class EnvConfig(BaseModel):
     kind: str = Field(description="a registered environment kind (reasoning_gym) or module:Class")
 
 
+def _env_runs_rollouts(kind: str) -> bool:
+    from hf_core.environments.base import kind_runs_rollouts
+
+    return kind_runs_rollouts(kind)
+
+
 class TrainerConfig(_Strict):
     trainer: Literal["rl", "sft", "reward_model", "dpo"] = Field(
         "rl",
@@ -520,8 +526,7 @@ class TrainerConfig(_Strict):
         if self.env is not None:
             self._consistent_env()
         has_reward = reward.function or reward.model or reward.judge or self.env
-        agent_rewards = self.agent is not None and self.agent.function is not None
-        if not has_reward and self.teacher is None and not agent_rewards:
+        if not has_reward and self.teacher is None and not self.runs_agent_function:
             raise ValueError(
                 "reward: give a rule-based 'function', a reward 'model' or a 'judge' (or a "
                 "'teacher' to distill from, or an agent.function that returns rewards)"
@@ -640,6 +645,26 @@ class TrainerConfig(_Strict):
             raise ValueError(
                 f"env: the environment gives the prompts and the reward; remove {given}"
             )
+        kind = self.env.kind if self.env is not None else ""
+        if _env_runs_rollouts(kind):  # its episodes run against the policy endpoint
+            if self.agent is None:
+                self.agent = AgentConfig()  # the turn, token and time limits of an episode
+            elif self.agent.function is not None:
+                raise ValueError(
+                    f"agent.function: env.kind {kind} runs each sample's episode "
+                    "itself; remove agent.function"
+                )
+
+    @property
+    def runs_agent_function(self) -> bool:
+        """Whether each sample is an agent run against the policy endpoint: the recipe's
+        ``agent.function``, or an environment that runs its own episodes (OpenEnv); the
+        run's reward is then what each run returns."""
+        if self.agent is None:
+            return False
+        return self.agent.function is not None or (
+            self.env is not None and self.trainer == "rl" and _env_runs_rollouts(self.env.kind)
+        )
 
     def role_model(self, role: ModelRoleConfig) -> Path:
         return role.model_path or self.model.path

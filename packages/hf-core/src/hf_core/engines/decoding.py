@@ -43,9 +43,10 @@ def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
     return prompts
 
 
-def left_padded(sequences: list[list[int]], pad_token_id: int) -> Batch:
-    """``input_ids`` / ``attention_mask`` of token sequences, left-padded to the longest."""
-    width = max(len(s) for s in sequences)
+def left_padded(sequences: list[list[int]], pad_token_id: int, min_width: int = 0) -> Batch:
+    """``input_ids`` / ``attention_mask`` of token sequences, left-padded to the longest (or to
+    ``min_width`` if that is wider)."""
+    width = max(min_width, *(len(s) for s in sequences))
     ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):

@@ -10,7 +10,13 @@ key -- and used by the trainer for:
   ``env_task`` -- the task a record belongs to, which per-task metrics group by -- and
   whatever else ``score`` needs, carried with each sample as extras);
 * ``score(responses, ground_truths, extras)``: one reward a response, computed by the
-  library's own code (a batched reward function, :mod:`hf_core.rewards.registry`).
+  library's own code (a batched reward function, :mod:`hf_core.rewards.registry`);
+* or, for a kind whose episodes are multi-turn and scored by the environment itself
+  (OpenEnv), ``run(client, sample, agent)`` instead of ``score``: one episode against the
+  policy's OpenAI-compatible endpoint (:mod:`hf_core.agents.function_agents` runs it for every
+  sample, as it runs an ``agent.function``), returning the episode's reward.  Such a kind is a
+  :class:`RolloutEnvironment`; the recipe's ``agent:`` section (its defaults when absent) sets
+  the turns, tokens and time an episode may use.
 
 Kinds are registered in :data:`ENV_KINDS` (built-ins declared below, imported on first use;
 plugins through the ``register_env_kinds`` hook) or named as ``package.module:Class``.
@@ -47,6 +53,36 @@ class TaskEnvironment(Protocol):
     ) -> list[float]: ...
 
 
+class RolloutEnvironment(Protocol):
+    """An environment that runs each sample's episode itself (see the module doc)."""
+
+    Settings: ClassVar[type[BaseModel]]
+
+    def records(self, split: Split) -> list[dict[str, Any]]: ...
+
+    async def run(self, client: Any, sample: dict[str, Any], agent: Any) -> Any:
+        """One episode: ``client`` an ``openai.AsyncOpenAI`` bound to the sample's trajectory,
+        ``sample`` its record, ``agent`` the recipe's :class:`~hf_core.agents.config.
+        AgentConfig` (the endpoint's ``model_name``, ``max_turns``); returns the reward (a
+        number or an :class:`~hf_core.agents.function_agents.AgentResult`)."""
+        ...
+
+
+def runs_rollouts(kind: object) -> bool:
+    """Whether an environment (class or instance) runs its own episodes (has ``run``)."""
+    return callable(getattr(kind, "run", None))
+
+
+def kind_runs_rollouts(kind: str) -> bool:
+    """Whether the environment kind named ``kind`` runs its own episodes; False when the name
+    does not resolve (the pre-start checks report that, naming the key)."""
+    try:
+        cls = resolve(kind, key="env.kind", table=ENV_KINDS, error=UnknownEnvKindError).value
+    except Exception:  # reported where the environment is built
+        return False
+    return runs_rollouts(cls)
+
+
 class UnknownEnvKindError(ConfigError, UnknownNameError):
     """A recipe's ``env.kind`` is neither registered nor an importable class."""
 
@@ -57,6 +93,7 @@ ENV_KINDS: NamedRegistry[type[Any]] = NamedRegistry(
     miss_hint="register it with the register_env_kinds plugin hook or give 'package.module:Class'",
 )
 ENV_KINDS.declare("hf_core.environments.reasoning_gym", "reasoning_gym")
+ENV_KINDS.declare("hf_core.environments.openenv_env", "openenv")
 
 
 def register_env_kind(name: str, cls: type[Any], *, owner: str = "") -> type[Any]:
@@ -104,16 +141,24 @@ def build_environment(block: Mapping[str, Any], key: str = "env") -> TaskEnviron
 
 
 def task_metrics(
-    tasks: Sequence[Any], scores: Sequence[float], prefix: str = "env"
+    tasks: Sequence[Any],
+    scores: Sequence[float],
+    prefix: str = "env",
+    turns: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """Per task of a batch: ``<prefix>/<task>/reward`` (mean score) and
-    ``<prefix>/<task>/success`` (the share scoring 1.0 or more), plus ``<prefix>/<task>/count``."""
-    grouped: dict[str, list[float]] = {}
-    for task, score in zip(tasks, scores, strict=True):
-        grouped.setdefault(str(task), []).append(float(score))
+    ``<prefix>/<task>/success`` (the share scoring 1.0 or more), plus ``<prefix>/<task>/count``
+    and, for multi-turn episodes (``turns`` given), ``<prefix>/<task>/turns`` (mean)."""
+    grouped: dict[str, list[tuple[float, float]]] = {}
+    every_turn = [0.0] * len(scores) if turns is None else turns
+    for task, score, turn in zip(tasks, scores, every_turn, strict=True):
+        grouped.setdefault(str(task), []).append((float(score), float(turn)))
     out: dict[str, float] = {}
-    for task, values in sorted(grouped.items()):
+    for task, rows in sorted(grouped.items()):
+        values = [score for score, _ in rows]
         out[f"{prefix}/{task}/reward"] = sum(values) / len(values)
         out[f"{prefix}/{task}/success"] = sum(v >= 1.0 for v in values) / len(values)
         out[f"{prefix}/{task}/count"] = float(len(values))
+        if turns is not None:
+            out[f"{prefix}/{task}/turns"] = sum(t for _, t in rows) / len(rows)
     return out

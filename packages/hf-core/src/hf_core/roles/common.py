@@ -50,15 +50,33 @@ def build_agent_loop(
     use_sandbox(config.sandbox)
 
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path), local_files_only=True)
-    if config.agent.function is not None:  # needs the 'serve' extra (FastAPI, openai)
-        from hf_core.agents.function_agents import FunctionAgentLoop
+    if config.runs_agent_function:  # needs the 'serve' extra (FastAPI, openai)
+        from hf_core.agents.function_agents import FunctionAgentLoop, load_agent_function
         from hf_core.roles.sequence_capacity import sequence_bounds  # it imports this module
 
         capacity = sequence_bounds(
             config, generation
         ).capacity  # longer prompts are refused, not batched
-        return FunctionAgentLoop(engine, tokenizer, config.agent, version, capacity)
+        if config.agent.function is not None:
+            function = load_agent_function(config.agent.function)
+        else:  # an environment that runs its own episodes (built again in this process)
+            function = _episode_function(config)
+        return FunctionAgentLoop(engine, tokenizer, config.agent, function, version, capacity)
     return AgentLoop(engine, tokenizer, config.agent, resolve_tools(config.agent.tools))
+
+
+def _episode_function(config: TrainerConfig) -> Callable[[Any, dict[str, Any]], Any]:
+    """``env.run`` with the recipe's agent limits bound: what runs each sample's episode."""
+    import functools
+
+    from hf_core.environments import build_environment, runs_rollouts
+
+    assert config.env is not None and config.agent is not None
+    environment = build_environment(config.env.model_dump())
+    if not runs_rollouts(environment):
+        raise TypeError(f"env.kind {config.env.kind} does not run episodes")
+    run = environment.run  # type: ignore[attr-defined]
+    return functools.partial(run, agent=config.agent)
 
 
 def build_training_engine(

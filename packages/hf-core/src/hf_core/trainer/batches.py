@@ -19,7 +19,7 @@ PROMPT_TENSORS = ("input_ids", "attention_mask")
 def generation_input(prompts: Batch, config: TrainerConfig) -> Batch:
     """What a rollout engine gets of a prompt batch: its tokens and images, plus the dataset
     fields when an agent function runs (``agent.function`` receives them as its ``sample``)."""
-    fields = list(prompts.non_tensors) if config.agent and config.agent.function else []
+    fields = list(prompts.non_tensors) if config.runs_agent_function else []
     fields += [k for k in (MULTI_MODAL_KEY, IMAGES_KEY) if k in prompts and k not in fields]
     return prompts.select(*PROMPT_TENSORS, *fields)
 

@@ -49,7 +49,13 @@ from hf_core.data import DataError, PromptDataset, PromptLoader
 from hf_core.engines import rank_zero_row, tensor_nbytes, token_ids
 from hf_core.engines.hf_folder import read_model_config
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
-from hf_core.environments import ENV_TASK_KEY, Split, build_environment, task_metrics
+from hf_core.environments import (
+    ENV_TASK_KEY,
+    Split,
+    build_environment,
+    runs_rollouts,
+    task_metrics,
+)
 from hf_core.metrics import Timer, peak_memory
 from hf_core.multimodal import MULTI_MODAL_KEY, VisionProcessor, is_vision_model
 from hf_core.rewards import RuleReward
@@ -109,10 +115,7 @@ class RLTrainer(RunLoop):
         """On-policy updates (one epoch, one mini-batch) take the behaviour log-probs from the
         update's own forward (ratio exactly 1) instead of a separate pass; off-policy updates,
         and a KL penalty in the reward (needed before the update), keep the recompute."""
-        self.masks_samples = bool(
-            (config.agent is not None and config.agent.function is not None)
-            or algo.overlong.filter_truncated
-        )
+        self.masks_samples = config.runs_agent_function or algo.overlong.filter_truncated
         """Whether whole samples may leave the loss (a failed agent run, a filtered truncated
         response): their rows have no valid token, and get no reward."""
         self.tokenizer = AutoTokenizer.from_pretrained(
@@ -140,8 +143,9 @@ class RLTrainer(RunLoop):
             PromptLoader.for_validation(val_set, data.val_batch_size) if val_set else None
         )
         use_sandbox(config.sandbox)  # rule-based rewards (code_tests) run their code there
-        reward_function = (
-            self.environment.score if self.environment is not None else config.reward.function
+        env = self.environment
+        reward_function = (  # an environment running its own episodes returns their rewards
+            config.reward.function if env is None else None if runs_rollouts(env) else env.score
         )
         self.reward_fn = RuleReward(reward_function, self.tokenizer) if reward_function else None
         self.cost_fn = (
@@ -378,7 +382,9 @@ class RLTrainer(RunLoop):
             }
         )
         if ENV_TASK_KEY in batch.non_tensors:  # an environment's tasks, each on its own
-            metrics.update(task_metrics(batch.non_tensors[ENV_TASK_KEY], task_scores.tolist()))
+            turns = batch["agent_turns"].tolist() if "agent_turns" in batch else None
+            tasks = batch.non_tensors[ENV_TASK_KEY]
+            metrics.update(task_metrics(tasks, task_scores.tolist(), turns=turns))
         if ROUTED_EXPERTS_KEY in batch:  # what routing replay adds to the step's batch
             metrics["moe/routing_bytes"] = float(tensor_nbytes(batch[ROUTED_EXPERTS_KEY]))
         if "old_log_probs" in batch:  # recomputed: the mismatch is measured here
@@ -496,10 +502,9 @@ class RLTrainer(RunLoop):
         return torch.zeros(len(batch)) if scores is None else scores
 
     def _has_reward(self) -> bool:
-        reward, agent = self.config.reward, self.config.agent
-        agent_rewards = agent is not None and agent.function is not None
+        reward = self.config.reward
         has = reward.function or reward.model or reward.judge or self.environment is not None
-        return bool(has or agent_rewards)
+        return bool(has or self.config.runs_agent_function)
 
     # ----------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:

@@ -5,9 +5,7 @@ openenv-core server)."""
 
 from __future__ import annotations
 
-import builtins
 import json
-import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +15,7 @@ from hf_core.config import TrainerConfig, validate
 from hf_core.environments import build_environment, kind_runs_rollouts, openenv_env
 from hf_core.environments.openenv_env import EnvironmentServerError, _parse
 from hf_core.errors import ConfigError
+from hf_testing.missing_library import pretend_missing
 
 URL = "http://127.0.0.1:9"
 
@@ -104,16 +103,7 @@ def test_bad_settings_name_the_key(settings: dict[str, Any], message: str) -> No
 
 
 def test_a_missing_socket_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def no_websockets(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.split(".")[0] == "websockets":
-            raise ModuleNotFoundError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_websockets)
-    for name in [m for m in sys.modules if m.split(".")[0] == "websockets"]:
-        monkeypatch.delitem(sys.modules, name)
+    pretend_missing(monkeypatch, "websockets")
     with pytest.raises(ConfigError, match=r"pip install 'hf-core\[openenv\]'"):
         build_environment({"kind": "openenv", "url": URL})
 

@@ -4,7 +4,6 @@ missing library or an unknown task is a ConfigError naming what to do."""
 
 from __future__ import annotations
 
-import builtins
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from hf_core.config import ConfigError
 from hf_core.environments import ENV_TASK_KEY, build_environment, task_metrics
 from hf_core.environments.reasoning_gym import split_sizes
+from hf_testing.missing_library import pretend_missing
 
 reasoning_gym = pytest.importorskip("reasoning_gym")
 
@@ -157,15 +157,6 @@ def test_an_unknown_kind_names_the_nearest() -> None:
 
 
 def test_a_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def no_reasoning_gym(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.split(".")[0] == "reasoning_gym":
-            raise ModuleNotFoundError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_reasoning_gym)
-    for name in [m for m in __import__("sys").modules if m.split(".")[0] == "reasoning_gym"]:
-        monkeypatch.delitem(__import__("sys").modules, name)
+    pretend_missing(monkeypatch, "reasoning_gym")
     with pytest.raises(ConfigError, match=r"pip install 'hf-core\[reasoning-gym\]'"):
         _env(task="leg_counting")

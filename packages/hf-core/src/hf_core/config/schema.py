@@ -658,7 +658,8 @@ class TrainerConfig(_Strict):
     @property
     def runs_agent_function(self) -> bool:
         """Whether each sample is an agent run against the policy endpoint: the recipe's
-        ``agent.function``, or an environment that runs its own episodes (OpenEnv); the
+        ``agent.function``, or an environment that runs its own episodes (verifiers,
+        OpenEnv); the
         run's reward is then what each run returns."""
         if self.agent is None:
             return False

@@ -1,8 +1,8 @@
 """Task environments from the libraries users already have (``env:`` in a recipe): the
 prompts of a run and the library's own scoring of the answers (:mod:`.base`).  Built-in kinds:
-``reasoning_gym`` (:mod:`.reasoning_gym`, the ``hf-core[reasoning-gym]`` extra), and ``openenv``
-(:mod:`.openenv_env`, ``hf-core[openenv]``), which runs multi-turn episodes against the policy
-endpoint."""
+``reasoning_gym`` (:mod:`.reasoning_gym`, the ``hf-core[reasoning-gym]`` extra), and two that run
+multi-turn episodes against the policy endpoint: ``openenv`` (:mod:`.openenv_env`,
+``hf-core[openenv]``) and ``verifiers`` (:mod:`.verifiers_env`, ``hf-core[verifiers]``)."""
 
 from hf_core.environments.base import (
     ENV_KINDS,

@@ -12,7 +12,7 @@ key -- and used by the trainer for:
 * ``score(responses, ground_truths, extras)``: one reward a response, computed by the
   library's own code (a batched reward function, :mod:`hf_core.rewards.registry`);
 * or, for a kind whose episodes are multi-turn and scored by the environment itself
-  (OpenEnv), ``run(client, sample, agent)`` instead of ``score``: one episode against the
+  (verifiers, OpenEnv), ``run(client, sample, agent)`` instead of ``score``: one episode against the
   policy's OpenAI-compatible endpoint (:mod:`hf_core.agents.function_agents` runs it for every
   sample, as it runs an ``agent.function``), returning the episode's reward.  Such a kind is a
   :class:`RolloutEnvironment`; the recipe's ``agent:`` section (its defaults when absent) sets
@@ -24,6 +24,7 @@ plugins through the ``register_env_kinds`` hook) or named as ``package.module:Cl
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -94,6 +95,19 @@ ENV_KINDS: NamedRegistry[type[Any]] = NamedRegistry(
 )
 ENV_KINDS.declare("hf_core.environments.reasoning_gym", "reasoning_gym")
 ENV_KINDS.declare("hf_core.environments.openenv_env", "openenv")
+ENV_KINDS.declare("hf_core.environments.verifiers_env", "verifiers")
+
+
+def require_library(module: str, kind: str, extra: str) -> Any:
+    """The module an environment kind's library provides, imported; a ConfigError naming
+    the extra to install when it is missing (before Ray starts, as every env check is)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"env.kind: {kind} needs the {module.split('.')[0]} library: "
+            f"pip install 'hf-core[{extra}]'"
+        ) from None
 
 
 def register_env_kind(name: str, cls: type[Any], *, owner: str = "") -> type[Any]:

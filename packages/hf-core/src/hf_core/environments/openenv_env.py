@@ -33,17 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import math
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hf_core.environments.base import ENV_TASK_KEY, Split, register_env_kind
-from hf_core.errors import ConfigError
+from hf_core.environments.base import ENV_TASK_KEY, Split, register_env_kind, require_library
 
-INSTALL = "pip install 'hf-core[openenv]'"
 SEED_KEY = "env_seed"
 TRAJECTORY_FULL = "TrajectoryLimit"
 """The endpoint's error type for a request past the trajectory's token budget
@@ -91,10 +88,7 @@ class OpenEnvSettings(BaseModel):
 
 def _websockets() -> Any:
     """The websockets client module, or a ConfigError saying how to install it."""
-    try:
-        return importlib.import_module("websockets.asyncio.client")
-    except ImportError:
-        raise ConfigError(f"env.kind: openenv needs the websockets library: {INSTALL}") from None
+    return require_library("websockets.asyncio.client", "openenv", "openenv")
 
 
 class _Session:

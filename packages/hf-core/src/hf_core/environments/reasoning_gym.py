@@ -23,7 +23,6 @@ models without a chat template).
 from __future__ import annotations
 
 import difflib
-import importlib
 import random
 from collections.abc import Mapping, Sequence
 from functools import cached_property
@@ -31,10 +30,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hf_core.environments.base import ENV_TASK_KEY, Split, register_env_kind
+from hf_core.environments.base import ENV_TASK_KEY, Split, register_env_kind, require_library
 from hf_core.errors import ConfigError
 
-INSTALL = "pip install 'hf-core[reasoning-gym]'"
 INDEX_KEY = "env_index"
 SPLIT_KEY = "env_split"
 
@@ -98,12 +96,7 @@ class ReasoningGymSettings(BaseModel):
 
 def _library() -> Any:
     """The reasoning_gym package, or a ConfigError saying how to install it."""
-    try:
-        return importlib.import_module("reasoning_gym")
-    except ImportError:
-        raise ConfigError(
-            f"env.kind: reasoning_gym needs the reasoning-gym library: {INSTALL}"
-        ) from None
+    return require_library("reasoning_gym", "reasoning_gym", "reasoning-gym")
 
 
 def split_sizes(weights: Mapping[str, float], total: int) -> dict[str, int]:

@@ -287,8 +287,8 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def pipeline_demo(session: nox.Session) -> None:
     """The whole post-training pipeline from an untrained tiny model (not in the default
-    matrix: about 15 minutes on the 2-core machine): SFT, pairs sampled from it and ranked by
-    the rule reward, a reward model on them, GRPO on that learned reward alone in rounds (the
+    matrix: about 22 minutes on the 2-core machine): SFT, pairs sampled from it and ranked by
+    the rule reward, a reward model on them, PPO on that learned reward alone in rounds (the
     reward model trained on the policy's own ranked samples in between), and DPO; exits
     1 when a stage misses its figure (recipes/demo_pipeline.yaml)."""
     _install_base(session)

@@ -12,7 +12,8 @@
    held-out split;
 4. a reward model (``trainer: reward_model``) on those pairs, its score head on the SFT
    model's backbone: its held-out pair accuracy must reach ``required.reward_model_accuracy``;
-5. GRPO (``trainer: rl``) from the SFT model whose only reward is the reward model, in
+5. PPO (``trainer: rl``, GAE with a critic) from the SFT model whose only reward is the
+   reward model, in
    ``pipeline.rl_rounds`` rounds (iterated RLHF): after each round the RL policy's own samples
    on fresh prompts are ranked the same way, join the pairs, and the reward model trains on
    from where it was; the KL anchor stays the SFT model;

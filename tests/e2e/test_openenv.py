@@ -76,8 +76,26 @@ def test_a_failing_environment_server_costs_its_samples(in_workdir: Path, game_u
         RLTrainer(_config(relay, out, steps=2)).fit()
     rows = _rows(out)
     assert [row["step"] for row in rows] == [1, 2]
-    samples = 6 * 2
-    assert sum(row["agent/failed"] for row in rows) > 0
+    failed, samples = sum(row["agent/failed"] for row in rows), 2 * 6 * 2
+    assert 0 < failed < samples  # the healthy third trained
     for row in rows:
-        assert row["agent/failed"] < samples  # the healthy third trained
         assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
+
+
+def test_a_server_that_is_gone_fails_the_episode_at_once() -> None:
+    """Nothing listening (a server that died before the episode): the episode fails with the
+    server's address at once, without a model request."""
+    import asyncio
+    import time
+
+    from hf_core.agents.config import AgentConfig
+    from hf_core.environments import build_environment
+    from hf_core.environments.openenv_env import EnvironmentServerError
+    from hf_testing.openenv_game import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    env: Any = build_environment({"kind": "openenv", "url": url, "connect_timeout_s": 5})
+    began = time.monotonic()
+    with pytest.raises(EnvironmentServerError, match=f"{url}: cannot open a session"):
+        asyncio.run(env.run(None, env.records("train")[0], AgentConfig()))
+    assert time.monotonic() - began < 5

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hf_core.agents.config import AgentConfig
-from hf_core.agents.function_agents import FunctionAgentLoop
+from hf_core.agents.function_agents import AgentResult, FunctionAgentLoop
 from hf_core.batch import Batch
 from hf_core.engines.decoding import strip_left_padding
 from hf_core.engines.rollout import SamplingParams, assemble_rollout
@@ -255,6 +255,11 @@ async def good_agent(client: Any, sample: dict[str, Any]) -> float:
     return 1.0 if await _calculator_agent(client, sample["prompt"]) else 0.0
 
 
+async def informative_agent(client: Any, sample: dict[str, Any]) -> AgentResult:
+    answered = await _calculator_agent(client, sample["prompt"])
+    return AgentResult(0.5 if answered else 0.0, {"answered": answered})
+
+
 async def raising_agent(client: Any, sample: dict[str, Any]) -> float:
     await client.chat.completions.create(
         model="policy", messages=[{"role": "user", "content": "1*1="}]
@@ -274,7 +279,7 @@ async def garbage_agent(client: Any, sample: dict[str, Any]) -> Any:
 def test_failed_agent_functions_are_counted_and_masked(tokenizer: Any, tmp_path: Path) -> None:
     engine = ScriptedEngine(tokenizer)
     results = {}
-    for name in ("good", "raising", "hanging", "garbage"):
+    for name in ("good", "informative", "raising", "hanging", "garbage"):
         config = AgentConfig(
             function=f"test_serving:{name}_agent", timeout_s=2.0, max_turns=4, max_total_tokens=96
         )
@@ -290,6 +295,10 @@ def test_failed_agent_functions_are_counted_and_masked(tokenizer: Any, tmp_path:
     good = results["good"]
     assert good["agent_reward"].tolist() == [1.0, 1.0]
     assert int(good["response_mask"].sum()) > 0 and good["agent_tool_calls"].tolist() == [1, 1]
+    assert good["agent_info"].tolist() == [{}, {}]
+    informative = results["informative"]  # an AgentResult: its reward, its info kept
+    assert informative["agent_reward"].tolist() == [0.5, 0.5]
+    assert informative["agent_info"].tolist() == [{"answered": "12"}, {"answered": "12"}]
     for name, flag in (("raising", "agent_failed"), ("hanging", "agent_timed_out")):
         batch = results[name]
         assert batch[flag].tolist() == [True, True], name

@@ -53,7 +53,8 @@ class AgentResult:
 
     reward: float
     info: dict[str, Any] = field(default_factory=dict)
-    """Anything to keep with the sample (logged per sample as ``agent_info``)."""
+    """Anything to keep with the sample: the batch's ``agent_info`` column, which a
+    ``reward.function`` receives in its ``extras``."""
 
 
 @dataclass
@@ -258,6 +259,9 @@ class FunctionAgentLoop:
         errors = np.empty(size, dtype=object)
         errors[:] = [o.error for o in outcomes]
         out["agent_error"] = errors
+        infos = np.empty(size, dtype=object)
+        infos[:] = [o.info for o in outcomes]
+        out["agent_info"] = infos
         return out
 
 

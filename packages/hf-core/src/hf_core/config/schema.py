@@ -659,8 +659,7 @@ class TrainerConfig(_Strict):
     def runs_agent_function(self) -> bool:
         """Whether each sample is an agent run against the policy endpoint: the recipe's
         ``agent.function``, or an environment that runs its own episodes (verifiers,
-        OpenEnv); the
-        run's reward is then what each run returns."""
+        OpenEnv); the run's reward is then what each run returns."""
         if self.agent is None:
             return False
         return self.agent.function is not None or (

@@ -82,7 +82,8 @@ class FakeCluster:
     def __post_init__(self) -> None:
         self.compute_dtype = Method(lambda: FakeFuture(self.pool_dtype))
         self.follow_rollout_dtype = Method(lambda d: FakeFuture(self.followed.append(d)))
-        self.open_weight_channel = Method(lambda n: FakeFuture("address"))
+        self.node_key = Method(lambda: FakeFuture(["node"] * self.world_size))
+        self.open_weight_channel = Method(lambda nodes: FakeFuture(f"address for {nodes}"))
         self.join_weight_channel = Method(lambda *a: FakeFuture(None))
         self.sync_weights = Method(self._send)
         self.receive_weights = Method(lambda: FakeFuture([{"reshard/bytes_received": 8.0}]))
@@ -348,33 +349,38 @@ def test_a_standalone_pool_runs_whole_model_engines(tmp_path: Path) -> None:
 
 def _receiver(address: Any, rank: int, queue: Any) -> None:
     channel = WeightChannel.connect(address, rank, torch.device("cpu"), 60.0)
-    version, buckets = channel.receive()
-    queue.put((version, [[(n, t.clone()) for n, t in bucket] for bucket in buckets]))
+    messages = []
+    while (message := channel.take()).numel():
+        messages.append(message.clone())
+    doubt = channel.agree(rank == 2)
+    queue.put((rank, messages, doubt))
 
 
-def test_the_channel_delivers_every_bucket_to_every_receiver() -> None:
-    store, address = WeightChannel.listen("127.0.0.1", 3, 60.0)
+@pytest.mark.parametrize("nodes", [("a", "a", "a"), ("a", "b", "b")])
+def test_the_channel_relays_every_message_to_every_receiver(nodes: tuple[str, ...]) -> None:
+    """One node of three (a leader relays to two) and two nodes (one leader alone): every
+    receiver gets every message in order, and a doubt raised by one reaches all."""
+    store, address = WeightChannel.listen("127.0.0.1", nodes, 60.0)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    receivers = [ctx.Process(target=_receiver, args=(address, r, queue)) for r in (1, 2)]
+    ranks = range(1, len(nodes) + 1)
+    receivers = [ctx.Process(target=_receiver, args=(address, r, queue)) for r in ranks]
     for process in receivers:
         process.start()
-    sender = WeightChannel(store, 0, 3, torch.device("cpu"), 60.0)
-    buckets = [
-        [("a.weight", torch.randn(3, 4)), ("b.bias", torch.arange(5, dtype=torch.int64))],
-        [("c.weight", torch.randn(2, 2).to(torch.bfloat16))],
-    ]
-    sent = sender.send(buckets, version=7)
+    sender = WeightChannel(store, 0, nodes, torch.device("cpu"), 60.0)
+    sent = [torch.randint(0, 255, (n,), dtype=torch.uint8) for n in (5, 1 << 16, 3)]
+    for message in sent:
+        sender.post(message)
+    sender.post(None)
+    assert sender.agree(False) is True  # rank 2 doubted
     got = [queue.get(timeout=60) for _ in receivers]
     for process in receivers:
         process.join(timeout=60)
-    assert sent == sum(t.numel() * t.element_size() for b in buckets for _, t in b)
-    for version, received in got:
-        assert version == 7  # the policy version travels with the weights
-        assert [[n for n, _ in b] for b in received] == [[n for n, _ in b] for b in buckets]
-        for bucket, expected in zip(received, buckets, strict=True):
-            for (_, a), (_, b) in zip(bucket, expected, strict=True):
-                assert a.dtype == b.dtype and a.equal(b)
+    assert sorted(rank for rank, _, _ in got) == list(ranks)
+    for _, messages, doubt in got:
+        assert doubt is True
+        assert len(messages) == len(sent)
+        assert all(a.equal(b) for a, b in zip(messages, sent, strict=True))
 
 
 def test_auto_correction_follows_the_actors_compute_dtype(tmp_path: Path) -> None:

@@ -309,6 +309,20 @@ class RolloutConfig(_Strict):
         description="training -> generation transition of a model-parallel actor: the paper's "
         "micro-DP all-gathers (hybrid, zero redundancy) or whole-replica gathers (naive)",
     )
+    sync: Literal["full", "delta"] = Field(
+        "full",
+        description="standalone pools: each weight sync sends every tensor whole (full) or "
+        "only the entries whose bits changed since the last version (delta; both ends keep a "
+        "host copy of the weights in the pool's dtype; docs/weight_sync.md)",
+    )
+    sync_full_every: int = Field(
+        10, ge=1, description="delta sync: a full sync every this many policy versions"
+    )
+    sync_verify: bool = Field(
+        False,
+        description="delta sync: every delta carries per-tensor checksums the pool checks "
+        "(full syncs always do); a mismatch is healed by a full sync",
+    )
     max_staleness: int = Field(
         0,
         ge=0,

@@ -47,7 +47,14 @@ from hf_core.roles.common import (
 from hf_core.roles.handover import MemoryHandover
 from hf_core.roles.losses import PolicyLoss, rollout_is_cap, rollout_is_mode, sft_loss
 from hf_core.roles.preference_losses import LinearisedPairLoss
-from hf_core.sync import BroadcastSync, ChannelAddress, WeightSync, lora_of, weight_sync_for
+from hf_core.sync import (
+    BroadcastSync,
+    ChannelAddress,
+    WeightSync,
+    WireEncoder,
+    lora_of,
+    weight_sync_for,
+)
 from hf_core.worker import Worker
 
 
@@ -107,6 +114,11 @@ class ActorRolloutRefWorker(Worker):
             rank=self.rank,
             device=self.device,
             generation=layout.generation,
+            encoder=WireEncoder(
+                delta=config.rollout.sync == "delta",
+                full_every=config.rollout.sync_full_every,
+                verify=config.rollout.sync_verify,
+            ),
         )
         """How the weights reach the rollout engine: in this process, or broadcast to a pool."""
         self.handover = MemoryHandover(self.actor, self.reference, self.rollout, self.teacher)
@@ -203,15 +215,19 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------- standalone rollout pool
     @register("RANK_ZERO")
-    def open_weight_channel(self, receivers: int) -> ChannelAddress:
-        """Rank 0 opens the broadcast group's store for ``receivers`` rollout ranks."""
-        return self._broadcast().listen(receivers)
+    def open_weight_channel(self, nodes: list[str]) -> ChannelAddress:
+        """Rank 0 opens the channel's store for rollout ranks on ``nodes`` (one node key per
+        rank: the relay tree sends each node one copy)."""
+        return self._broadcast().listen(nodes)
 
     @register("ONE_TO_ALL")
     def follow_rollout_dtype(self, dtype: torch.dtype | None) -> None:
         """The standalone pool's engines computed in ``dtype`` (their resolved setting, e.g. a
-        rollout ``dtype: auto``): the rollout correction follows it as in a hybrid run."""
+        rollout ``dtype: auto``): the rollout correction follows it as in a hybrid run, and
+        the weights travel in it (what the pool would round them to anyway)."""
         self.loss = self._policy_loss(dtype)
+        if isinstance(self.weight_sync, BroadcastSync):
+            self.weight_sync.encoder.wire_dtype = dtype
 
     @register("ONE_TO_ALL")
     def join_weight_channel(self) -> None:
@@ -316,6 +332,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor.load_checkpoint(role_path(path, "actor"))
         self.updates = updates
         self.needs_sync = True
+        if isinstance(self.weight_sync, BroadcastSync):
+            self.weight_sync.restart_chain()  # a delta on the old weights means nothing now
 
     @register("ONE_TO_ALL")
     def export_hf(self, path: str) -> str:

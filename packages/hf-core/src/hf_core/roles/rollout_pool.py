@@ -2,9 +2,9 @@
 
 The rollout engine (any backend) in processes of its own, so generation can run while the
 actor trains (``rollout.max_staleness`` > 0, the trainer's asynchronous loop).  New weights
-arrive between generate calls over the weight channel
-(:mod:`hf_core.sync.receiver`); each rank is one whole-model engine fed its share of
-the prompts (data parallel).  Every generated sample carries ``rollout_version``: the policy
+arrive between generate calls over the weight channel (:mod:`hf_core.sync.receiver`; a
+streaming pool keeps decoding while they land and stops only for the swap); each rank is one
+whole-model engine fed its share of the prompts (data parallel).  Every generated sample carries ``rollout_version``: the policy
 version of the weights this rank held when it generated it (its own record, kept when a weight
 broadcast was loaded), so tests and metrics need not trust the trainer's schedule for it.
 """
@@ -23,6 +23,7 @@ from hf_core.protocols import register
 from hf_core.roles.common import build_agent_loop, rollout_engine_args, torch_threads
 from hf_core.roles.rollout_stream import FinishedRows, StreamingGenerator
 from hf_core.sync import BroadcastReceiver, ChannelAddress
+from hf_core.sync.relay import node_key
 from hf_core.worker import Worker
 
 ROLLOUT_VERSION = "rollout_version"
@@ -40,7 +41,13 @@ class RolloutWorker(Worker):
         factory = get_rollout_engine(config.rollout.backend)
         generation = layout.generation
         self.rollout = factory(**rollout_engine_args(config, generation), **config.rollout.engine)
-        self.receiver = BroadcastReceiver(self.rank, self.device)
+        self.receiver = BroadcastReceiver(
+            self.rank,
+            self.device,
+            # a stream keeps generating while the weights land (a delta needs the copy anyway)
+            staged=config.rollout.sync == "delta" or config.rollout.mode == "streaming",
+            bucket_bytes=int(config.rollout.bucket_mb * 2**20),
+        )
         # None: single-turn rollouts
         self.agent = build_agent_loop(
             config, generation, self.rollout, lambda: self.receiver.version
@@ -68,18 +75,28 @@ class RolloutWorker(Worker):
         return getattr(self.rollout, "compute_dtype", None)
 
     @register("ONE_TO_ALL")
+    def node_key(self) -> str:
+        """This rank's node (the weight channel relays one copy per node)."""
+        return node_key()
+
+    @register("ONE_TO_ALL")
     def join_weight_channel(self, address: ChannelAddress) -> None:
         """Join the actor's broadcast group (blocks until every end joined)."""
         self.receiver.join(address)
 
     @register("ONE_TO_ALL")
     def receive_weights(self) -> dict[str, float]:
-        """Load the actor's new weights; this rank's sync metrics.  A running stream pauses
-        at a token boundary meanwhile and continues on the new weights."""
+        """Load the actor's new weights; this rank's sync metrics.  A running stream goes on
+        decoding while they arrive, pauses at a token boundary for the swap only, and
+        continues on the new weights; ``sync/pool_idle_s`` is the time the engine could not
+        generate."""
         if self.stream is None:
-            return self.receiver.receive(self.rollout)
-        with self.stream.paused():
-            return self.receiver.receive(self.rollout)
+            metrics = self.receiver.receive(self.rollout)
+            metrics["sync/pool_idle_s"] = metrics["perf/weight_sync_s"]
+        else:
+            metrics = self.receiver.receive(self.rollout, pause=self.stream.paused)
+            metrics["sync/pool_idle_s"] = metrics["sync/swap_s"]
+        return metrics
 
     # ------------------------------------------------------------ streaming
     @register("ONE_TO_ALL")

@@ -16,6 +16,7 @@ from hf_core.sync.hybrid import HybridSync
 from hf_core.sync.lora import AdapterSync, lora_of
 from hf_core.sync.plan import ReshardKind
 from hf_core.sync.protocol import WeightSync
+from hf_core.sync.wire import WireEncoder
 
 
 def weight_sync_for(
@@ -27,15 +28,18 @@ def weight_sync_for(
     rank: int,
     device: torch.device | None = None,
     generation: GenerationLayout | None = None,
+    encoder: WireEncoder | None = None,
 ) -> WeightSync:
     """The actor's sync: :class:`BroadcastSync` to a rollout pool when ``rollout`` is
-    ``None`` (it needs ``device``), :class:`AdapterSync` when the actor trains LoRA adapters,
-    else :class:`HybridSync` (its plan checked against the run's resolved ``generation``
-    layout when given)."""
+    ``None`` (it needs ``device``; ``encoder`` says what it sends), :class:`AdapterSync`
+    when the actor trains LoRA adapters, else :class:`HybridSync` (its plan checked against
+    the run's resolved ``generation`` layout when given)."""
     if rollout is None:
         if device is None:
             raise ValueError("a broadcast to a rollout pool needs the actor's device")
-        return BroadcastSync(actor, bucket_bytes=bucket_bytes, rank=rank, device=device)
+        return BroadcastSync(
+            actor, bucket_bytes=bucket_bytes, rank=rank, device=device, encoder=encoder
+        )
     lora = lora_of(actor)
     if lora is None:
         return HybridSync(

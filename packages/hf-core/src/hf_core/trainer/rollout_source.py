@@ -189,7 +189,7 @@ class StandaloneRollouts(RolloutSource):
         """Form the broadcast group: actor rank 0 plus every rollout rank; tell the actor the
         dtype the pool generates in (its rollout correction follows it)."""
         self.groups.actor.follow_rollout_dtype(self.pool.compute_dtype())
-        address = self.groups.actor.open_weight_channel(self.pool.world_size)
+        address = self.groups.actor.open_weight_channel(list(self.pool.node_key()))
         joins = [
             self.groups.actor.join_weight_channel.remote(),
             self.pool.join_weight_channel.remote(address),

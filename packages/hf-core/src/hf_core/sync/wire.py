@@ -1,0 +1,334 @@
+"""What a weight sync to a rollout pool sends: whole tensors, or only the entries that changed.
+
+After one optimizer step at RL learning rates most half-precision weights do not change at
+all (the update is below the format's resolution), so a *delta* sync sends, per tensor, the
+positions and new values of the entries whose bits changed -- or the whole tensor where that
+is smaller, or nothing where nothing changed.  Both ends keep the last version they sent /
+received (the *mirror*, in the pool's dtype, on the host), the receivers apply each delta to
+theirs, and the result is bit for bit what a full sync would have sent (entries are compared
+and copied as bits, never as numbers).
+
+A stream is one head message (:class:`StreamHead`: the version, the version a delta applies
+to, whether checksums follow), one message per bucket (:func:`bucket_message`), and an empty
+message.  Drift cannot accumulate: a delta names its base version and a receiver that holds
+another one (it missed a delta, it rejoined) raises a doubt, which the sender answers with a
+full sync from its mirror; full syncs come every ``full_every`` versions anyway and always
+carry a CRC-32 per tensor, which the receivers check (deltas carry them in verify mode).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from hf_core.engines import NamedTensor
+
+Encoding = Literal["dense", "sparse", "same"]
+"""A tensor's entry: its whole bytes, changed positions and values, or nothing."""
+
+ALIGN = 8
+"""Byte alignment of every payload in a bucket message."""
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class ChecksumMismatch(RuntimeError):
+    """A tensor's bytes after a sync differ from the sender's."""
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"weight sync: unknown dtype {name!r} in a bucket header")
+    return dtype
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s entries as same-sized integers, flat: compared and copied bit for bit."""
+    return tensor.reshape(-1).view(_BITS[tensor.element_size()])
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """CRC-32 of the tensor's bytes (on the host)."""
+    return zlib.crc32(as_bytes(tensor.detach().cpu()).numpy())
+
+
+@dataclass(frozen=True)
+class StreamHead:
+    """What a stream carries: the weights of policy ``version``, whole (``base`` None) or as
+    a delta on ``base``; ``verify``: every tensor has a checksum."""
+
+    version: int
+    base: int | None
+    verify: bool
+
+    @property
+    def full(self) -> bool:
+        return self.base is None
+
+    def message(self) -> torch.Tensor:
+        encoded = json.dumps({"version": self.version, "base": self.base, "verify": self.verify})
+        return torch.frombuffer(bytearray(encoded.encode()), dtype=torch.uint8)
+
+    @classmethod
+    def read(cls, message: torch.Tensor) -> StreamHead:
+        data = json.loads(message.cpu().numpy().tobytes().decode())
+        return cls(int(data["version"]), data["base"], bool(data["verify"]))
+
+
+@dataclass
+class WireStats:
+    """One stream's counts (the sender's, or what a receiver applied)."""
+
+    bytes: int = 0
+    """Message bytes (what crossed the wire)."""
+    model_bytes: int = 0
+    """Bytes of the tensors the stream describes, whole (the weights' content)."""
+    elements: int = 0
+    changed: int = 0
+    """Entries whose bits changed (every entry where there was nothing to compare with)."""
+    tensors: int = 0
+
+    def add(self, other: WireStats) -> None:
+        self.bytes += other.bytes
+        self.model_bytes += other.model_bytes
+        self.elements += other.elements
+        self.changed += other.changed
+        self.tensors += other.tensors
+
+    @property
+    def changed_fraction(self) -> float:
+        return self.changed / self.elements if self.elements else 0.0
+
+
+def padded(size: int) -> int:
+    """``size`` rounded up to :data:`ALIGN` (payloads start aligned, so they view as any dtype)."""
+    return -(-size // ALIGN) * ALIGN
+
+
+def _aligned(part: torch.Tensor) -> list[torch.Tensor]:
+    pad = padded(part.numel()) - part.numel()
+    return [part] if not pad else [part, part.new_zeros(pad)]
+
+
+def bucket_message(entries: list[dict[str, object]], parts: list[torch.Tensor]) -> torch.Tensor:
+    """One bucket: an 8-byte header length, the JSON header (``entries``), the payloads, each
+    padded to :data:`ALIGN` bytes."""
+    header = json.dumps(entries).encode()
+    header += b" " * (padded(len(header)) - len(header))
+    length = torch.tensor([len(header)], dtype=torch.int64).view(torch.uint8)
+    head = torch.frombuffer(bytearray(header), dtype=torch.uint8)
+    device = parts[0].device if parts else head.device
+    pieces = [length.to(device), head.to(device)]
+    for part in parts:
+        pieces.extend(_aligned(part))
+    return torch.cat(pieces)
+
+
+def read_bucket(message: torch.Tensor) -> Iterator[tuple[dict[str, object], torch.Tensor]]:
+    """(header entry, its payload bytes) per tensor of a :func:`bucket_message`."""
+    length = int(message[:8].cpu().view(torch.int64).item())
+    entries = json.loads(message[8 : 8 + length].cpu().numpy().tobytes().decode())
+    offset = 8 + length
+    for entry in entries:
+        size = int(entry["payload"])
+        yield entry, message[offset : offset + size]
+        offset += padded(size)
+
+
+@dataclass
+class WireEncoder:
+    """The sender's end: turns exported buckets into bucket messages.
+
+    ``delta``: keep a mirror and send deltas between full syncs (every ``full_every``
+    versions); ``wire_dtype``: wider floating tensors travel in it (the pool's compute dtype,
+    which its engine would round them to: the same rounding, half the bytes);
+    ``verify``: deltas carry checksums too.
+    """
+
+    delta: bool = False
+    full_every: int = 10
+    verify: bool = False
+    wire_dtype: torch.dtype | None = None
+    mirror: dict[str, torch.Tensor] = field(default_factory=dict)
+    version: int | None = None
+    """Version of the weights in the mirror (None: no mirror, the next sync is full)."""
+    last_full: int | None = None
+
+    def head(self, version: int) -> StreamHead:
+        """The next stream's head: a delta on the mirror where one is allowed."""
+        due = self.last_full is None or version - self.last_full >= self.full_every
+        if not self.delta or self.version is None or due:
+            return StreamHead(version, None, verify=True)
+        return StreamHead(version, self.version, verify=self.verify)
+
+    def reset(self) -> None:
+        """Forget the mirror (a checkpoint restore, a doubt): the next sync is full."""
+        self.mirror.clear()
+        self.version = None
+
+    def wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        narrower = self.wire_dtype is not None and self.wire_dtype.itemsize < tensor.element_size()
+        if narrower and tensor.is_floating_point():
+            tensor = tensor.to(self.wire_dtype)
+        if self.delta:
+            tensor = tensor.cpu()
+        return tensor.contiguous()
+
+    def encode(
+        self, bucket: Iterable[NamedTensor], head: StreamHead
+    ) -> tuple[torch.Tensor, WireStats]:
+        """One bucket's message under ``head``, and its counts; the mirror follows."""
+        entries: list[dict[str, object]] = []
+        parts: list[torch.Tensor] = []
+        stats = WireStats()
+        for name, exported in bucket:
+            tensor = self.wire(exported)
+            entry: dict[str, object] = {
+                "name": name,
+                "dtype": str(tensor.dtype),
+                "shape": list(tensor.shape),
+            }
+            previous = self.mirror.get(name) if self.delta else None
+            if previous is not None and (
+                previous.shape != tensor.shape or previous.dtype != tensor.dtype
+            ):
+                previous = None
+            changed = None
+            if previous is not None:
+                changed = (bits(tensor) != bits(previous)).nonzero().reshape(-1)
+            count = tensor.numel() if changed is None else changed.numel()
+            payload = self._payload(tensor, changed, full=head.full)
+            entry["encoding"], part = payload
+            entry["count"] = count
+            entry["payload"] = part.numel()
+            if head.verify:
+                entry["crc"] = checksum(tensor)
+            if part.numel():
+                parts.append(part)
+            if self.delta:
+                if previous is None:
+                    self.mirror[name] = tensor.clone()
+                else:
+                    previous.copy_(tensor)
+            entries.append(entry)
+            stats.elements += tensor.numel()
+            stats.model_bytes += tensor.numel() * tensor.element_size()
+            stats.changed += count
+            stats.tensors += 1
+        message = bucket_message(entries, parts)
+        stats.bytes = message.numel()
+        return message, stats
+
+    @staticmethod
+    def _payload(
+        tensor: torch.Tensor, changed: torch.Tensor | None, *, full: bool
+    ) -> tuple[Encoding, torch.Tensor]:
+        dense = as_bytes(tensor)
+        if full or changed is None:
+            return "dense", dense
+        if changed.numel() == 0:
+            return "same", dense[:0]
+        index_dtype = torch.int32 if tensor.numel() < 2**31 else torch.int64
+        index_bytes = changed.numel() * index_dtype.itemsize
+        if padded(index_bytes) + changed.numel() * tensor.element_size() >= dense.numel():
+            return "dense", dense
+        values = bits(tensor)[changed]
+        indices = torch.cat(_aligned(as_bytes(changed.to(index_dtype))))
+        return "sparse", torch.cat([indices, as_bytes(values)])
+
+    def finish(self, head: StreamHead) -> None:
+        """The stream of ``head`` was delivered: the mirror holds its version."""
+        if self.delta:
+            self.version = head.version
+        if head.full:
+            self.last_full = head.version
+
+    def mirror_buckets(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
+        """The mirror in buckets (a full sync without another export: healing a doubt)."""
+        bucket: list[NamedTensor] = []
+        size = 0
+        for name, tensor in self.mirror.items():
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+
+@dataclass
+class WireDecoder:
+    """A receiver's end: applies bucket messages.
+
+    ``keep``: hold every tensor (the mirror a delta applies to; the staged weights a swap
+    loads later).  Without it each bucket's tensors are only handed back, for loading now.
+    """
+
+    keep: bool = False
+    mirror: dict[str, torch.Tensor] = field(default_factory=dict)
+    version: int | None = None
+
+    def accepts(self, head: StreamHead) -> bool:
+        """Whether this end can apply the stream: a delta needs the mirror at its base."""
+        return head.full or (self.keep and self.version == head.base)
+
+    def apply(self, message: torch.Tensor, head: StreamHead) -> tuple[list[NamedTensor], WireStats]:
+        """One bucket message: the tensors it changed (new values), and its counts; raises
+        :class:`ChecksumMismatch` where a checksum does not match."""
+        changed: list[NamedTensor] = []
+        stats = WireStats(bytes=message.numel())
+        for entry, payload in read_bucket(message):
+            name = str(entry["name"])
+            dtype = _dtype(str(entry["dtype"]))
+            shape = [int(d) for d in entry["shape"]]  # type: ignore[attr-defined]
+            encoding = entry["encoding"]
+            stats.tensors += 1
+            stats.elements += int(torch.Size(shape).numel())
+            stats.model_bytes += int(torch.Size(shape).numel()) * dtype.itemsize
+            stats.changed += int(entry["count"])  # type: ignore[call-overload]
+            if encoding == "dense":
+                tensor = payload.view(dtype).reshape(shape)
+                if self.keep:
+                    self.mirror[name] = tensor
+            else:
+                tensor = self._patched(name, encoding, payload, int(entry["count"]))  # type: ignore[call-overload]
+            if "crc" in entry and checksum(tensor) != entry["crc"]:
+                raise ChecksumMismatch(
+                    f"{name}: checksum mismatch after the sync of version {head.version}"
+                )
+            if encoding != "same":
+                changed.append((name, tensor))
+        return changed, stats
+
+    def _patched(
+        self, name: str, encoding: object, payload: torch.Tensor, count: int
+    ) -> torch.Tensor:
+        tensor = self.mirror.get(name)
+        if tensor is None:
+            raise ChecksumMismatch(f"{name}: a delta for a tensor this end does not hold")
+        if encoding == "sparse":
+            index_dtype = torch.int32 if tensor.numel() < 2**31 else torch.int64
+            split = padded(count * index_dtype.itemsize)
+            positions = payload[:split].view(index_dtype)[:count].long()
+            flat = bits(tensor)
+            flat[positions] = payload[split:].view(flat.dtype)
+        return tensor
+
+    def finish(self, head: StreamHead) -> None:
+        self.version = head.version
+
+    def reset(self) -> None:
+        self.mirror.clear()
+        self.version = None

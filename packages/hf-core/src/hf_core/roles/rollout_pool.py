@@ -4,9 +4,10 @@ The rollout engine (any backend) in processes of its own, so generation can run 
 actor trains (``rollout.max_staleness`` > 0, the trainer's asynchronous loop).  New weights
 arrive between generate calls over the weight channel (:mod:`hf_core.sync.receiver`; a
 streaming pool keeps decoding while they land and stops only for the swap); each rank is one
-whole-model engine fed its share of the prompts (data parallel).  Every generated sample carries
-``rollout_version``: the policy version of the weights this rank held when it generated it (its own record, kept when a weight
-broadcast was loaded), so tests and metrics need not trust the trainer's schedule for it.
+whole-model engine fed its share of the prompts (data parallel).  Every generated sample
+carries ``rollout_version``: the policy version of the weights this rank held when it
+generated it (its own record, kept when a weight stream was loaded), so tests and metrics
+need not trust the trainer's schedule for it.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ VOLATILE = (
     "handover/",  # the colocated actor moves its rollout engine's memory; a standalone one not
     "reshard/",  # only the standalone sync reports bytes per rollout rank
     "weight_sync/",
+    "sync/",  # the standalone sync's wire counts and timings
     "async/",
 )
 

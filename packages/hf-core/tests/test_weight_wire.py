@@ -13,7 +13,7 @@ import torch
 
 from hf_core.engines import NamedTensor
 from hf_core.sync import BroadcastReceiver, BroadcastSync, WireDecoder, WireEncoder
-from hf_core.sync.wire import ChecksumMismatch, StreamHead, checksum
+from hf_core.sync.wire import ChecksumMismatch, StreamHead, bits, checksum, read_bucket
 
 BUCKET = 4096
 
@@ -142,6 +142,28 @@ def test_a_corrupted_copy_fails_the_checksum() -> None:
     with pytest.raises(ChecksumMismatch, match=r"layer\.0\.weight.*version 1"):
         for message in messages:
             decoder.apply(message, head)
+
+
+@pytest.mark.parametrize("fraction", [0.001, 0.01, 0.2, 1.0])
+def test_each_encoding_round_trips_and_the_smallest_is_chosen(fraction: float) -> None:
+    """Few changes travel as positions, many as a bit mask, all as the whole tensor."""
+    generator = torch.Generator().manual_seed(1)
+    tensor = torch.randn(10_000, generator=generator).to(torch.bfloat16)
+    encoder, decoder = WireEncoder(delta=True), WireDecoder(keep=True)
+    head = encoder.head(0)
+    decoder.apply(encoder.encode([("w", tensor)], head)[0], head)
+    encoder.finish(head)
+    decoder.finish(head)
+    changed = torch.rand(10_000, generator=generator) < fraction
+    tensor[changed] += 1.0
+    head = encoder.head(1)
+    message, stats = encoder.encode([("w", tensor)], head)
+    entry = next(read_bucket(message))[0]
+    expected = {0.001: "sparse", 0.01: "sparse", 0.2: "mask", 1.0: "dense"}[fraction]
+    assert entry["encoding"] == expected
+    assert stats.changed == int(changed.sum())
+    decoder.apply(message, head)
+    assert bits(decoder.mirror["w"]).equal(bits(tensor))
 
 
 def test_payloads_stay_aligned_for_every_dtype() -> None:

@@ -2,8 +2,9 @@
 
 After one optimizer step at RL learning rates most half-precision weights do not change at
 all (the update is below the format's resolution), so a *delta* sync sends, per tensor, the
-positions and new values of the entries whose bits changed -- or the whole tensor where that
-is smaller, or nothing where nothing changed.  Both ends keep the last version they sent /
+positions and new values of the entries whose bits changed -- or a bit mask of them and their
+values where many changed, or the whole tensor where that is smaller, or nothing where nothing
+changed.  Both ends keep the last version they sent /
 received (the *mirror*, in the pool's dtype, on the host), the receivers apply each delta to
 theirs, and the result is bit for bit what a full sync would have sent (entries are compared
 and copied as bits, never as numbers).
@@ -24,12 +25,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy
 import torch
 
 from hf_core.engines import NamedTensor
 
-Encoding = Literal["dense", "sparse", "same"]
-"""A tensor's entry: its whole bytes, changed positions and values, or nothing."""
+Encoding = Literal["dense", "sparse", "mask", "same"]
+"""A tensor's entry: its whole bytes, the changed entries' positions and values, a bit per
+entry and the changed values, or nothing."""
 
 ALIGN = 8
 """Byte alignment of every payload in a bucket message."""
@@ -51,6 +54,10 @@ def _dtype(name: str) -> torch.dtype:
 def bits(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s entries as same-sized integers, flat: compared and copied bit for bit."""
     return tensor.reshape(-1).view(_BITS[tensor.element_size()])
+
+
+def _index_dtype(tensor: torch.Tensor) -> torch.dtype:
+    return torch.int32 if tensor.numel() < 2**31 else torch.int64
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -204,11 +211,9 @@ class WireEncoder:
                 previous.shape != tensor.shape or previous.dtype != tensor.dtype
             ):
                 previous = None
-            changed = None
-            if previous is not None:
-                changed = (bits(tensor) != bits(previous)).nonzero().reshape(-1)
-            count = tensor.numel() if changed is None else changed.numel()
-            payload = self._payload(tensor, changed, full=head.full)
+            mask = None if previous is None else bits(tensor) != bits(previous)
+            count = tensor.numel() if mask is None else int(mask.sum())
+            payload = self._payload(tensor, mask, count, full=head.full)
             entry["encoding"], part = payload
             entry["count"] = count
             entry["payload"] = part.numel()
@@ -232,20 +237,30 @@ class WireEncoder:
 
     @staticmethod
     def _payload(
-        tensor: torch.Tensor, changed: torch.Tensor | None, *, full: bool
+        tensor: torch.Tensor, mask: torch.Tensor | None, count: int, *, full: bool
     ) -> tuple[Encoding, torch.Tensor]:
+        """The smallest encoding of ``tensor`` given the ``mask`` of entries that changed:
+        nothing, positions + values (few changes), a bit mask + values (many), or whole."""
         dense = as_bytes(tensor)
-        if full or changed is None:
+        if full or mask is None:
             return "dense", dense
-        if changed.numel() == 0:
+        if count == 0:
             return "same", dense[:0]
-        index_dtype = torch.int32 if tensor.numel() < 2**31 else torch.int64
-        index_bytes = changed.numel() * index_dtype.itemsize
-        if padded(index_bytes) + changed.numel() * tensor.element_size() >= dense.numel():
+        values = count * tensor.element_size()
+        index_dtype = _index_dtype(tensor)
+        sizes = {
+            "sparse": padded(count * index_dtype.itemsize) + values,
+            "mask": padded(-(-tensor.numel() // 8)) + values,
+        }
+        encoding = min(sizes, key=sizes.__getitem__)
+        if sizes[encoding] >= dense.numel():
             return "dense", dense
-        values = bits(tensor)[changed]
-        indices = torch.cat(_aligned(as_bytes(changed.to(index_dtype))))
-        return "sparse", torch.cat([indices, as_bytes(values)])
+        changed_values = as_bytes(bits(tensor)[mask])
+        if encoding == "sparse":
+            positions = mask.nonzero().reshape(-1).to(index_dtype)
+            return "sparse", torch.cat([*_aligned(as_bytes(positions)), changed_values])
+        packed = torch.from_numpy(numpy.packbits(mask.numpy()))
+        return "mask", torch.cat([*_aligned(packed), changed_values])
 
     def finish(self, head: StreamHead) -> None:
         """The stream of ``head`` was delivered: the mirror holds its version."""
@@ -318,12 +333,16 @@ class WireDecoder:
         tensor = self.mirror.get(name)
         if tensor is None:
             raise ChecksumMismatch(f"{name}: a delta for a tensor this end does not hold")
+        flat = bits(tensor)
         if encoding == "sparse":
-            index_dtype = torch.int32 if tensor.numel() < 2**31 else torch.int64
+            index_dtype = _index_dtype(tensor)
             split = padded(count * index_dtype.itemsize)
             positions = payload[:split].view(index_dtype)[:count].long()
-            flat = bits(tensor)
             flat[positions] = payload[split:].view(flat.dtype)
+        elif encoding == "mask":
+            split = padded(-(-tensor.numel() // 8))
+            unpacked = numpy.unpackbits(payload[:split].numpy(), count=tensor.numel())
+            flat[torch.from_numpy(unpacked).bool()] = payload[split:].view(flat.dtype)
         return tensor
 
     def finish(self, head: StreamHead) -> None:

@@ -275,7 +275,7 @@ def main() -> None:
         "tensors (delta). Equal: the delta-fed engine's weights equal the full-fed one's bit "
         f"for bit after every step. Fan-out: median of {args.repeats} full syncs."
     )
-    publish(TITLE, section(TITLE, description, "\n".join(table + [""] + fan)), args.write)
+    publish(TITLE, section(TITLE, description, "\n".join([*table, "", *fan])), args.write)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,30 @@ def test_staleness_zero_on_a_rollout_pool_is_the_synchronous_loop(in_workdir: Pa
     assert all(a[k].equal(b[k]) for k in a)
     for row in pool:  # every update's weights reached the pool, all of them
         assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] > 0
+        assert row["sync/full"] == 1.0 and row["sync/pool_idle_s"] > 0
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_delta_sync_to_a_pool_is_the_synchronous_loop_bit_for_bit(in_workdir: Path) -> None:
+    """rollout.sync: delta with checksums on every delta and a full sync every 2 versions:
+    the same metrics and weights as the hybrid loop, so the pool held exactly the actor's
+    weights at every step."""
+    hybrid_out, delta_out = in_workdir / "runs" / "sync_hybrid", in_workdir / "runs" / "delta"
+    RLTrainer(_config(hybrid_out, LEARNS)).fit()
+    delta_sync = ("rollout.sync=delta", "rollout.sync_verify=true", "rollout.sync_full_every=2")
+    RLTrainer(_config(delta_out, LEARNS, *STANDALONE, "rollout.max_staleness=0", *delta_sync)).fit()
+    hybrid, delta = _rows(hybrid_out), _rows(delta_out)
+    assert [stable_metrics(r, VOLATILE) for r in delta] == [
+        stable_metrics(r, VOLATILE) for r in hybrid
+    ]
+    a, b = exported_weights(hybrid_out), exported_weights(delta_out)
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    # versions 1, 2, 3 after the initial full sync of version 0: delta, full, delta
+    assert [r["sync/full"] for r in delta] == [0.0, 1.0, 0.0]
+    assert all(r["sync/healed"] == 0 for r in delta)
+    for row in delta:
+        assert 0 < row["sync/changed_fraction"] <= 1
+        assert row["reshard/bytes_received"] == row["reshard/bytes_expected"] > 0
 
 
 @pytest.mark.usefixtures("ray_cluster")

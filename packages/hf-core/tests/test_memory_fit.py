@@ -174,6 +174,28 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts(tmp_path: Path) -> No
     assert _fit(half, 8 * GIB).total_bytes < _fit(config, 8 * GIB).total_bytes
 
 
+def test_a_delta_or_streaming_pool_counts_its_staged_copy(tmp_path: Path) -> None:
+    """The staged copy a standalone pool keeps (rollout.sync: delta, or streaming) is one more
+    model in the pool's dtype per rollout process, and the sender's mirror one more in the
+    actor's rank 0: a 0.5B float32 pool that fits 16 GiB batch-and-full is refused with it."""
+    standalone = {"mode": "standalone", "processes": 1, "rollout_processes": 2}
+    full = _trainer_config(tmp_path, QWEN_05B_CONFIG, placement=standalone)
+    delta = _trainer_config(
+        tmp_path, QWEN_05B_CONFIG, placement=standalone, rollout={"sync": "delta"}
+    )
+    streaming = _trainer_config(
+        tmp_path, QWEN_05B_CONFIG, placement=standalone, rollout={"mode": "streaming"}
+    )
+    params = QWEN_05B.num_params
+    assert _fit(delta, 64 * GIB).parts["resident"] - _fit(full, 64 * GIB).parts["resident"] == (
+        4 * params
+    )
+    _check_fit(full, node_bytes=16 * GIB)
+    for config in (delta, streaming):
+        with pytest.raises(MemoryFitError, match=r"rollout process .*staged weights 1\.8\d GiB"):
+            _check_fit(config, node_bytes=16 * GIB)
+
+
 def test_runs_on_gpus_are_left_to_the_gpu_memory_plan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

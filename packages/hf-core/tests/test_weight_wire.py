@@ -144,9 +144,9 @@ def test_a_corrupted_copy_fails_the_checksum() -> None:
             decoder.apply(message, head)
 
 
-@pytest.mark.parametrize("fraction", [0.001, 0.01, 0.2, 1.0])
+@pytest.mark.parametrize("fraction", [0.001, 0.01, 0.2, 0.7])
 def test_each_encoding_round_trips_and_the_smallest_is_chosen(fraction: float) -> None:
-    """Few changes travel as positions, many as a bit mask, all as the whole tensor."""
+    """Few changes travel as positions, many as a bit mask, most as the whole tensor."""
     generator = torch.Generator().manual_seed(1)
     tensor = torch.randn(10_000, generator=generator).to(torch.bfloat16)
     encoder, decoder = WireEncoder(delta=True), WireDecoder(keep=True)
@@ -159,7 +159,7 @@ def test_each_encoding_round_trips_and_the_smallest_is_chosen(fraction: float) -
     head = encoder.head(1)
     message, stats = encoder.encode([("w", tensor)], head)
     entry = next(read_bucket(message))[0]
-    expected = {0.001: "sparse", 0.01: "sparse", 0.2: "mask", 1.0: "dense"}[fraction]
+    expected = {0.001: "sparse", 0.01: "sparse", 0.2: "mask", 0.7: "dense"}[fraction]
     assert entry["encoding"] == expected
     assert stats.changed == int(changed.sum())
     decoder.apply(message, head)

@@ -176,6 +176,8 @@ def _actor_process(
         while_training = rollout_overhead_bytes(config, generation, training=True)
         resident += while_training
         rollout_growth = rollout_overhead_bytes(config, generation) - while_training
+    elif config.rollout.sync == "delta":  # rank 0's copy of what it last sent, in the wire dtype
+        resident += _bytes(config.rollout.engine, "dtype") * spec.num_params
     if placement.mode == "colocate":
         if config.critic is not None:
             critic = _spec(config, config.critic, "critic.model_path").with_value_head()
@@ -189,6 +191,39 @@ def _actor_process(
         footprint, budget, resident_bytes=resident, checkpointing=True, min_tokens=sample
     )
     return fit, rollout_growth
+
+
+def pool_process_bytes(config: TrainerConfig, layout: RunLayout) -> dict[str, int]:
+    """One standalone rollout process's parts: the runtime, the engine's weights and what it
+    holds beyond them, and the staged copy of the weights a delta or streaming pool keeps
+    (:mod:`hf_core.sync.receiver`)."""
+    spec = _spec(config, config.actor, "actor.model_path")
+    weights = _bytes(config.rollout.engine, "dtype") * spec.num_params
+    staged = config.rollout.sync == "delta" or config.rollout.mode == "streaming"
+    return {
+        "runtime": RUNTIME_BYTES,
+        "weights": weights,
+        "engine overhead": rollout_overhead_bytes(config, layout.generation),
+        "staged weights": weights if staged else 0,
+    }
+
+
+def _pool_shortfall(config: TrainerConfig, layout: RunLayout, node_bytes: int | None) -> str:
+    """Why a rollout process of a standalone pool cannot fit ("" when it can): its parts
+    against an equal share of the node among every process of the run on it."""
+    placement = config.placement
+    if placement.mode != "standalone":
+        return ""
+    per_node = max(1, (placement.processes + placement.rollout_processes) // placement.nodes)
+    budget = process_budget_bytes(per_node, node_bytes)
+    parts = pool_process_bytes(config, layout)
+    if sum(parts.values()) <= budget:
+        return ""
+    listed = ", ".join(f"{name} {size_text(size)}" for name, size in parts.items() if size)
+    return (
+        f"a rollout process needs about {size_text(sum(parts.values()))} ({listed}) against "
+        f"a budget of {size_text(budget)} per process ({per_node} processes share the node)"
+    )
 
 
 def _runs_on_gpus(config: TrainerConfig) -> bool:
@@ -221,6 +256,13 @@ def check_memory_fit(
             f"the resident parts and {size_text(rollout_growth)} the rollout engine hands back "
             "during training) "
             f"against a budget of {size_text(fit.budget_bytes)} per process"
+        )
+    pool = _pool_shortfall(config, layout, node_bytes)
+    if pool:
+        raise MemoryFitError(
+            f"the rollout pool's processes cannot fit this machine: {pool}.  Use bfloat16 "
+            "rollout weights (rollout.engine.dtype), rollout.sync: full with rollout.mode: "
+            "batch (no staged copy), fewer rollout processes, or a machine with more memory"
         )
     if shortfall:
         raise MemoryFitError(

@@ -17,6 +17,10 @@ run to ``max_new_tokens``: the untrained model rarely samples its EOS); ``longta
 prompts x 4 samples and up to 256 new tokens with 20 stop tokens (``LONGTAIL_STOPS``), so
 response lengths are long-tailed: on the untrained model a median of about 34 tokens, a 90th
 percentile of about 115, and some run to the cap -- a batch's slowest sample holds its batch.
+``uniform`` is the opposite case: 64 prompts x 4 samples, 64 new tokens and no stop token, so
+every response runs to the cap (``large``'s shape, named for what it tests): no long tail for
+streaming to win back, only its own costs (the pauses for weights, the prefixes recomputed
+after each update) against batch k=1.
 
 The modes alternate within each of ``--rounds`` rounds (this machine's speed drifts by tens
 of percent over minutes, so one run of each would compare different machines): per mode the
@@ -26,6 +30,7 @@ response tokens per second of step wall time), the ratio per round against ``syn
 pool's idle fraction (streaming), and mean staleness / version spread.
 
     python bench/async_throughput.py --configs longtail        # print the table
+    python bench/async_throughput.py --configs uniform --modes "batch k=1,streaming + partial"
     python bench/async_throughput.py --configs longtail --write  # also update RESULTS.md
 """
 
@@ -43,7 +48,7 @@ from e2e_throughput import CONFIGS, recipe_overrides, run_trainer, write_task
 TITLE = "## Asynchronous RL modes vs the synchronous loop (`bench/async_throughput.py`)"
 LONGTAIL_STOPS = list(range(100, 120))
 """Stop tokens of the long-tailed workload: about 2% of the untrained model's mass each step."""
-WORKLOADS = {**CONFIGS, "longtail": (64, 4, 256)}
+WORKLOADS = {**CONFIGS, "uniform": (64, 4, 64), "longtail": (64, 4, 256)}
 WORKLOAD_EXTRA = {"longtail": [f"rollout.stop_token_ids=[{','.join(map(str, LONGTAIL_STOPS))}]"]}
 MODES: dict[str, list[str]] = {
     "sync": ["rollout.max_staleness=0"],
@@ -61,7 +66,7 @@ def run(
     model: Path, data: Path, out: Path, config: str, mode: str, args: argparse.Namespace
 ) -> list[dict]:
     """The metrics rows after the warm-up of one run."""
-    base = "large" if config == "longtail" else config
+    base = "large" if config in ("longtail", "uniform") else config
     overrides = recipe_overrides(model, data, out, base, (1, 1), args.steps)
     _, _, new_tokens = WORKLOADS[config]
     overrides += [

@@ -125,8 +125,9 @@ def test_delta_sync_to_a_pool_is_the_synchronous_loop_bit_for_bit(in_workdir: Pa
     ]
     a, b = exported_weights(hybrid_out), exported_weights(delta_out)
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
-    # versions 1, 2, 3 after the initial full sync of version 0: delta, full, delta
-    assert [r["sync/full"] for r in delta] == [0.0, 1.0, 0.0]
+    # each step's row has the sync its batch waited for: versions 0 (the first: full), 1
+    # (a delta on 0) and 2 (full again: sync_full_every)
+    assert [r["sync/full"] for r in delta] == [1.0, 0.0, 1.0]
     assert all(r["sync/healed"] == 0 for r in delta)
     for row in delta:
         assert 0 < row["sync/changed_fraction"] <= 1

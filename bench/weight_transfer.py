@@ -17,7 +17,8 @@ sender, ``BroadcastReceiver`` in spawned pool processes, gloo on this CPU machin
 2. **Fan-out.**  One full sync of the model to 1, 2 and 4 receivers (taking the messages only),
    as one node with the relay (the default: one copy to the node, relayed there) and as if each
    receiver were its own node (every copy from the sender: the channel before the relay).  The
-   sender's seconds per sync, median of ``--repeats``.
+   sender's seconds per sync and the bytes it wrote (``/proc/self/io``: what went into its
+   sockets), and the most a receiver wrote (a leader's relaying), medians of ``--repeats``.
 
 Shapes: the tiny 25M Qwen2 (vocabulary 1,024) and the Qwen2.5-0.5B shape (random weights).
 
@@ -71,6 +72,14 @@ class _Sink:
         return {}
 
 
+def _written_bytes() -> int:
+    """Bytes this process has written through system calls (sockets included): what it sent."""
+    for line in open("/proc/self/io").read().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _pool_rank(kind: str, addresses: Any, rank: int, model: str, syncs: int, queue: Any) -> None:
     import torch
 
@@ -81,9 +90,12 @@ def _pool_rank(kind: str, addresses: Any, rank: int, model: str, syncs: int, que
     if kind == "fanout":
         receiver = BroadcastReceiver(rank, device)
         receiver.join(addresses[0])
+        written = []
         for _ in range(syncs):
+            before = _written_bytes()
             receiver.receive(_Sink())  # type: ignore[arg-type]
-        queue.put((rank, None))
+            written.append(_written_bytes() - before)
+        queue.put((rank, written))
         return
     from hf_fsdp.rollout import TransformersRolloutEngine
 
@@ -204,8 +216,9 @@ def delta_vs_full(size: str, lr: float, steps: int) -> dict[str, Any]:
     }
 
 
-def fan_out(size: str, receivers: int, relay: bool, repeats: int) -> float:
-    """Measurement 2: the sender's median seconds per full sync."""
+def fan_out(size: str, receivers: int, relay: bool, repeats: int) -> dict[str, float]:
+    """Measurement 2: the sender's median seconds and bytes written per full sync, and the
+    most any receiver wrote (a leader's relaying)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -216,14 +229,20 @@ def fan_out(size: str, receivers: int, relay: bool, repeats: int) -> float:
     address = sync.listen(nodes)
     procs, queue = _spawn("fanout", [address], receivers, str(folder), repeats + 1)
     sync.join()
-    seconds = []
+    seconds, written = [], []
     for version in range(repeats + 1):
+        before = _written_bytes()
         began = time.perf_counter()
         sync.run(version)
         seconds.append(time.perf_counter() - began)
-    _collect(procs, queue)
+        written.append(_written_bytes() - before)
+    relayed = _collect(procs, queue)
     sync.close()
-    return statistics.median(seconds[1:])
+    return {
+        "s": statistics.median(seconds[1:]),
+        "sent": statistics.median(written[1:]),
+        "relayed": max(statistics.median(w[1:]) for w in relayed.values()),
+    }
 
 
 def main() -> None:
@@ -254,24 +273,27 @@ def main() -> None:
             f"{'yes' if r['equal'] else 'NO'} |"
         )
     fan = [
-        "| shape | receivers | relay (one node) s | no relay (a node each) s | "
-        "relay vs 1 receiver |",
-        "|---|---|---|---|---|",
+        "| shape | receivers | relay: sender s | relay: sender MiB | relay: most a receiver "
+        "relayed MiB | no relay: sender s | no relay: sender MiB | relay s vs 1 receiver |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for size in args.fanout_sizes:
         base = None
         for count in args.receivers:
             relayed = fan_out(size, count, True, args.repeats)
             direct = fan_out(size, count, False, args.repeats)
-            base = base or relayed
+            base = base or relayed["s"]
             fan.append(
-                f"| {size} | {count} | {relayed:.2f} | {direct:.2f} | {relayed / base:.2f}x |"
+                f"| {size} | {count} | {relayed['s']:.2f} | {relayed['sent'] / MIB:,.0f} | "
+                f"{relayed['relayed'] / MIB:,.0f} | {direct['s']:.2f} | "
+                f"{direct['sent'] / MIB:,.0f} | {relayed['s'] / base:.2f}x |"
             )
     description = (
         f"Median over {args.steps} AdamW steps after the first full sync (bucket "
         f"{BUCKET_BYTES // MIB} MiB, bfloat16 on the wire); sender seconds are the actor rank "
         "0's whole sync (export, encode, transfer, the receivers' answer). Pool idle before: "
-        "the receive a streaming pool paused for until now; after: the swap of the staged "
+        "the receive (first message to last load) a streaming pool paused for until now; "
+        "after: the swap of the staged "
         "tensors (delta). Equal: the delta-fed engine's weights equal the full-fed one's bit "
         f"for bit after every step. Fan-out: median of {args.repeats} full syncs."
     )

@@ -320,8 +320,8 @@ class RolloutConfig(_Strict):
     )
     sync_verify: bool = Field(
         False,
-        description="delta sync: every delta carries per-tensor checksums the pool checks "
-        "(full syncs always do); a mismatch is healed by a full sync",
+        description="every weight stream carries per-tensor checksums the pool checks (a "
+        "delta chain's full syncs always do); a mismatch in a delta is healed by a full sync",
     )
     max_staleness: int = Field(
         0,

@@ -93,7 +93,8 @@ class RolloutWorker(Worker):
         generate."""
         if self.stream is None:
             metrics = self.receiver.receive(self.rollout)
-            metrics["sync/pool_idle_s"] = metrics["perf/weight_sync_s"]
+            # the call held the engine from its start: waiting for the stream, then loading
+            metrics["sync/pool_idle_s"] = metrics["sync/wait_s"] + metrics["perf/weight_sync_s"]
         else:
             metrics = self.receiver.receive(self.rollout, pause=self.stream.paused)
             metrics["sync/pool_idle_s"] = metrics["sync/swap_s"]

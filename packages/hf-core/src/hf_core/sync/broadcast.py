@@ -68,7 +68,9 @@ class BroadcastSync:
         self.channel: WeightChannel | None = None
 
     def listen(self, nodes: Sequence[str]) -> ChannelAddress:
-        """Open the store for rollout ranks on ``nodes`` (one node key each; rank 0 only)."""
+        """Open the store for rollout ranks on ``nodes`` (one node key each; rank 0 only).
+        A new pool holds none of the chain: the first sync is full."""
+        self.encoder.reset()
         self._store, self._address = WeightChannel.listen(_node_address(), nodes, JOIN_TIMEOUT_S)
         return self._address
 

@@ -51,6 +51,8 @@ class _Stream:
         self.changed: dict[str, torch.Tensor] = {}
         self.doubt: str | None = None
         self.load_s = 0.0
+        self.began = time.perf_counter()
+        """When the head arrived (the sender started sending)."""
 
 
 class BroadcastReceiver:
@@ -84,8 +86,9 @@ class BroadcastReceiver:
         weights; this rank's sync metrics.  ``pause`` holds generation for the load."""
         if self.channel is None:
             raise RuntimeError("the weight channel from the actor is not joined")
-        start = time.perf_counter()
+        called = time.perf_counter()
         stream = self._take(self.channel, None if self.staged else rollout)
+        start = stream.began
         healed = False
         if self.channel.agree(stream.doubt is not None):
             self._refuse_if_full(stream)
@@ -107,6 +110,7 @@ class BroadcastReceiver:
         self.version = stream.head.version
         metrics = {
             "perf/weight_sync_s": time.perf_counter() - start,
+            "sync/wait_s": start - called,
             "reshard/bytes_received": float(stream.stats.model_bytes),
             "sync/bytes_received": float(stream.stats.bytes),
             "sync/receive_s": received - start,

@@ -13,8 +13,8 @@ A stream is one head message (:class:`StreamHead`: the version, the version a de
 to, whether checksums follow), one message per bucket (:func:`bucket_message`), and an empty
 message.  Drift cannot accumulate: a delta names its base version and a receiver that holds
 another one (it missed a delta, it rejoined) raises a doubt, which the sender answers with a
-full sync from its mirror; full syncs come every ``full_every`` versions anyway and always
-carry a CRC-32 per tensor, which the receivers check (deltas carry them in verify mode).
+full sync from its mirror; full syncs come every ``full_every`` versions anyway and carry a
+CRC-32 per tensor, which the receivers check (deltas carry them in verify mode).
 """
 
 from __future__ import annotations
@@ -184,10 +184,12 @@ class WireEncoder:
     last_full: int | None = None
 
     def head(self, version: int) -> StreamHead:
-        """The next stream's head: a delta on the mirror where one is allowed."""
+        """The next stream's head: a delta on the mirror where one is allowed.  Full syncs of
+        a delta chain carry checksums (they are where drift would show); plain full syncs
+        only in verify mode (nothing accumulates, and hashing every tensor costs host time)."""
         due = self.last_full is None or version - self.last_full >= self.full_every
         if not self.delta or self.version is None or due:
-            return StreamHead(version, None, verify=True)
+            return StreamHead(version, None, verify=self.delta or self.verify)
         return StreamHead(version, self.version, verify=self.verify)
 
     def reset(self) -> None:

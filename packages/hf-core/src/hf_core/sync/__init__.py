@@ -16,11 +16,12 @@ from hf_core.sync.channel import ChannelAddress, WeightChannel
 from hf_core.sync.choose import weight_sync_for
 from hf_core.sync.hybrid import HybridSync
 from hf_core.sync.lora import AdapterSync, lora_of
+from hf_core.sync.messages import StreamHead
 from hf_core.sync.plan import ReshardKind, build_plan, generation_layout
 from hf_core.sync.protocol import WeightSync
 from hf_core.sync.receiver import BroadcastReceiver
 from hf_core.sync.stats import RecordsSyncs, SyncStats, merge_rank_metrics
-from hf_core.sync.wire import StreamHead, WireDecoder, WireEncoder
+from hf_core.sync.wire import WireDecoder, WireEncoder
 
 __all__ = [
     "AdapterSync",

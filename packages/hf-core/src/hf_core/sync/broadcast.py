@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from hf_core.engines import NamedTensor, TrainingEngine
 from hf_core.sync.channel import JOIN_TIMEOUT_S, SENDER, ChannelAddress, WeightChannel
-from hf_core.sync.wire import StreamHead, WireEncoder, WireStats
+from hf_core.sync.messages import StreamHead, WireStats
+from hf_core.sync.wire import WireEncoder
 
 
 def _node_address() -> str:

@@ -15,31 +15,19 @@ one model in the pool's dtype (counted by the pre-start memory check).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from hf_core.engines import NamedTensor, RolloutEngine
+from hf_core.engines import RolloutEngine
 from hf_core.sync.broadcast import SyncMismatch
 from hf_core.sync.channel import JOIN_TIMEOUT_S, ChannelAddress, WeightChannel
-from hf_core.sync.wire import ChecksumMismatch, StreamHead, WireDecoder, WireStats
+from hf_core.sync.messages import ChecksumMismatch, StreamHead, WireStats, in_buckets
+from hf_core.sync.wire import WireDecoder
 
 Pause = Callable[[], AbstractContextManager[object]]
 """Holds the pool's generation at a token boundary for as long as the context is open."""
-
-
-def _buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[NamedTensor]]:
-    bucket: list[NamedTensor] = []
-    size = 0
-    for name, tensor in tensors.items():
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
 
 
 class _Stream:
@@ -101,7 +89,7 @@ class BroadcastReceiver:
         if self.staged:
             with pause():
                 began = time.perf_counter()
-                for bucket in _buckets(stream.changed, self.bucket_bytes):
+                for bucket in in_buckets(stream.changed, self.bucket_bytes):
                     rollout.load_weights(bucket)
                 rollout.finish_weight_sync()
                 swap_s = time.perf_counter() - began

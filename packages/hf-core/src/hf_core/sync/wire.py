@@ -3,24 +3,20 @@
 After one optimizer step at RL learning rates most half-precision weights do not change at
 all (the update is below the format's resolution), so a *delta* sync sends, per tensor, the
 positions and new values of the entries whose bits changed -- or a bit mask of them and their
-values where many changed, or the whole tensor where that is smaller, or nothing where nothing
-changed.  Both ends keep the last version they sent /
-received (the *mirror*, in the pool's dtype, on the host), the receivers apply each delta to
-theirs, and the result is bit for bit what a full sync would have sent (entries are compared
-and copied as bits, never as numbers).
+values where many changed, or the whole tensor where most did, or nothing where none did.
+Both ends keep the last version they sent / received (the *mirror*, in the pool's dtype, on
+the host), the receivers apply each delta to theirs, and the result is bit for bit what a full
+sync would have sent (entries are compared and copied as bits, never as numbers).
 
-A stream is one head message (:class:`StreamHead`: the version, the version a delta applies
-to, whether checksums follow), one message per bucket (:func:`bucket_message`), and an empty
-message.  Drift cannot accumulate: a delta names its base version and a receiver that holds
-another one (it missed a delta, it rejoined) raises a doubt, which the sender answers with a
-full sync from its mirror; full syncs come every ``full_every`` versions anyway and carry a
-CRC-32 per tensor, which the receivers check (deltas carry them in verify mode).
+Drift cannot accumulate: a delta names its base version and a receiver that holds another one
+(it missed a delta, it rejoined) raises a doubt, which the sender answers with a full sync
+from its mirror; full syncs come every ``full_every`` versions anyway and carry a CRC-32 per
+tensor, which the receivers check (deltas carry them in verify mode).  The messages
+themselves are :mod:`hf_core.sync.messages`.
 """
 
 from __future__ import annotations
 
-import json
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -29,13 +25,24 @@ import numpy
 import torch
 
 from hf_core.engines import NamedTensor
+from hf_core.sync.messages import (
+    ChecksumMismatch,
+    StreamHead,
+    WireStats,
+    aligned,
+    as_bytes,
+    bits,
+    bucket_message,
+    checksum,
+    dtype_named,
+    in_buckets,
+    padded,
+    read_bucket,
+)
 
 Encoding = Literal["dense", "sparse", "mask", "same"]
 """A tensor's entry: its whole bytes, the changed entries' positions and values, a bit per
 entry and the changed values, or nothing."""
-
-ALIGN = 8
-"""Byte alignment of every payload in a bucket message."""
 
 WORTH_ENCODING = 0.75
 """A tensor's delta is sent as positions or a mask only below this share of its whole bytes:
@@ -43,125 +50,15 @@ above it, gathering the changed values (a boolean index over the tensor) costs t
 more host time than the bytes it saves (measured: 2.3 s against 0.7 s for a 136M-entry
 tensor with 87% of entries changed)."""
 
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-class ChecksumMismatch(RuntimeError):
-    """A tensor's bytes after a sync differ from the sender's."""
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"weight sync: unknown dtype {name!r} in a bucket header")
-    return dtype
-
-
-def bits(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s entries as same-sized integers, flat: compared and copied bit for bit."""
-    return tensor.reshape(-1).view(_BITS[tensor.element_size()])
-
 
 def _index_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.int32 if tensor.numel() < 2**31 else torch.int64
-
-
-def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
 def _changed(tensor: torch.Tensor, previous: torch.Tensor) -> numpy.ndarray:
     """Per entry (flat), whether its bits differ from ``previous``'s (host tensors; numpy's
     compare, count and boolean indexing run several times faster than torch's here)."""
     return numpy.not_equal(bits(tensor).numpy(), bits(previous).numpy())
-
-
-def checksum(tensor: torch.Tensor) -> int:
-    """CRC-32 of the tensor's bytes (on the host)."""
-    return zlib.crc32(as_bytes(tensor.detach().cpu()).numpy())
-
-
-@dataclass(frozen=True)
-class StreamHead:
-    """What a stream carries: the weights of policy ``version``, whole (``base`` None) or as
-    a delta on ``base``; ``verify``: every tensor has a checksum."""
-
-    version: int
-    base: int | None
-    verify: bool
-
-    @property
-    def full(self) -> bool:
-        return self.base is None
-
-    def message(self) -> torch.Tensor:
-        encoded = json.dumps({"version": self.version, "base": self.base, "verify": self.verify})
-        return torch.frombuffer(bytearray(encoded.encode()), dtype=torch.uint8)
-
-    @classmethod
-    def read(cls, message: torch.Tensor) -> StreamHead:
-        data = json.loads(message.cpu().numpy().tobytes().decode())
-        return cls(int(data["version"]), data["base"], bool(data["verify"]))
-
-
-@dataclass
-class WireStats:
-    """One stream's counts (the sender's, or what a receiver applied)."""
-
-    bytes: int = 0
-    """Message bytes (what crossed the wire)."""
-    model_bytes: int = 0
-    """Bytes of the tensors the stream describes, whole (the weights' content)."""
-    elements: int = 0
-    changed: int = 0
-    """Entries whose bits changed (every entry where there was nothing to compare with)."""
-    tensors: int = 0
-
-    def add(self, other: WireStats) -> None:
-        self.bytes += other.bytes
-        self.model_bytes += other.model_bytes
-        self.elements += other.elements
-        self.changed += other.changed
-        self.tensors += other.tensors
-
-    @property
-    def changed_fraction(self) -> float:
-        return self.changed / self.elements if self.elements else 0.0
-
-
-def padded(size: int) -> int:
-    """``size`` rounded up to :data:`ALIGN` (payloads start aligned, so they view as any dtype)."""
-    return -(-size // ALIGN) * ALIGN
-
-
-def _aligned(part: torch.Tensor) -> list[torch.Tensor]:
-    pad = padded(part.numel()) - part.numel()
-    return [part] if not pad else [part, part.new_zeros(pad)]
-
-
-def bucket_message(entries: list[dict[str, object]], parts: list[torch.Tensor]) -> torch.Tensor:
-    """One bucket: an 8-byte header length, the JSON header (``entries``), the payloads, each
-    padded to :data:`ALIGN` bytes."""
-    header = json.dumps(entries).encode()
-    header += b" " * (padded(len(header)) - len(header))
-    length = torch.tensor([len(header)], dtype=torch.int64).view(torch.uint8)
-    head = torch.frombuffer(bytearray(header), dtype=torch.uint8)
-    device = parts[0].device if parts else head.device
-    pieces = [length.to(device), head.to(device)]
-    for part in parts:
-        pieces.extend(_aligned(part))
-    return torch.cat(pieces)
-
-
-def read_bucket(message: torch.Tensor) -> Iterator[tuple[dict[str, object], torch.Tensor]]:
-    """(header entry, its payload bytes) per tensor of a :func:`bucket_message`."""
-    length = int(message[:8].cpu().view(torch.int64).item())
-    entries = json.loads(message[8 : 8 + length].cpu().numpy().tobytes().decode())
-    offset = 8 + length
-    for entry in entries:
-        size = int(entry["payload"])
-        yield entry, message[offset : offset + size]
-        offset += padded(size)
 
 
 @dataclass
@@ -273,9 +170,9 @@ class WireEncoder:
         changed_values = as_bytes(torch.from_numpy(bits(tensor).numpy()[mask]))
         if encoding == "sparse":
             positions = torch.from_numpy(numpy.flatnonzero(mask)).to(index_dtype)
-            return "sparse", torch.cat([*_aligned(as_bytes(positions)), changed_values])
+            return "sparse", torch.cat([*aligned(as_bytes(positions)), changed_values])
         packed = torch.from_numpy(numpy.packbits(mask))
-        return "mask", torch.cat([*_aligned(packed), changed_values])
+        return "mask", torch.cat([*aligned(packed), changed_values])
 
     def finish(self, head: StreamHead) -> None:
         """The stream of ``head`` was delivered: the mirror holds its version."""
@@ -286,16 +183,7 @@ class WireEncoder:
 
     def mirror_buckets(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
         """The mirror in buckets (a full sync without another export: healing a doubt)."""
-        bucket: list[NamedTensor] = []
-        size = 0
-        for name, tensor in self.mirror.items():
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        return in_buckets(self.mirror, bucket_bytes)
 
 
 @dataclass
@@ -321,7 +209,7 @@ class WireDecoder:
         stats = WireStats(bytes=message.numel())
         for entry, payload in read_bucket(message):
             name = str(entry["name"])
-            dtype = _dtype(str(entry["dtype"]))
+            dtype = dtype_named(str(entry["dtype"]))
             shape = [int(d) for d in entry["shape"]]  # type: ignore[attr-defined]
             encoding = entry["encoding"]
             stats.tensors += 1

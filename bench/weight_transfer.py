@@ -47,16 +47,10 @@ class _Exporter:
         self.model = model
 
     def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
-        bucket: list[tuple[str, Any]] = []
-        size = 0
-        for name, param in self.model.named_parameters():
-            bucket.append((name, param.detach()))
-            size += param.numel() * param.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        from hf_core.sync.messages import in_buckets
+
+        weights = {name: param.detach() for name, param in self.model.named_parameters()}
+        return in_buckets(weights, bucket_bytes)
 
 
 class _Sink:

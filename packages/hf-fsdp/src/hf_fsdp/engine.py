@@ -62,6 +62,7 @@ from hf_core.engines import (
 from hf_core.engines.memory_fit import DEFAULT_MAX_TOKENS, MicroBatchFit
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY
 from hf_core.engines.shared_prefix import prompt_groups
+from hf_core.engines.top_k import TOP_K_IDS, TOP_K_LOG_PROBS
 from hf_core.protocols import WorkerMesh
 from hf_fsdp import checkpoint, fit, heads, lora, ulysses
 from hf_fsdp.config import FSDPEngineConfig, parse_config, to_dtype
@@ -305,6 +306,7 @@ class FSDPEngine(TrainingEngine):
         batch: Batch,
         temperature: float = 1.0,
         tokens: heads.ForwardTokens | None = None,
+        top_k: int = 0,
     ) -> dict[str, torch.Tensor]:
         """One micro-batch through the head (:mod:`hf_fsdp.heads`), its tokens split over
         the sequence-parallel group when there is one."""
@@ -320,6 +322,7 @@ class FSDPEngine(TrainingEngine):
                 logits_budget_bytes=cfg.logits_budget_bytes,
                 sequence_packing=cfg.sequence_packing,
                 tokens=tokens,
+                top_k=top_k,
             )
         return heads.forward(
             cfg.head,
@@ -331,14 +334,18 @@ class FSDPEngine(TrainingEngine):
             shared_prefix=cfg.shared_prefix,
             sequence_packing=cfg.sequence_packing,
             tokens=tokens,
+            top_k=top_k,
         )
 
     # ---------------------------------------------------------------- forwards
-    def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
-        """``log_probs`` and ``entropy`` of ``responses``, shape ``[B, response_len]``."""
+    def compute_log_probs(self, batch: Batch, temperature: float = 1.0, top_k: int = 0) -> Batch:
+        """``log_probs`` and ``entropy`` of ``responses``, shape ``[B, response_len]``; with
+        ``top_k`` also the model's own top-k ids and log-probs per response position,
+        ``[B, response_len, top_k]`` (:mod:`hf_core.engines.top_k`)."""
         self._require("lm", "compute_log_probs")
         self._require_onloaded("compute_log_probs")
-        return self._forward_only(batch, ("log_probs", "entropy"), temperature=temperature)
+        keys = ("log_probs", "entropy", *((TOP_K_IDS, TOP_K_LOG_PROBS) if top_k else ()))
+        return self._forward_only(batch, keys, temperature=temperature, top_k=top_k)
 
     def compute_values(self, batch: Batch) -> Batch:
         """``values`` per response token, shape ``[B, response_len]``."""

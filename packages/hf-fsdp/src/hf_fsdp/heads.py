@@ -29,15 +29,23 @@ from hf_core.algorithms import token_log_probs_and_entropy
 from hf_core.algorithms.chunked_head import (
     DEFAULT_LOGITS_BUDGET_BYTES,
     TiedHeadGradient,
-    chunked_head_log_probs_and_entropy,
+    chunked_head,
     logits_chunk_tokens,
     tied_embedding,
 )
+from hf_core.algorithms.token_log_probs import top_k_log_probs
 from hf_core.batch import Batch
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, unrecorded
 from hf_core.engines.sequence_packing import PACKABLE_ATTENTION as SEQUENCE_PACKABLE
 from hf_core.engines.sequence_packing import pack_sequences, sequence_packing_pays
 from hf_core.engines.shared_prefix import PackedPrefixes, pack_shared_prefixes
+from hf_core.engines.top_k import (
+    TEACHER_TOP_K_IDS,
+    TOP_K_IDS,
+    TOP_K_LOG_PROBS,
+    scored_ids,
+    split_scored,
+)
 from hf_core.multimodal import (
     MULTI_MODAL_KEY,
     has_images,
@@ -176,15 +184,46 @@ def token_log_probs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``tokens`` (and entropy) under ``softmax(logits / temperature)``."""
+    return token_log_probs_and_entropy(_tempered(logits, temperature), tokens, with_entropy)
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    return token_log_probs_and_entropy(logits, tokens, with_entropy)
+    return logits
+
+
+@dataclass
+class TopK:
+    """A forward's own top-k ids and log-probs per position (``k`` 0: not asked for)."""
+
+    k: int = 0
+    ids: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
+
+    def outputs(self) -> dict[str, torch.Tensor]:
+        """The output keys (none when ``k`` is 0)."""
+        if not self.k:
+            return {}
+        assert self.ids is not None and self.log_probs is not None
+        return {TOP_K_IDS: self.ids, TOP_K_LOG_PROBS: self.log_probs}
+
+    def from_logits(self, logits: torch.Tensor, temperature: float) -> None:
+        if self.k:
+            self.log_probs, self.ids = top_k_log_probs(_tempered(logits, temperature), self.k)
 
 
 CHUNKABLE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
 """Families whose causal-LM forward returns the head's output untouched (no logit soft-capping
 or scaling after ``lm_head``), so the head may be replaced by the chunked log-prob node."""
+
+
+def _scored_log_probs(scored: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The log-probs of a head pass's ``[..., m + 1]`` output (the entropy is last): one per
+    position for ``[..., ]`` targets, ``m`` for ``[..., m]`` ones."""
+    log_probs = scored[..., :-1]
+    return log_probs if targets.dim() == scored.dim() else log_probs[..., 0]
 
 
 def _chunkable_head(model: nn.Module) -> nn.Module | None:
@@ -225,8 +264,11 @@ def _head_as_log_probs(
     with_entropy: bool,
     chunk: int,
     predict_from: torch.Tensor | None,
+    top_k: TopK | None = None,
 ) -> Iterator[None]:
-    """Make ``head`` return ``[B, R, 2]`` (log-prob, entropy) of ``tokens`` instead of logits.
+    """Make ``head`` return ``[B, R, m + 1]`` (the log-probs of ``tokens``' ``m`` ids per
+    position, then the entropy) instead of logits; ``top_k`` receives the positions' own
+    top-k (no gradient).
 
     The result goes out as the model's ``logits``, so it stays an output of the model's
     forward: FSDP's backward hooks, registered on forward outputs, see it as they saw logits.
@@ -235,12 +277,13 @@ def _head_as_log_probs(
     """
     embed = _tied_input_embedding(model, head)
     share = TiedHeadGradient() if embed is not None else None
+    ids = tokens if tokens.dim() == 3 else tokens.unsqueeze(-1)
 
     def forward(hidden: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
-        log_probs, entropy = chunked_head_log_probs_and_entropy(
+        out = chunked_head(
             _response_positions(hidden, predict_from),
             head.weight,
-            tokens,
+            ids,
             temperature=temperature,
             with_entropy=with_entropy,
             chunk=chunk,
@@ -248,8 +291,12 @@ def _head_as_log_probs(
                 onednn_linear if isinstance(head, OneDNNLinear) else F.linear
             ),
             share=share,
+            top_k=top_k.k if top_k is not None else 0,
         )
-        return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1)
+        if top_k is not None:
+            top_k.ids, top_k.log_probs = out.top_k_ids, out.top_k_log_probs
+        entropy = out.log_probs[..., :1] if out.entropy is None else out.entropy.unsqueeze(-1)
+        return torch.cat([out.log_probs, entropy], dim=-1)
 
     def lookup(ids: torch.Tensor) -> torch.Tensor:
         assert embed is not None and share is not None
@@ -317,8 +364,14 @@ def lm_forward(
     shared_prefix: bool = True,
     tokens: ForwardTokens | None = None,
     sequence_packing: bool = True,
+    top_k: int = 0,
 ) -> dict[str, torch.Tensor]:
+    """``log_probs`` (and ``entropy``) of the responses; with the batch's teacher top-k ids
+    also the log-probs at them (:mod:`hf_core.engines.top_k`), and with ``top_k`` the
+    model's own top-k ids and log-probs per response position."""
     responses = batch["responses"].to(device)
+    targets = scored_ids(batch, responses)
+    own = TopK(top_k)
     replay = routing_replay(model, batch, tokens)
     if ROUTED_EXPERTS_KEY in batch:  # each sample's own prompt tokens: no shared prefixes
         shared_prefix = False
@@ -338,21 +391,22 @@ def lm_forward(
     if head is not None and chunk is not None:
         with (
             _head_as_log_probs(
-                model, head, responses, temperature, with_entropy, chunk, predict_from
+                model, head, targets, temperature, with_entropy, chunk, predict_from, own
             ),
             _images_in_prompt(model, batch),
             replay,
         ):
-            pairs = model(**inputs, use_cache=False, logits_to_keep=keep).logits
-        result = {"log_probs": pairs[..., 0]}
+            scored = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+        result = split_scored(_scored_log_probs(scored, targets))
         if with_entropy:
-            result["entropy"] = pairs[..., 1]
-        return _with_router_losses(result, losses)
+            result["entropy"] = scored[..., -1]
+        return _with_router_losses(result | own.outputs(), losses)
     with _images_in_prompt(model, batch), replay:
         out = model(**inputs, use_cache=False, logits_to_keep=keep)
     logits = _response_positions(out.logits, predict_from)
-    log_probs, entropy = token_log_probs(logits, responses, temperature, with_entropy)
-    result = {"log_probs": log_probs}
+    log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy)
+    own.from_logits(logits, temperature)
+    result = split_scored(log_probs) | own.outputs()
     if entropy is not None:
         result["entropy"] = entropy
     return _with_router_losses(result, losses)
@@ -532,6 +586,7 @@ def sequence_parallel_forward(
     logits_budget_bytes: int = DEFAULT_LOGITS_BUDGET_BYTES,
     sequence_packing: bool = True,
     tokens: ForwardTokens | None = None,
+    top_k: int = 0,
 ) -> dict[str, torch.Tensor]:
     """The head's outputs for one micro-batch with its tokens split over ``group``
     (:mod:`hf_fsdp.ulysses`): this rank runs its columns, the outputs are gathered, and every
@@ -568,17 +623,27 @@ def sequence_parallel_forward(
             mask = batch["attention_mask"]
             real = ulysses.lay_out_like(mask.bool(), mask, size, sequence_packing, False)
             losses = RouterLosses(model, shards.local(real, rank, size), group)
-        targets = shards.local(shards.targets, rank, size).to(device)
+        laid = _laid_out_targets(batch, shards, size, sequence_packing)
+        targets = shards.local(laid, rank, size).to(device)
+        own = TopK(top_k)
         with _then(replay, losses):
-            pairs = _token_pairs(
-                model, inputs, targets, temperature, with_entropy, logits_budget_bytes
+            scored = _token_scores(
+                model, inputs, targets, temperature, with_entropy, logits_budget_bytes, own
             )
-        whole = ulysses.gather_columns(pairs, group).reshape(-1, 2)
-        picked = whole[shards.predict_from.to(device)]
-        result = {"log_probs": picked[..., 0]}
+        index = shards.predict_from.to(device)
+
+        def response_positions(local: torch.Tensor) -> torch.Tensor:
+            gathered = ulysses.gather_columns(local, group)
+            return gathered.reshape(-1, *gathered.shape[2:])[index]
+
+        picked = response_positions(scored)
+        result = split_scored(_scored_log_probs(picked, targets))
         if with_entropy:
-            result["entropy"] = picked[..., 1]
-        return _with_router_losses(result, losses)
+            result["entropy"] = picked[..., -1]
+        if own.ids is not None and own.log_probs is not None:
+            own.ids = response_positions(own.ids)
+            own.log_probs = response_positions(own.log_probs)
+        return _with_router_losses(result | own.outputs(), losses)
     if head == "value":
         values = model(**inputs, use_cache=False).logits.squeeze(-1).float()
         whole = ulysses.gather_columns(values, group).reshape(-1)
@@ -593,27 +658,52 @@ def sequence_parallel_forward(
     return {"scores": per_token[shards.last_token.to(device)]}
 
 
-def _token_pairs(
+def _laid_out_targets(
+    batch: Batch, shards: ulysses.SequenceShards, size: int, packed: bool
+) -> torch.Tensor:
+    """``[rows, L]`` targets of the sequence-parallel layout, or ``[rows, L, 1 + k]`` with
+    the batch's teacher top-k ids at the positions predicting response tokens (0 elsewhere:
+    those positions are not read back)."""
+    if TEACHER_TOP_K_IDS not in batch:
+        return shards.targets
+    ids = batch[TEACHER_TOP_K_IDS].long()
+    mask = batch["attention_mask"]
+    rows, columns = mask.shape
+    width = ids.shape[1]
+    per_column = ids.new_zeros(rows, columns, ids.shape[2])
+    per_column[:, columns - width - 1 : columns - 1] = ids  # column c predicts c + 1
+    laid = ulysses.lay_out_like(per_column, mask, size, packed, 0)
+    return torch.cat([shards.targets.unsqueeze(-1), laid], dim=-1)
+
+
+def _token_scores(
     model: nn.Module,
     inputs: dict[str, torch.Tensor],
     targets: torch.Tensor,
     temperature: float,
     with_entropy: bool,
     logits_budget_bytes: int,
+    own: TopK,
 ) -> torch.Tensor:
-    """``[rows, n, 2]``: (log-prob, entropy) of each position's target token; the chunked
-    head where it applies (no ``[n, vocab]`` logits kept)."""
+    """``[rows, n, m + 1]``: the log-probs of each position's ``m`` target ids (``m`` = 1
+    for ``[rows, n]`` targets), then its entropy; the chunked head where it applies (no
+    ``[n, vocab]`` logits kept).  ``own`` receives the positions' own top-k."""
     head = _chunkable_head(model)
     vocab = int(head.weight.shape[0]) if head is not None else 0
-    chunk = logits_chunk_tokens(targets.numel(), vocab, logits_budget_bytes) if vocab else None
+    positions = targets.shape[0] * targets.shape[1]
+    chunk = logits_chunk_tokens(positions, vocab, logits_budget_bytes) if vocab else None
     if head is not None and chunk is not None:
-        every = torch.arange(targets.numel(), device=targets.device).view(targets.shape)
-        with _head_as_log_probs(model, head, targets, temperature, with_entropy, chunk, every):
-            pairs: torch.Tensor = model(**inputs, use_cache=False).logits
-        return pairs
+        every = torch.arange(positions, device=targets.device).view(targets.shape[:2])
+        with _head_as_log_probs(model, head, targets, temperature, with_entropy, chunk, every, own):
+            scored: torch.Tensor = model(**inputs, use_cache=False).logits
+        return scored
     logits = model(**inputs, use_cache=False).logits
     log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy)
-    return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1)
+    own.from_logits(logits, temperature)
+    if targets.dim() == 2:
+        log_probs = log_probs.unsqueeze(-1)
+    last = log_probs[..., :1] if entropy is None else entropy.unsqueeze(-1)
+    return torch.cat([log_probs, last], dim=-1)
 
 
 def forward(
@@ -627,6 +717,7 @@ def forward(
     shared_prefix: bool = True,
     tokens: ForwardTokens | None = None,
     sequence_packing: bool = True,
+    top_k: int = 0,
 ) -> dict[str, torch.Tensor]:
     """The head kind's outputs for one micro-batch (with autograd if enabled);
     ``shared_prefix``: pack rows that repeat a prompt where that pays (:func:`packed_inputs`);
@@ -643,6 +734,7 @@ def forward(
             shared_prefix,
             tokens,
             sequence_packing,
+            top_k,
         )
     if head == "value":
         return value_forward(model, batch, device, shared_prefix, tokens, sequence_packing)

@@ -52,6 +52,7 @@ from hf_core.engines import (
 from hf_core.engines.loss_totals import all_reduce_over, loss_totals
 from hf_core.engines.model_classes import refuse_vision_model
 from hf_core.engines.routed_experts import ROUTED_EXPERTS_KEY, check_routed_experts
+from hf_core.engines.top_k import TOP_K_IDS, TOP_K_LOG_PROBS
 from hf_core.protocols import WorkerMesh
 from hf_core.resharding import (
     GenerationLayout,
@@ -306,7 +307,11 @@ class MegatronEngine(TrainingEngine):
         return batch.split(self.config.micro_batch_size)
 
     def _head_outputs(
-        self, output: torch.Tensor, packed: forward.PackedInputs, temperature: float
+        self,
+        output: torch.Tensor,
+        packed: forward.PackedInputs,
+        temperature: float,
+        top_k: int = 0,
     ) -> dict[str, torch.Tensor]:
         head = self.config.head
         if head == "lm":
@@ -318,6 +323,7 @@ class MegatronEngine(TrainingEngine):
                 vocab_size=self.dims.vocab_size,
                 temperature=temperature,
                 group=self._tp_group(),
+                top_k=top_k,
             )
         elif head == "value":
             out = forward.value_outputs(output, packed)
@@ -331,13 +337,14 @@ class MegatronEngine(TrainingEngine):
         packed: forward.PackedInputs,
         loss_fn: LossFn | None,
         temperature: float,
+        top_k: int,
         num_micro: int,
         output: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        outputs = self._head_outputs(output, packed, temperature)
+        outputs = self._head_outputs(output, packed, temperature, top_k)
         if loss_fn is None:
             zero = output.sum() * 0.0
-            return zero, {k: v.detach().float().cpu() for k, v in outputs.items()}
+            return zero, {k: _floats_stay_float32(v.detach()).cpu() for k, v in outputs.items()}
         loss, metrics = loss_fn(outputs, batch)
         reported = {"loss": float(loss.detach())}
         reported.update({k: float(v) for k, v in metrics.items()})
@@ -395,6 +402,7 @@ class MegatronEngine(TrainingEngine):
         loss_fn: LossFn | None,
         temperature: float,
         routing_stats: moe_routing.RoutingStats | None = None,
+        top_k: int = 0,
     ) -> list[dict[str, Any]]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -429,7 +437,9 @@ class MegatronEngine(TrainingEngine):
                 first = self.position.pp_rank * (self.dims.num_layers // self.layout.pp)
                 with moe_routing.replaying(self.module, ids, real, first, routing_stats):
                     output = model(pk.input_ids, pk.position_ids, None)
-            loss = functools.partial(self._loss_func, batch, pk, loss_fn, temperature, len(micro))
+            loss = functools.partial(
+                self._loss_func, batch, pk, loss_fn, temperature, top_k, len(micro)
+            )
             return output, loss
 
         return get_forward_backward_func()(
@@ -443,38 +453,56 @@ class MegatronEngine(TrainingEngine):
         )
 
     @torch.no_grad()
-    def _forward_only(self, batch: Batch, keys: tuple[str, ...], temperature: float) -> Batch:
+    def _forward_only(
+        self, batch: Batch, keys: tuple[str, ...], temperature: float, top_k: int = 0
+    ) -> Batch:
         self.model.eval()
-        results = self._run(self._micro_batches(batch), loss_fn=None, temperature=temperature)
+        results = self._run(
+            self._micro_batches(batch), loss_fn=None, temperature=temperature, top_k=top_k
+        )
         out = {k: torch.cat([r[k] for r in results]) for k in keys} if self.is_output_rank else {}
         if self.layout.pp > 1:
-            shape = (len(batch), *((batch["responses"].shape[1],) if keys != ("scores",) else ()))
-            out = self._from_last_stage(out, keys, shape)
+            rows = (len(batch), *((batch["responses"].shape[1],) if keys != ("scores",) else ()))
+            top = (*rows, top_k)
+            like = {TOP_K_IDS: (top, torch.long), TOP_K_LOG_PROBS: (top, torch.float32)}
+            out = self._from_last_stage(
+                out, {key: like.get(key, (rows, torch.float32)) for key in keys}
+            )
         return Batch(out)
 
     def _from_last_stage(
-        self, out: dict[str, torch.Tensor], keys: tuple[str, ...], shape: tuple[int, ...]
+        self,
+        out: dict[str, torch.Tensor],
+        keys: dict[str, tuple[tuple[int, ...], torch.dtype]],
     ) -> dict[str, torch.Tensor]:
-        """The last stage's outputs on every stage of this pipeline (one broadcast each)."""
+        """The last stage's outputs on every stage of this pipeline (one broadcast each);
+        ``keys``: each output's shape and dtype."""
         from megatron.core import parallel_state as ps
 
         group = ps.get_pipeline_model_parallel_group()
         src = ps.get_pipeline_model_parallel_last_rank()
         device = collective_device()
         shared = {}
-        for key in keys:
-            tensor = out[key].to(device) if key in out else torch.empty(shape, device=device)
+        for key, (shape, dtype) in keys.items():
+            tensor = (
+                out[key].to(device)
+                if key in out
+                else torch.empty(shape, dtype=dtype, device=device)
+            )
             dist.broadcast(tensor, src=src, group=group)
             shared[key] = tensor.cpu()
         return shared
 
     # ---------------------------------------------------------------- forwards
     @cpu_compat.on_cpu
-    def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
-        """``log_probs`` and ``entropy`` of ``responses``, ``[B, response_len]``."""
+    def compute_log_probs(self, batch: Batch, temperature: float = 1.0, top_k: int = 0) -> Batch:
+        """``log_probs`` and ``entropy`` of ``responses``, ``[B, response_len]``; with
+        ``top_k`` also the model's own top-k ids and log-probs, ``[B, response_len, top_k]``
+        (:mod:`hf_core.engines.top_k`)."""
         self._require("lm", "compute_log_probs")
         self._require_ready("compute_log_probs")
-        return self._forward_only(batch, OUTPUT_KEYS["lm"], temperature)
+        keys = (*OUTPUT_KEYS["lm"], *((TOP_K_IDS, TOP_K_LOG_PROBS) if top_k else ()))
+        return self._forward_only(batch, keys, temperature, top_k)
 
     @cpu_compat.on_cpu
     def compute_values(self, batch: Batch) -> Batch:
@@ -767,3 +795,8 @@ def _params_in(module: nn.Module, dtype: torch.dtype) -> None:
         for param in module.parameters():
             if param.dtype != dtype:
                 param.data = param.data.to(dtype)
+
+
+def _floats_stay_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """A forward-only output as returned: floating ones in float32, ids as they are."""
+    return tensor.float() if tensor.is_floating_point() else tensor

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hf_core.batch import Batch
+from hf_core.engines.top_k import TOP_K_IDS, TOP_K_LOG_PROBS, scored_ids, split_scored
 
 
 @dataclass
@@ -32,7 +33,7 @@ class PackedInputs:
     shift: torch.Tensor  # [B] left pads removed per row
     lengths: torch.Tensor  # [B] real tokens per row
     response_index: torch.Tensor | None  # [B, R] column predicting response token t
-    responses: torch.Tensor | None  # [B, R]
+    responses: torch.Tensor | None  # [B, R], or [B, R, 1 + k] with a teacher's top-k ids
     rows: int  # real rows (the rest pads a pipeline micro-batch to full size)
 
     def to(self, device: torch.device) -> PackedInputs:
@@ -90,7 +91,8 @@ def pack_batch(
             raise ValueError("position_ids must count each row's real tokens from 0 (no packing)")
     responses = index = None
     if "responses" in batch:
-        responses = batch["responses"]
+        # with a teacher's top-k ids: [B, R, 1 + k], scored in the same head pass
+        responses = scored_ids(batch, batch["responses"])
         seq, resp = ids.shape[1], responses.shape[1]
         cols = torch.arange(resp)[None, :] + (seq - resp - 1) - shift[:, None]
         index = cols.clamp(min=0)
@@ -130,7 +132,9 @@ def vocab_parallel_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of ``labels`` and entropy from this rank's vocabulary shard ``logits``.
 
-    ``logits[..., j]`` is token ``vocab_start + j``; ids at or past ``vocab_size`` are padding
+    ``labels`` has ``logits.shape[:-1]`` (one id per position) or one more dimension ``m``
+    (several ids per position: log-probs ``[..., m]``).  ``logits[..., j]`` is token
+    ``vocab_start + j``; ids at or past ``vocab_size`` are padding
     and excluded.  The sums over the vocabulary are all-reduced over ``group`` with megatron's
     ``reduce_from_tensor_model_parallel_region`` (identity backward: every TP rank computes
     the same loss), so both outputs are differentiable.
@@ -142,28 +146,72 @@ def vocab_parallel_log_probs(
             return x
         return reduce_from_tensor_model_parallel_region(x, group=group)
 
-    logits = logits.float()
-    if temperature > 0:
-        logits = logits / temperature
+    shifted, valid = _shifted_shard(logits, vocab_start, vocab_size, temperature, group)
     width = logits.shape[-1]
-    ids = vocab_start + torch.arange(width, device=logits.device)
-    valid = ids < vocab_size
-    logits = logits.masked_fill(~valid, float("-inf"))
-    top = _tp_all_reduce_max(logits.max(-1).values, group)
-    shifted = logits - top[..., None]
     exp = torch.where(valid, shifted.exp(), torch.zeros_like(shifted))
     sum_exp = reduce(exp.sum(-1))
-    local = labels - vocab_start
+    several = labels.dim() == logits.dim()  # [..., m] ids per position
+    local = (labels if several else labels[..., None]) - vocab_start
     inside = (local >= 0) & (local < width)
-    picked = shifted.gather(-1, local.clamp(0, width - 1)[..., None])[..., 0]
+    picked = shifted.gather(-1, local.clamp(0, width - 1))
     picked = reduce(torch.where(inside, picked, torch.zeros_like(picked)))
     log_z = sum_exp.log()
-    log_probs = picked - log_z
+    log_probs = picked - log_z[..., None]
+    if not several:
+        log_probs = log_probs[..., 0]
     entropy = None
     if with_entropy:
         weighted = torch.where(valid, exp * shifted, torch.zeros_like(shifted)).sum(-1)
         entropy = log_z - reduce(weighted) / sum_exp
     return log_probs, entropy
+
+
+def _shifted_shard(
+    logits: torch.Tensor,
+    vocab_start: int,
+    vocab_size: int,
+    temperature: float,
+    group: dist.ProcessGroup | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This shard's tempered float32 logits minus the global maximum per position (padding
+    ids at -inf), and which of its columns are real ids."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    ids = vocab_start + torch.arange(logits.shape[-1], device=logits.device)
+    valid = ids < vocab_size
+    logits = logits.masked_fill(~valid, float("-inf"))
+    top = _tp_all_reduce_max(logits.max(-1).values, group)
+    return logits - top[..., None], valid
+
+
+@torch.no_grad()
+def vocab_parallel_top_k(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    vocab_start: int,
+    vocab_size: int,
+    temperature: float,
+    group: dist.ProcessGroup | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` likeliest ids per position over all vocabulary shards and their log-probs
+    (``[..., k]`` each, likeliest first; no gradient): each shard's own top-k, gathered over
+    ``group``, then the top-k of those."""
+    shifted, valid = _shifted_shard(logits, vocab_start, vocab_size, temperature, group)
+    sum_exp = torch.where(valid, shifted.exp(), torch.zeros_like(shifted)).sum(-1)
+    values, ids = shifted.topk(min(k, shifted.shape[-1]), dim=-1)
+    ids = ids + vocab_start
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(sum_exp, group=group)
+        size = dist.get_world_size(group)
+        all_values = [torch.empty_like(values) for _ in range(size)]
+        all_ids = [torch.empty_like(ids) for _ in range(size)]
+        dist.all_gather(all_values, values.contiguous(), group=group)
+        dist.all_gather(all_ids, ids.contiguous(), group=group)
+        values, where = torch.cat(all_values, dim=-1).topk(k, dim=-1)
+        ids = torch.cat(all_ids, dim=-1).gather(-1, where)
+    return values - sum_exp.log()[..., None], ids
 
 
 def gather_columns(per_position: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -182,8 +230,11 @@ def lm_outputs(
     temperature: float,
     group: dist.ProcessGroup | None,
     with_entropy: bool = True,
+    top_k: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """``log_probs`` / ``entropy`` ``[B, R]`` from ``[B, S, V/tp]`` logits."""
+    """``log_probs`` / ``entropy`` ``[B, R]`` from ``[B, S, V/tp]`` logits; the log-probs at
+    a teacher's top-k ids when the packed responses carry them, and (``top_k``) the model's
+    own top-k ids and log-probs (:mod:`hf_core.engines.top_k`)."""
     assert packed.response_index is not None and packed.responses is not None
     picked = gather_columns(logits, packed.response_index)
     log_probs, entropy = vocab_parallel_log_probs(
@@ -195,9 +246,18 @@ def lm_outputs(
         group=group,
         with_entropy=with_entropy,
     )
-    out = {"log_probs": log_probs}
+    out = split_scored(log_probs)
     if entropy is not None:
         out["entropy"] = entropy
+    if top_k:
+        out[TOP_K_LOG_PROBS], out[TOP_K_IDS] = vocab_parallel_top_k(
+            picked,
+            top_k,
+            vocab_start=vocab_start,
+            vocab_size=vocab_size,
+            temperature=temperature,
+            group=group,
+        )
     return out
 
 

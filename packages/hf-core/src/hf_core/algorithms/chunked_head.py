@@ -13,6 +13,12 @@ The price is one more head matmul per token in the backward (the recompute), whi
 :func:`logits_chunk_tokens` returns ``None`` -- use the plain full-logits path -- when the
 whole micro-batch's logits fit the budget: small vocabularies keep their speed.
 
+Several ids per position (the sampled token and a teacher's top-k, for distillation) share
+the pass: their log-probs come out ``[..., m]`` and their gradients fold into the one
+logits' gradient (``sum_j g_j onehot(y_j) - p sum_j g_j``).  ``top_k`` also returns each
+position's own ``k`` likeliest ids and their log-probs (a frozen teacher's distribution,
+without gradient), taken chunk by chunk like everything else.
+
 Gradients, with ``z = h W^T / T``, ``p = softmax(z)``, ``H = -sum p log p``:
 ``d log p_y / dz = onehot(y) - p``, ``dH / dz = -p (log p + H)``, then ``dh = dz W / T`` and
 ``dW = dz^T h / T``.
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -112,11 +118,14 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         chunk: int,
         kernel: HeadKernel,
         share: TiedHeadGradient | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        count = hidden.shape[0]
-        log_probs = hidden.new_empty(count, dtype=torch.float32)
+        top_k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        count, width = tokens.shape
+        log_probs = hidden.new_empty(count, width, dtype=torch.float32)
         log_z = hidden.new_empty(count, dtype=torch.float32)
         entropy = hidden.new_empty(count if with_entropy else 0, dtype=torch.float32)
+        top_log_probs = hidden.new_empty(count, top_k, dtype=torch.float32)
+        top_ids = tokens.new_empty(count, top_k)
         products = kernel(hidden, weight)
         spans = _spans(count, chunk)
         logits = hidden.new_empty(0)
@@ -125,8 +134,12 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             logits = _chunk_logits(hidden[start:stop], products, inverse_temperature)
             norm = torch.logsumexp(logits, dim=-1)
             log_z[start:stop] = norm
-            picked = logits.gather(-1, tokens[start:stop, None])[:, 0]
-            log_probs[start:stop] = picked - norm
+            picked = logits.gather(-1, tokens[start:stop])
+            log_probs[start:stop] = picked - norm[:, None]
+            if top_k:
+                values, ids = logits.topk(top_k, dim=-1)
+                top_log_probs[start:stop] = values - norm[:, None]
+                top_ids[start:stop] = ids
             if with_entropy:
                 # H = log_z - sum p z; softmax in place over the chunk's logits
                 weighted = torch.linalg.vecdot(torch.softmax(logits, dim=-1), logits)
@@ -140,18 +153,23 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         ctx.kernel = kernel
         ctx.share = share
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(tokens)
+        ctx.mark_non_differentiable(tokens, top_log_probs, top_ids)
         if not with_entropy:
             entropy = log_z.new_zeros(())
-        return log_probs, entropy
+        return log_probs, entropy, top_log_probs, top_ids
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: Any, grad_log_probs: torch.Tensor | None, grad_entropy: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None, None]:
+        ctx: Any,
+        grad_log_probs: torch.Tensor | None,
+        grad_entropy: torch.Tensor | None,
+        _grad_top_log_probs: None,
+        _grad_top_ids: None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None, None, None]:
         hidden, weight, tokens, log_z, entropy = ctx.saved_tensors
         if grad_log_probs is None and grad_entropy is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None
+        total = None if grad_log_probs is None else grad_log_probs.sum(-1)
         scale = ctx.inverse_temperature
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
@@ -173,16 +191,14 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
                 probs = log_p.exp()
                 log_p.add_(entropy[start:stop, None]).mul_(probs)
                 log_p.mul_(-grad_entropy[start:stop, None])
-                if grad_log_probs is not None:
-                    log_p.sub_(probs.mul_(grad_log_probs[start:stop, None]))
+                if total is not None:
+                    log_p.sub_(probs.mul_(total[start:stop, None]))
                 del probs
             else:
-                assert grad_log_probs is not None
-                grad.exp_().mul_(-grad_log_probs[start:stop, None])
+                assert total is not None
+                grad.exp_().mul_(-total[start:stop, None])
             if grad_log_probs is not None:
-                grad.scatter_add_(
-                    -1, tokens[start:stop, None], grad_log_probs[start:stop, None].float()
-                )
+                grad.scatter_add_(-1, tokens[start:stop], grad_log_probs[start:stop].float())
             if scale != 1.0:
                 grad.mul_(scale)
             grad = grad.to(hidden.dtype)
@@ -199,7 +215,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if ctx.share is not None and grad_weight is not None:
             ctx.share.head_grad = grad_weight  # the tied embedding's backward adds into it
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
 
 
 def chunked_head_log_probs_and_entropy(
@@ -217,25 +233,70 @@ def chunked_head_log_probs_and_entropy(
     ``hidden`` ``[..., H]`` and a bias-free head ``weight`` ``[V, H]``; outputs have
     ``hidden.shape[:-1]``, float32, differentiable in ``hidden`` and ``weight``.
 
-    ``temperature`` 0 (greedy) or 1 uses the raw logits.  Logits never exist for more than
-    ``chunk`` tokens at a time (see the module docstring).  ``kernel`` supplies the logits and
-    the hidden states' gradient (the engine's own products; :func:`linear_kernel` by
-    default); the weight's gradient accumulates in float32 here.  ``share`` hands the head
-    weight's gradient to a tied input embedding (:func:`tied_embedding`).
+    ``tokens`` is ``hidden.shape[:-1]``, or has one more dimension ``m`` for several ids per
+    position (log-probs ``[..., m]``).  ``temperature`` 0 (greedy) or 1 uses the raw
+    logits.  Logits never exist for more than ``chunk`` tokens at a time (see the module
+    docstring).  ``kernel`` supplies the logits and the hidden states' gradient (the
+    engine's own products; :func:`linear_kernel` by default); the weight's gradient
+    accumulates in float32 here.  ``share`` hands the head weight's gradient to a tied input
+    embedding (:func:`tied_embedding`).
     """
+    head = chunked_head(
+        hidden,
+        weight,
+        tokens,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk=chunk,
+        kernel=kernel,
+        share=share,
+    )
+    return head.log_probs, head.entropy
+
+
+class ChunkedHeadOutputs(NamedTuple):
+    """What one pass of :func:`chunked_head` returns (shapes in its docstring)."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None
+    top_k_log_probs: torch.Tensor | None
+    top_k_ids: torch.Tensor | None
+
+
+def chunked_head(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk: int,
+    kernel: HeadKernel | None = None,
+    share: TiedHeadGradient | None = None,
+    top_k: int = 0,
+) -> ChunkedHeadOutputs:
+    """:func:`chunked_head_log_probs_and_entropy`, plus (``top_k > 0``) each position's
+    ``top_k`` likeliest ids and their log-probs, ``[..., top_k]``, likeliest first, without
+    gradient."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1 token, got {chunk}")
+    if not 0 <= top_k <= weight.shape[0]:
+        raise ValueError(f"top_k must be in [0, vocabulary {weight.shape[0]}], got {top_k}")
     lead = hidden.shape[:-1]
+    several = tokens.dim() == hidden.dim()
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    flat_tokens = tokens.reshape(-1)
+    flat_tokens = tokens.reshape(flat_hidden.shape[0], -1)
     inverse = 1.0 / temperature if temperature > 0 else 1.0
     products = kernel if kernel is not None else linear_kernel()
-    log_probs, entropy = _ChunkedHeadLogProbs.apply(
-        flat_hidden, weight, flat_tokens, inverse, with_entropy, chunk, products, share
+    log_probs, entropy, top_log_probs, top_ids = _ChunkedHeadLogProbs.apply(
+        flat_hidden, weight, flat_tokens, inverse, with_entropy, chunk, products, share, top_k
     )
-    if not with_entropy:
-        return log_probs.reshape(lead), None
-    return log_probs.reshape(lead), entropy.reshape(lead)
+    return ChunkedHeadOutputs(
+        log_probs=log_probs.reshape(*lead, -1) if several else log_probs.reshape(lead),
+        entropy=entropy.reshape(lead) if with_entropy else None,
+        top_k_log_probs=top_log_probs.reshape(*lead, top_k) if top_k else None,
+        top_k_ids=top_ids.reshape(*lead, top_k) if top_k else None,
+    )
 
 
 class TiedHeadGradient:

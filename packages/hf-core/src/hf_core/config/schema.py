@@ -180,23 +180,77 @@ class DynamicSamplingConfig(_Strict):
 
 
 class DistillConfig(_Strict):
-    """On-policy distillation from the ``teacher`` role (Agarwal et al. 2024, "On-Policy
+    """Distillation from the ``teacher`` role (Agarwal et al. 2024, GKD, "On-Policy
     Distillation of Language Models", arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv
-    2306.08543): the student samples, the teacher scores every sampled token, and the
-    per-token reverse KL log pi_student - log pi_teacher is minimised."""
+    2306.08543).  ``loss: reverse_kl``: the student samples, the teacher scores every sampled
+    token, and the per-token reverse KL log pi_student - log pi_teacher is minimised.  The
+    top-k losses match the teacher's next-token distribution, truncated to its ``top_k``
+    likeliest tokens per position, at every response token (docs/algorithms.md)."""
 
+    loss: Literal["reverse_kl", "forward_kl_topk", "jsd"] = Field(
+        "reverse_kl",
+        description="reverse_kl: one teacher log-prob per sampled token (see mode); "
+        "forward_kl_topk: KL(teacher || student) over the teacher's top-k; jsd: GKD's "
+        "generalized Jensen-Shannon divergence with 'beta' over the teacher's top-k",
+    )
     coef: float = Field(1.0, gt=0.0, description="weight of the distillation signal")
     mode: Literal["advantage", "loss"] = Field(
         "advantage",
-        description="advantage: coef * (log pi_teacher - log pi_student) is added to each "
-        "token's advantage (the REINFORCE form of the reverse-KL gradient); loss: coef * "
-        "KL(student || teacher), estimated per token with 'estimator', is added to the loss",
+        description="loss reverse_kl: advantage: coef * (log pi_teacher - log pi_student) is "
+        "added to each token's advantage (the REINFORCE form of the reverse-KL gradient); "
+        "loss: coef * KL(student || teacher), estimated per token with 'estimator', is added "
+        "to the loss.  The top-k losses are always loss terms",
     )
     estimator: str = Field(
         "k2",
         description="loss mode: a registered KL estimator (k2's gradient on the student's own "
         "samples is the reverse KL's)",
     )
+    top_k: int = Field(
+        64,
+        ge=1,
+        description="top-k losses: the teacher's likeliest tokens per position it returns",
+    )
+    beta: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="jsd: the teacher's weight in the mixture (toward 0 the divergence "
+        "behaves like forward KL, toward 1 like reverse KL)",
+    )
+    tail: Literal["bucket", "renormalize"] = Field(
+        "bucket",
+        description="top-k losses: the probability outside the teacher's top-k as one more "
+        "category for each model (bucket), or both distributions renormalised over the "
+        "top-k (renormalize)",
+    )
+    top_k_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="the dtype the teacher's top-k log-probs are kept in (its ids take the "
+        "smallest integer type the vocabulary allows)",
+    )
+    on_policy_share: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="GKD's lambda: the share of each step's prompts answered by the student's "
+        "own samples; the others take their dataset completion ('completion_key'), scored "
+        "by the teacher the same way (top-k losses only)",
+    )
+    completion_key: str = Field(
+        "ground_truth",
+        description="on_policy_share < 1: the dataset field with a prompt's completion text",
+    )
+
+    @model_validator(mode="after")
+    def _mixing_needs_a_top_k_loss(self) -> DistillConfig:
+        if self.on_policy_share < 1.0 and self.loss == "reverse_kl":
+            raise ValueError(
+                "on_policy_share < 1 mixes in dataset completions, which only a top-k loss "
+                "(forward_kl_topk or jsd) can learn from: reverse_kl scores the student's own "
+                "samples"
+            )
+        return self
 
 
 class AlgorithmConfig(_Strict):

@@ -20,7 +20,8 @@ class LossFn(Protocol):
     """A loss core passes to a training engine.
 
     Called once per micro-batch with the model outputs for it (``log_probs`` and ``entropy``
-    for a policy, ``values`` for a critic, per response token) and the micro-batch itself;
+    for a policy, with ``log_probs_at_teacher_top_k`` when the micro-batch carries a
+    teacher's top-k ids; ``values`` for a critic; per response token) and the micro-batch;
     returns the scalar loss to back-propagate (already scaled for the micro-batch's share of
     the mini-batch) and float metrics to average.
     """
@@ -44,8 +45,14 @@ class TrainingEngine(ABC):
         return torch.float32
 
     @abstractmethod
-    def compute_log_probs(self, batch: Batch, temperature: float = 1.0) -> Batch:
-        """Per-token ``log_probs`` (and ``entropy``) of ``responses`` under the model."""
+    def compute_log_probs(self, batch: Batch, temperature: float = 1.0, top_k: int = 0) -> Batch:
+        """Per-token ``log_probs`` (and ``entropy``) of ``responses`` under the model; with
+        ``top_k``, also its ``top_k`` likeliest ids and their log-probs per response
+        position (``top_k_ids`` / ``top_k_log_probs``, ``[B, R, top_k]``).
+
+        A training forward (``train_step``) of a batch carrying ``teacher_top_k_ids``
+        ``[B, R, k]`` also hands its loss ``log_probs_at_teacher_top_k``, the model's
+        log-probs at those ids with autograd (:mod:`hf_core.engines.top_k`)."""
 
     def compute_values(self, batch: Batch) -> Batch:
         """Per-token ``values`` of ``responses`` (value-head models)."""

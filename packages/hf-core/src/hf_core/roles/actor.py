@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from hf_core.algorithms.distill_top_k import TOP_K_LOSSES
 from hf_core.batch import Batch
 from hf_core.config import TrainerConfig
 from hf_core.config.layout import RunLayout
@@ -32,6 +33,16 @@ from hf_core.engines import (
     SamplingParams,
     TrainsAdapters,
 )
+from hf_core.engines.dtypes import to_dtype
+from hf_core.engines.hf_folder import read_model_config
+from hf_core.engines.top_k import (
+    TEACHER_TOP_K_IDS,
+    TEACHER_TOP_K_LOG_PROBS,
+    TOP_K_IDS,
+    TOP_K_LOG_PROBS,
+    compact_top_k,
+)
+from hf_core.planner.models import from_hf_config
 from hf_core.plugins import get_engine_parallelism, get_rollout_engine
 from hf_core.protocols import register
 from hf_core.roles.adapters import base_model, reference_is_actor_base
@@ -89,6 +100,14 @@ class ActorRolloutRefWorker(Worker):
             else None
         )
         """On-policy distillation's teacher: scores the student's samples per token."""
+        self.teacher_vocab_size = (
+            from_hf_config(
+                read_model_config(config.role_model(config.teacher), key="teacher.model_path")
+            ).vocab_size
+            if config.teacher is not None
+            else 0
+        )
+        """Sizes the integer type the teacher's top-k ids are stored in."""
         self.standalone = config.placement.mode == "standalone"
         generates = config.trainer == "rl" and not self.standalone
         """Supervised and preference trainers never sample: no rollout engine then (and the
@@ -268,12 +287,27 @@ class ActorRolloutRefWorker(Worker):
 
     @register("3D_PROTO")
     def compute_teacher_log_probs(self, batch: Batch) -> Batch:
-        """The teacher's log-probs of the student's sampled tokens (distillation)."""
+        """The teacher's log-probs of the student's sampled tokens (distillation), and with a
+        top-k loss its top-k ids and log-probs per response token, stored compactly
+        (:func:`~hf_core.engines.top_k.compact_top_k`)."""
         self.handover.to_training()
         if self.teacher is None:
             raise RuntimeError("no teacher model configured (add a 'teacher' section)")
-        out = self.teacher.compute_log_probs(batch, temperature=self._temperature(batch))
-        return Batch({"teacher_log_probs": out["log_probs"]})
+        distill = self.config.algorithm.distill
+        top_k = distill.top_k if distill.loss in TOP_K_LOSSES else 0
+        out = self.teacher.compute_log_probs(
+            batch, temperature=self._temperature(batch), top_k=top_k
+        )
+        result = Batch({"teacher_log_probs": out["log_probs"]})
+        if top_k:
+            ids, log_probs = compact_top_k(
+                out[TOP_K_IDS],
+                out[TOP_K_LOG_PROBS],
+                self.teacher_vocab_size,
+                to_dtype(distill.top_k_dtype),
+            )
+            result[TEACHER_TOP_K_IDS], result[TEACHER_TOP_K_LOG_PROBS] = ids, log_probs
+        return result
 
     def _temperature(self, batch: Batch) -> float:
         return float(batch.meta.get("temperature", self.config.rollout.temperature)) or 1.0

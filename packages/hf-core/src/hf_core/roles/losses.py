@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -36,9 +36,16 @@ from hf_core.algorithms import (
     masked_mean,
     value_loss,
 )
+from hf_core.algorithms.distill_top_k import TopKLoss, top_k_distill_loss
 from hf_core.batch import Batch
 from hf_core.config import AlgorithmConfig, TrainerConfig
+from hf_core.config.schema import DistillConfig
 from hf_core.engines.loss_totals import GROUP_KEY
+from hf_core.engines.top_k import (
+    LOG_PROBS_AT_TEACHER_TOP_K,
+    TEACHER_TOP_K_IDS,
+    TEACHER_TOP_K_LOG_PROBS,
+)
 from hf_core.roles.loss_advice import loss_agg_mode_advice
 
 log = logging.getLogger(__name__)
@@ -302,8 +309,9 @@ def sequence_is_weights(
 class PolicyLoss:
     """Clipped policy loss − entropy bonus (+ KL-to-reference when ``kl.mode == in_loss``, +
     KL-to-teacher when the batch carries ``teacher_log_probs``: ``algorithm.distill.mode:
-    loss``), with importance weights against the rollout policy (``is_mode``) when ``is_cap``
-    is set.
+    loss``, + the top-k divergence to the teacher when it carries the teacher's top-k:
+    ``algorithm.distill.loss: forward_kl_topk | jsd``), with importance weights against the
+    rollout policy (``is_mode``) when ``is_cap`` is set.
 
     ``norm_length``: a fixed L for ``seq-mean-token-sum-norm`` (e.g. ``rollout.max_new_tokens``;
     default: the mini-batch's response width).  Warns (:func:`loss_agg_mode_advice`) when the
@@ -405,7 +413,31 @@ class PolicyLoss:
             )
             loss = loss + distill.coef * kl
             metrics["distill_loss"] = float(kl.detach())
+        if TEACHER_TOP_K_LOG_PROBS in mb:  # the teacher's top-k distribution as a loss term
+            distill = self.algo.distill
+            divergence, extra = top_k_distill_loss(
+                outputs[LOG_PROBS_AT_TEACHER_TOP_K],
+                mb[TEACHER_TOP_K_LOG_PROBS],
+                term_mask,
+                loss=cast(TopKLoss, distill.loss),
+                beta=distill.beta,
+                tail=distill.tail,
+                loss_agg_mode=mode,
+                **scaling.aggregation(),
+            )
+            loss = loss + distill.coef * divergence
+            metrics["distill_loss"] = float(divergence.detach())
+            metrics.update(extra)
         return loss * scaling.share, metrics
+
+
+def distill_loss_keys(distill: DistillConfig) -> tuple[str, ...]:
+    """The teacher's batch keys :class:`PolicyLoss` reads: its log-probs of the sampled
+    tokens (``reverse_kl`` in the loss), its top-k (the top-k losses), or none
+    (``reverse_kl`` in the advantage)."""
+    if distill.loss != "reverse_kl":
+        return (TEACHER_TOP_K_IDS, TEACHER_TOP_K_LOG_PROBS)
+    return ("teacher_log_probs",) if distill.mode == "loss" else ()
 
 
 def mismatch_parts(

@@ -62,7 +62,12 @@ from hf_core.rewards import RuleReward
 from hf_core.rng import rng_state, set_rng_state
 from hf_core.roles import JUDGE_KEYS
 from hf_core.roles.handover import handover_metrics
-from hf_core.roles.losses import GROUP_MEAN_MODE, mismatch_parts, mismatch_summary
+from hf_core.roles.losses import (
+    GROUP_MEAN_MODE,
+    distill_loss_keys,
+    mismatch_parts,
+    mismatch_summary,
+)
 from hf_core.trainer.batches import generation_input, sampling_params, sft_batch, token_count
 from hf_core.trainer.dynamic_sampling import DynamicSampler
 from hf_core.trainer.rollout_source import RolloutSource, StepSamples, rollout_source
@@ -352,8 +357,8 @@ class RLTrainer(RunLoop):
                 keys.append("old_log_probs")
             if algo.kl.mode == "in_loss":
                 keys.append("ref_log_probs")
-            if cfg.teacher is not None and algo.distill.mode == "loss":
-                keys.append("teacher_log_probs")
+            if cfg.teacher is not None:
+                keys.extend(distill_loss_keys(algo.distill))
             keys.extend(self._loss_group_keys())
             update = batch.select(*keys)
             update.meta.update(batch.meta)
@@ -419,15 +424,16 @@ class RLTrainer(RunLoop):
     def _distill(
         self, batch: Batch, advantages: torch.Tensor, metrics: dict[str, float]
     ) -> torch.Tensor:
-        """On-policy distillation: the teacher's per-token signal, in the advantage (``mode:
-        advantage``) or measured only (``mode: loss``: the actor's loss carries it)."""
+        """On-policy distillation: the teacher's per-token signal, in the advantage (``loss:
+        reverse_kl``, ``mode: advantage``) or measured only (the actor's loss carries it)."""
         distill = self.config.algorithm.distill
         student = batch["old_log_probs" if "old_log_probs" in batch else "rollout_log_probs"]
         shaped, found = reverse_kl_advantage(
             advantages, student, batch["teacher_log_probs"], batch["response_mask"], distill.coef
         )
         metrics.update(found)
-        return shaped if distill.mode == "advantage" else advantages
+        in_advantage = distill.loss == "reverse_kl" and distill.mode == "advantage"
+        return shaped if in_advantage else advantages
 
     def _loss_group_keys(self) -> tuple[str, ...]:
         """The batch keys the loss needs beyond the model's inputs: ``group_index`` when the

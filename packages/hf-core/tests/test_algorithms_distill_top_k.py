@@ -10,7 +10,7 @@ from torch.distributions import Categorical, kl_divergence
 
 from hf_core.algorithms.chunked_head import chunked_head
 from hf_core.algorithms.distill_top_k import top_k_distill_loss, top_k_divergence
-from hf_core.algorithms.token_log_probs import top_k_log_probs, token_log_probs_and_entropy
+from hf_core.algorithms.token_log_probs import token_log_probs_and_entropy, top_k_log_probs
 from hf_core.engines.top_k import compact_top_k, id_dtype, top_k_bytes_per_token
 
 VOCAB = 13

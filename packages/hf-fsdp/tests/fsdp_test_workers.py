@@ -6,6 +6,7 @@ functions are passed by name rather than pickled from a test module.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hf_core.batch import Batch
@@ -71,8 +72,9 @@ class EngineWorker(engine_worker_base("DP_PROTO")):
         from hf_testing.workers import LOSSES
 
         engine = self.engines[name]
+        top_k = int(batch.meta.get("top_k", 0))  # the lm head's own top-k, when asked
         forward = {
-            "lm": engine.compute_log_probs,
+            "lm": functools.partial(engine.compute_log_probs, top_k=top_k),
             "value": engine.compute_values,
             "score": engine.compute_scores,
         }[engine.config.head]

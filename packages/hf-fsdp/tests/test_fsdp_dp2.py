@@ -20,7 +20,13 @@ from transformers import (
 
 from hf_core.batch import Batch
 from hf_core.runtime import ResourcePool, WorkerGroup, spawn
-from hf_testing.workers import LOSSES, policy_loss, resumed_runs, rollout_batch
+from hf_testing.workers import (
+    LOSSES,
+    policy_loss,
+    resumed_runs,
+    rollout_batch,
+    with_teacher_top_k,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -497,6 +503,9 @@ SEQUENCE_PARALLEL = {
 
 HEADS = {  # head: (model, loss, the single-process forward)
     "lm": ("qwen2_tied", "policy", "compute_log_probs"),
+    # top-k distillation: the teacher's top-k scored by the training forward, and the
+    # engine's own top-k from compute_log_probs (a teacher's forward)
+    "lm-top-k": ("qwen2_tied", "distill_top_k", "compute_log_probs"),
     "value": ("value", "value", "compute_values"),
     "score": ("score", "score", "compute_scores"),
 }
@@ -513,14 +522,18 @@ def test_sequence_parallel_pair_equals_one_rank(
 
     model, loss, method = HEADS[head]
     path = models[model]
-    config = {"model_path": str(path), **TRAIN, "head": head, **settings}
+    config = {"model_path": str(path), **TRAIN, "head": head.removesuffix("-top-k"), **settings}
     batch = rollout_batch(B, 12, 10, _vocab(path), seed=6)  # mixed lengths
+    top_k = {}
+    if head == "lm-top-k":
+        batch = with_teacher_top_k(batch, _vocab(path), k=5, seed=7)
+        batch.meta["top_k"] = top_k["top_k"] = 4
     group.build("sp", {**config, "sequence_parallel_size": 2})
     got = group.whole_batch_step(batch, name="sp", loss=loss)
     group.drop("sp")
 
     one = FSDPEngine(config)
-    want = getattr(one, method)(batch)
+    want = getattr(one, method)(batch, **top_k)
     grads: dict[str, torch.Tensor] = {}
     assert one.optimizer is not None
     one.optimizer.register_step_pre_hook(lambda *_: grads.update(_gradients(one.model)))
@@ -528,7 +541,7 @@ def test_sequence_parallel_pair_equals_one_rank(
 
     for rank in (0, 1):  # both ranks of the group return the whole batch's outputs
         for key in want.keys():
-            mask = batch["response_mask"].bool() if want[key].dim() == 2 else slice(None)
+            mask = batch["response_mask"].bool() if want[key].dim() >= 2 else slice(None)
             diff = (got[rank]["outputs"][key] - want[key])[mask].abs().max()
             assert float(diff) < ATOL, (rank, key, float(diff))
     step = got[0]["metrics"]

@@ -48,7 +48,42 @@ def score_loss(outputs: Mapping[str, torch.Tensor], mb: Batch) -> tuple[torch.Te
     return err.sum() * mb.meta["dp_size"] / mb.meta["global_batch_size"], {}
 
 
-LOSSES = {"policy": policy_loss, "value": value_loss, "score": score_loss}
+def distill_top_k_loss(outputs: Mapping[str, torch.Tensor], mb: Batch) -> tuple[torch.Tensor, dict]:
+    """:func:`policy_loss` plus the top-k forward KL to the batch's teacher top-k
+    (``teacher_top_k_ids`` / ``teacher_top_k_log_probs``), token mean over the global batch."""
+    from hf_core.algorithms.distill_top_k import top_k_divergence
+    from hf_core.engines.top_k import LOG_PROBS_AT_TEACHER_TOP_K, TEACHER_TOP_K_LOG_PROBS
+
+    loss, metrics = policy_loss(outputs, mb)
+    mask = mb["response_mask"].float()
+    divergence = top_k_divergence(
+        outputs[LOG_PROBS_AT_TEACHER_TOP_K], mb[TEACHER_TOP_K_LOG_PROBS], loss="forward_kl_topk"
+    )
+    scale = mb.meta["dp_size"] / mb.meta["global_response_tokens"]
+    return loss + (divergence * mask).sum() * scale, metrics
+
+
+def with_teacher_top_k(batch: Batch, vocab_size: int, k: int, seed: int) -> Batch:
+    """``batch`` plus a made-up teacher's top-k per response position: ``k`` distinct ids and
+    their log-probs under a random distribution (what ``distill_top_k`` trains toward)."""
+    from hf_core.engines.top_k import TEACHER_TOP_K_IDS, TEACHER_TOP_K_LOG_PROBS
+
+    gen = torch.Generator().manual_seed(seed)
+    rows, width = batch["responses"].shape
+    logits = torch.randn(rows, width, vocab_size, generator=gen) * 2
+    top = torch.log_softmax(logits, -1).topk(k, dim=-1)
+    out = batch.select(*batch.keys())
+    out.meta.update(batch.meta)
+    out[TEACHER_TOP_K_IDS], out[TEACHER_TOP_K_LOG_PROBS] = top.indices, top.values
+    return out
+
+
+LOSSES = {
+    "policy": policy_loss,
+    "value": value_loss,
+    "score": score_loss,
+    "distill_top_k": distill_top_k_loss,
+}
 
 
 # ---------------------------------------------------------------------------- batches

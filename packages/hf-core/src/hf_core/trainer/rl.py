@@ -69,6 +69,11 @@ from hf_core.roles.losses import (
     mismatch_summary,
 )
 from hf_core.trainer.batches import generation_input, sampling_params, sft_batch, token_count
+from hf_core.trainer.distill_mixing import (
+    mix_in_completions,
+    mixed_prompts,
+    off_policy_prompts,
+)
 from hf_core.trainer.dynamic_sampling import DynamicSampler
 from hf_core.trainer.rollout_source import RolloutSource, StepSamples, rollout_source
 from hf_core.trainer.run_loop import RunLoop
@@ -275,6 +280,11 @@ class RLTrainer(RunLoop):
             metrics.update(filled.metrics)
             metrics.update(self.rollouts.take_metrics())
         batch.meta.update(step=self.step, temperature=cfg.rollout.temperature or 1.0)
+        off_policy: torch.Tensor | None = None
+        if cfg.teacher is not None and algo.distill.on_policy_share < 1.0:
+            with Timer("distill_mixing", metrics):
+                prompts, batch, off_policy = self._mix_completions(prompts, batch, samples.version)
+            metrics["distill/off_policy_share"] = float(off_policy.float().mean())
         model_input = batch.select(*model_keys(batch))
         model_input.meta.update(batch.meta)
 
@@ -340,6 +350,9 @@ class RLTrainer(RunLoop):
                 metrics["cost/lagrange"] = self.lagrange.update(float(costs.mean()))
             if cfg.teacher is not None:
                 advantages = self._distill(batch, advantages, metrics)
+            if off_policy is not None:  # dataset completions: the teacher's signal only
+                advantages = advantages.masked_fill(off_policy[:, None], 0.0)
+                task_scores = task_scores[~off_policy]  # the student's own samples measured
             batch["advantages"], batch["returns"] = advantages, returns
 
         if roles.critic is not None:
@@ -386,7 +399,7 @@ class RLTrainer(RunLoop):
                 **peak_memory(),
             }
         )
-        if ENV_TASK_KEY in batch.non_tensors:  # an environment's tasks, each on its own
+        if ENV_TASK_KEY in batch.non_tensors and off_policy is None:  # each task on its own
             turns = batch["agent_turns"].tolist() if "agent_turns" in batch else None
             tasks = batch.non_tensors[ENV_TASK_KEY]
             metrics.update(task_metrics(tasks, task_scores.tolist(), turns=turns))
@@ -434,6 +447,34 @@ class RLTrainer(RunLoop):
         metrics.update(found)
         in_advantage = distill.loss == "reverse_kl" and distill.mode == "advantage"
         return shaped if in_advantage else advantages
+
+    def _mix_completions(
+        self, prompts: Batch, batch: Batch, version: int
+    ) -> tuple[Batch, Batch, torch.Tensor]:
+        """GKD's mix (:mod:`hf_core.trainer.distill_mixing`): some prompts' samples replaced by
+        their dataset completion, whose rollout log-probs are the student's own."""
+        cfg = self.config
+        distill = cfg.algorithm.distill
+        off = off_policy_prompts(len(prompts), distill.on_policy_share, cfg.run.seed, self.step)
+        mixed = mix_in_completions(
+            batch,
+            prompts,
+            off,
+            n=cfg.rollout.n,
+            tokenizer=self.tokenizer,
+            completion_key=distill.completion_key,
+            version=version,
+        )
+        rows = torch.nonzero(mixed.off_policy).flatten()
+        if len(rows):
+            part = mixed.batch.index(rows)
+            student = part.select(*model_keys(part))
+            student.meta.update(batch.meta)
+            log_probs = self._groups.actor.compute_log_probs(student)["old_log_probs"]
+            mixed.batch["rollout_log_probs"][rows] = log_probs.to(
+                mixed.batch["rollout_log_probs"].dtype
+            )
+        return mixed_prompts(prompts, off), mixed.batch, mixed.off_policy
 
     def _loss_group_keys(self) -> tuple[str, ...]:
         """The batch keys the loss needs beyond the model's inputs: ``group_index`` when the

@@ -126,6 +126,34 @@ def hf_log_probs_and_entropy(
     return log_probs, torch.distributions.Categorical(logits=scaled).entropy()
 
 
+def _response_logits(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
+    """``[B, R, V]`` float32 logits over ``temperature`` at the positions predicting each
+    response token."""
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits
+    length = batch["responses"].shape[1]
+    return logits[:, -length - 1 : -1].float() / (temperature or 1.0)
+
+
+def hf_top_k(
+    model: torch.nn.Module, batch: Batch, temperature: float, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each response position's ``k`` likeliest ids and their log-probs, ``[B, R, k]``."""
+    top = torch.log_softmax(_response_logits(model, batch, temperature), -1).topk(k, dim=-1)
+    return top.values, top.indices
+
+
+def hf_log_probs_at(
+    model: torch.nn.Module, batch: Batch, ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The log-probs of ``ids`` ``[B, R, k]`` at each response position."""
+    return torch.log_softmax(_response_logits(model, batch, temperature), -1).gather(-1, ids)
+
+
 def hf_greedy(model: Any, prompts: Batch, max_new_tokens: int) -> list[list[int]]:
     """transformers' own ``generate``: each row's tokens up to and including the first EOS."""
     eos = model.generation_config.eos_token_id

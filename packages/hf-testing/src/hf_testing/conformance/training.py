@@ -16,12 +16,14 @@ existing backends do); the checkpoint check builds two more engines of the same 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 import torch
 
+from hf_core.algorithms.distill_top_k import top_k_distill_loss
 from hf_core.batch import Batch
 from hf_core.engines import (
     Closeable,
@@ -32,12 +34,21 @@ from hf_core.engines import (
     TrainingEngine,
     TrainsAdapters,
 )
+from hf_core.engines.top_k import (
+    LOG_PROBS_AT_TEACHER_TOP_K,
+    TEACHER_TOP_K_IDS,
+    TEACHER_TOP_K_LOG_PROBS,
+    TOP_K_IDS,
+    TOP_K_LOG_PROBS,
+)
 from hf_core.plugins import get_training_engine
 from hf_testing.conformance.common import EngineConformance, check_bytes
 from hf_testing.conformance.reference import (
     folder_tensors,
     hf_causal_lm,
     hf_log_probs_and_entropy,
+    hf_log_probs_at,
+    hf_top_k,
     masked_max_diff,
 )
 from hf_testing.workers import policy_loss, rollout_batch
@@ -180,6 +191,54 @@ class TrainingEngineConformance(EngineConformance):
         # the tolerance is far below what a wrong temperature or position would change
         other, _ = hf_log_probs_and_entropy(model, batch, temperature + 0.3)
         assert masked_max_diff(other, expected, mask) > 100 * self.log_prob_atol
+
+    def test_top_k_equals_transformers(
+        self, training_engine: TrainingEngine, conformance_model: Path
+    ) -> None:
+        """``compute_log_probs(top_k=k)``: a teacher's top-k ids and log-probs per response
+        position (top-k distillation) are transformers' own."""
+        batch = self.batch(conformance_model, seed=15)
+        out = training_engine.compute_log_probs(batch, temperature=0.7, top_k=4)
+        expected_log_probs, expected_ids = hf_top_k(hf_causal_lm(conformance_model), batch, 0.7, 4)
+        mask = batch["response_mask"].bool()
+        assert out[TOP_K_IDS].shape == out[TOP_K_LOG_PROBS].shape == (*mask.shape, 4)
+        assert torch.equal(out[TOP_K_IDS][mask].long(), expected_ids[mask])
+        gap = (out[TOP_K_LOG_PROBS][mask] - expected_log_probs[mask]).abs().max()
+        assert float(gap) < self.log_prob_atol
+        assert "log_probs" in out and "entropy" in out  # the usual outputs still come
+
+    def test_a_training_forward_scores_a_teachers_top_k_and_learns_from_it(
+        self, conformance_model: Path
+    ) -> None:
+        """A batch carrying ``teacher_top_k_ids`` hands the loss the model's log-probs at
+        those ids (transformers' own, micro-batch by micro-batch), and steps on the top-k
+        forward KL toward another model's top-k lower that divergence."""
+        batch = self.batch(conformance_model, seed=16)
+        teacher = hf_causal_lm(conformance_model)
+        torch.manual_seed(0)
+        with torch.no_grad():  # another model: the conformance model with noisy weights
+            for param in teacher.parameters():
+                param.add_(torch.randn_like(param) * 0.5)
+        teacher_log_probs, teacher_ids = hf_top_k(teacher, batch, 1.0, 3)
+        batch[TEACHER_TOP_K_IDS], batch[TEACHER_TOP_K_LOG_PROBS] = teacher_ids, teacher_log_probs
+        student = hf_causal_lm(conformance_model)
+        gaps: list[float] = []
+
+        def loss(outputs: Mapping[str, torch.Tensor], mb: Batch) -> tuple[torch.Tensor, dict]:
+            scored = outputs[LOG_PROBS_AT_TEACHER_TOP_K]
+            if not gaps:  # the first step: the weights are still the folder's
+                expected = hf_log_probs_at(student, mb, mb[TEACHER_TOP_K_IDS].long(), 1.0)
+                mask = mb["response_mask"].bool()
+                gaps.append(float((scored.detach()[mask] - expected[mask]).abs().max()))
+            divergence, metrics = top_k_distill_loss(
+                scored, mb[TEACHER_TOP_K_LOG_PROBS], mb["response_mask"], loss="forward_kl_topk"
+            )
+            return divergence * mb.meta["dp_size"] * len(mb) / mb.meta["global_batch_size"], metrics
+
+        run = self.make_engine(conformance_model)
+        divergences = [run.train_step(batch, loss)["distill/forward_kl_topk"] for _ in range(4)]
+        assert gaps and gaps[0] < self.log_prob_atol
+        assert divergences[-1] < 0.9 * divergences[0], divergences
 
     def test_checkpoint_resumes_to_an_identical_next_step(
         self, conformance_model: Path, tmp_path: Path

@@ -48,6 +48,12 @@ MOE = [
     "actor/moe/expert_load_max_over_mean",
     "moe/routing_bytes",
 ]
+DISTILL_TOP_K = [
+    "actor/distill/jsd",
+    "actor/distill/teacher_top_k_mass",
+    "distill/reverse_kl",
+    "distill/off_policy_share",
+]
 EXTRA = {
     "ppo": ["critic/vf_loss", "critic/grad_norm", "actor/kl", "actor/kl/coef"],
     "ppo_split": ["critic/vf_loss", "actor/kl"],
@@ -83,6 +89,8 @@ EXTRA = {
     "reasoning_gym": ["env/basic_arithmetic/reward", "env/basic_arithmetic/success", "actor/kl"],
     "cispo": [],
     "distill": ["distill/reverse_kl", "distill/teacher_log_prob"],
+    "distill_topk": DISTILL_TOP_K,
+    "distill_topk@megatron": DISTILL_TOP_K,
     "vlm_grpo": [],
     "grpo_stream": [
         "actor/kl",
@@ -135,7 +143,10 @@ def fsdp_role_ranks(config: TrainerConfig) -> dict[str, int]:
     return {r: n for r, n in ranks.items() if (role := roles[r]) and role.backend == "fsdp"}
 
 
-VARIANTS = {"moe_grpo@transformers": ["rollout.backend=transformers", FLOAT32_ROLLOUT]}
+VARIANTS = {
+    "moe_grpo@transformers": ["rollout.backend=transformers", FLOAT32_ROLLOUT],
+    "distill_topk@megatron": ["actor.backend=megatron", "teacher.backend=megatron"],
+}
 """Recipes run a second time with other backends (``recipe@variant``: the overrides)."""
 
 

@@ -12,6 +12,7 @@ from hf_core.algorithms.chunked_head import chunked_head
 from hf_core.algorithms.distill_top_k import top_k_distill_loss, top_k_divergence
 from hf_core.algorithms.token_log_probs import token_log_probs_and_entropy, top_k_log_probs
 from hf_core.engines.top_k import compact_top_k, id_dtype, top_k_bytes_per_token
+from hf_testing.memory import policy_loss_peak_bytes
 
 VOCAB = 13
 
@@ -229,3 +230,16 @@ def test_top_k_storage_is_compact_and_counted() -> None:
     stored, values = compact_top_k(ids, torch.zeros(1, 2), 151_936, torch.bfloat16)
     assert stored.dtype == torch.int32 and values.dtype == torch.bfloat16
     assert torch.equal(stored.long(), ids)
+
+
+def test_the_top_k_loss_stays_within_the_chunked_heads_bound() -> None:
+    """At a real vocabulary the top-k loss adds ``O(tokens k)`` to the chunked head's bound
+    (the head's gradient and about two chunks of logits), whatever the token count:
+    bench/loss_memory.py measures the 16,384-token micro-batch at k = 64."""
+    vocab, width, chunk, k = 151_936, 64, 256, 64
+    budget = vocab * width * 4 + 3 * chunk * vocab * 4 + 64 * 2**20
+    small = policy_loss_peak_bytes(512, vocab, width, chunk, top_k=k)
+    large = policy_loss_peak_bytes(2048, vocab, width, chunk, top_k=k)
+    assert small <= budget and large <= budget, (small, large, budget)
+    # what grows with the tokens is k floats per token a few times over, not the vocabulary
+    assert large - small < (2048 - 512) * k * 4 * 16, (small, large)

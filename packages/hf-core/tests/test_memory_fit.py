@@ -174,6 +174,25 @@ def test_a_run_that_cannot_fit_is_refused_before_it_starts(tmp_path: Path) -> No
     assert _fit(half, 8 * GIB).total_bytes < _fit(config, 8 * GIB).total_bytes
 
 
+def test_a_teachers_top_k_counts_per_response_token(tmp_path: Path) -> None:
+    """Top-k distillation keeps the teacher's k ids (int32 at Qwen's 151,936 tokens) and
+    log-probs per response token of the process's share of the batch."""
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "config.json").write_text(json.dumps({"model_type": "llama", **QWEN_05B_CONFIG}))
+    sections = {
+        "teacher": {"backend": "fsdp", "model_path": str(teacher)},
+        "data": {"batch_size": 8},
+        "rollout": {"n": 4, "max_new_tokens": 512},
+        "placement": {"processes": 2},
+    }
+    per_token = _fit(_trainer_config(tmp_path, QWEN_05B_CONFIG, **sections), 64 * GIB)
+    top_k = {"distill": {"loss": "jsd", "top_k": 64, "top_k_dtype": "bfloat16"}}
+    config = _trainer_config(tmp_path, QWEN_05B_CONFIG, **sections, algorithm=top_k)
+    extra = _fit(config, 64 * GIB).parts["resident"] - per_token.parts["resident"]
+    assert extra == (8 * 4 // 2) * 512 * 64 * (4 + 2)
+
+
 def test_a_delta_or_streaming_pool_counts_its_staged_copy(tmp_path: Path) -> None:
     """The staged copy a standalone pool keeps (rollout.sync: delta, or streaming) is one more
     model in the pool's dtype per rollout process, and the sender's mirror one more in the

@@ -69,13 +69,14 @@ def mix_in_completions(
             f"(its fields: {', '.join(sorted(prompts.non_tensors)) or 'none'})"
         )
     rows_off = off.repeat_interleave(n)
-    on = batch.index(torch.nonzero(~rows_off).flatten())
+    kept = [key for key in batch.keys() if key != "group_index"]  # renumbered below
+    on = batch.select(*kept).index(torch.nonzero(~rows_off).flatten())
     chosen = prompts.index(torch.nonzero(off).flatten())
     completions = sft_batch(chosen, tokenizer, completion_key).repeat_interleave(n)
     completions = completions | chosen.select(*chosen.non_tensors).repeat_interleave(n)
     width = completions["responses"].shape[1]
     for key in on.keys():
-        if key in completions or key == "group_index":
+        if key in completions:
             continue
         if key not in VERSIONED | COMPUTED_AFTER:
             raise ValueError(

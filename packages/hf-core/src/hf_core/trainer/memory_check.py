@@ -37,6 +37,7 @@ from hf_core.engines.memory_fit import (
     process_budget_bytes,
     size_text,
 )
+from hf_core.engines.top_k import top_k_bytes_per_token
 from hf_core.errors import MemoryFitError
 from hf_core.planner.models import ModelSpec, from_hf_config
 from hf_core.plugins import validated_engine_settings
@@ -169,6 +170,7 @@ def _actor_process(
     if config.teacher is not None:  # another model: its own size
         teacher = _spec(config, config.teacher, "teacher.model_path")
         resident += _frozen_bytes(config, config.teacher, layout.role("teacher"), teacher, ranks)
+        resident += teacher_top_k_bytes(config, layout, teacher.vocab_size)
     if placement.mode != "standalone":  # the rollout engine lives in this process
         generation = layout.generation
         shards = generation.tp * generation.pp
@@ -191,6 +193,19 @@ def _actor_process(
         footprint, budget, resident_bytes=resident, checkpointing=True, min_tokens=sample
     )
     return fit, rollout_growth
+
+
+def teacher_top_k_bytes(config: TrainerConfig, layout: RunLayout, vocab_size: int) -> int:
+    """What one actor process holds of the step's teacher top-k (top-k distillation): its
+    share of the batch's response tokens times ``k`` ids and log-probs each
+    (:func:`~hf_core.engines.top_k.top_k_bytes_per_token`); 0 for the other losses."""
+    distill = config.algorithm.distill
+    if distill.loss == "reverse_kl":
+        return 0
+    rows = config.data.batch_size * config.rollout.n
+    share = -(-rows * layout.role("actor").ranks_per_chunk // config.placement.processes)
+    per_token = top_k_bytes_per_token(distill.top_k, vocab_size, to_dtype(distill.top_k_dtype))
+    return share * config.rollout.max_new_tokens * per_token
 
 
 def pool_process_bytes(config: TrainerConfig, layout: RunLayout) -> dict[str, int]:

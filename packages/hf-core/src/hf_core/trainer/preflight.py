@@ -110,6 +110,7 @@ def check_inputs(config: TrainerConfig, layout: RunLayout, *, resume: bool = Fal
     if config.reward.judge is not None:
         _check_model("reward.judge.model_path", config.reward.judge.model_path)
     _check_data_files(config)
+    _check_teacher_vocabulary(config)
     if resume:
         _check_resume(config)
     tokenizer_key = "model.tokenizer_path" if config.model.tokenizer_path else "model.path"
@@ -138,6 +139,33 @@ def _check_model(key: str, folder: Path) -> None:
         raise ModelFolderError(
             f"{key}: {folder / 'config.json'} has no 'model_type', so transformers cannot tell "
             "which model it describes; save the folder with model.save_pretrained(...)"
+        )
+
+
+def _check_teacher_vocabulary(config: TrainerConfig) -> None:
+    """A top-k loss compares the teacher's and the student's probabilities of the same ids:
+    both models must share a vocabulary, and ``top_k`` must not exceed it."""
+    distill = config.algorithm.distill
+    if config.teacher is None or distill.loss == "reverse_kl":
+        return
+    sizes = {
+        key: from_hf_config(read_model_config(config.role_model(role), key=key)).vocab_size
+        for key, role in (
+            ("actor.model_path", config.actor),
+            ("teacher.model_path", config.teacher),
+        )
+    }
+    if len(set(sizes.values())) > 1:
+        raise ConfigError(
+            f"algorithm.distill.loss={distill.loss} compares the teacher's and the student's "
+            f"probabilities of the same token ids, but their vocabularies differ ("
+            + ", ".join(f"{key}: {size}" for key, size in sizes.items())
+            + "); distill between models sharing a tokenizer, or use loss: reverse_kl"
+        )
+    vocab = next(iter(sizes.values()))
+    if distill.top_k > vocab:
+        raise ConfigError(
+            f"algorithm.distill.top_k={distill.top_k} exceeds the vocabulary ({vocab} tokens)"
         )
 
 

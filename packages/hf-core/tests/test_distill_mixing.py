@@ -96,7 +96,7 @@ def test_a_missing_completion_field_or_an_unknown_sample_key_is_named(tokenizer:
     prompts = _prompts(tokenizer, ["12", "3"], ["21", "3"])
     batch = _samples(prompts)
     off = torch.tensor([True, False])
-    with pytest.raises(KeyError, match="completion_key.*'answer'"):
+    with pytest.raises(KeyError, match=r"completion_key.*'answer'"):
         mix_in_completions(
             batch, prompts, off, n=N, tokenizer=tokenizer, completion_key="answer", version=0
         )

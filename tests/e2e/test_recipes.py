@@ -91,6 +91,7 @@ EXTRA = {
     "distill": ["distill/reverse_kl", "distill/teacher_log_prob"],
     "distill_topk": DISTILL_TOP_K,
     "distill_topk@megatron": DISTILL_TOP_K,
+    "distill_topk@streaming": [*DISTILL_TOP_K, "stream/version_spread_max"],
     "vlm_grpo": [],
     "grpo_stream": [
         "actor/kl",
@@ -146,6 +147,14 @@ def fsdp_role_ranks(config: TrainerConfig) -> dict[str, int]:
 VARIANTS = {
     "moe_grpo@transformers": ["rollout.backend=transformers", FLOAT32_ROLLOUT],
     "distill_topk@megatron": ["actor.backend=megatron", "teacher.backend=megatron"],
+    "distill_topk@streaming": [
+        "placement.mode=standalone",
+        "placement.processes=1",
+        "placement.rollout_processes=1",
+        "rollout.mode=streaming",
+        "rollout.partial_rollouts=true",
+        "rollout.max_staleness=1",
+    ],
 }
 """Recipes run a second time with other backends (``recipe@variant``: the overrides)."""
 

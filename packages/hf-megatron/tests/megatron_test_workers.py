@@ -128,9 +128,11 @@ class MegatronWorker(engine_worker_base("3D_PROTO")):
         return sum(storages.values())
 
     @register("ONE_TO_ALL")
-    def log_probs_everywhere(self, batch: Batch, name: str, temperature: float = 1.0) -> Batch:
+    def log_probs_everywhere(
+        self, batch: Batch, name: str, temperature: float = 1.0, top_k: int = 0
+    ) -> Batch:
         """The whole batch on every rank: what each rank (not just the collected one) returns."""
-        return self.engines[name].compute_log_probs(batch, temperature=temperature)
+        return self.engines[name].compute_log_probs(batch, temperature=temperature, top_k=top_k)
 
     @register("ONE_TO_ALL")
     def build_rollout(self, name: str, engine: str, model_path: str, t_g: int, kind: str) -> str:

@@ -21,9 +21,21 @@ from transformers import (
 )
 
 from hf_core.batch import Batch
+from hf_core.engines.top_k import (
+    LOG_PROBS_AT_TEACHER_TOP_K,
+    TEACHER_TOP_K_IDS,
+    TOP_K_IDS,
+    TOP_K_LOG_PROBS,
+)
 from hf_core.runtime import WorkerGroup
-from hf_testing.conformance.reference import hf_log_probs_and_entropy
-from hf_testing.workers import policy_loss, resumed_runs, rollout_batch, value_loss
+from hf_testing.conformance.reference import hf_log_probs_and_entropy, hf_top_k
+from hf_testing.workers import (
+    LOSSES,
+    resumed_runs,
+    rollout_batch,
+    value_loss,
+    with_teacher_top_k,
+)
 
 ATOL = 1e-5
 B, P, R = 8, 6, 7  # global batch, prompt and response lengths
@@ -103,17 +115,22 @@ def test_log_probs_match_single_process_hf(group: WorkerGroup, models: dict, lay
     # odd_vocab under TP=2 with no extra padding multiple: the last rank holds a padded row.
     group.build("ref", _engine(path, tp, pp, trainable=False, make_vocab_size_divisible_by=1))
     batch = rollout_batch(B, P, R, _vocab(path), seed=11)
-    out = group.log_probs(batch, name="ref", temperature=0.7)
-    expected, entropy = hf_log_probs_and_entropy(
-        AutoModelForCausalLM.from_pretrained(path), batch, 0.7
-    )
+    out = group.log_probs(batch, name="ref", temperature=0.7, top_k=4)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    expected, entropy = hf_log_probs_and_entropy(model, batch, 0.7)
     mask = batch["response_mask"]
     assert out["log_probs"].shape == (B, R)
     assert _masked_max_diff(out["log_probs"], expected, mask) < ATOL
     assert _masked_max_diff(out["entropy"], entropy, mask) < ATOL
+    # a teacher's top-k (top-k distillation): the shards' top-k gathered, then the top-k
+    top_log_probs, top_ids = hf_top_k(model, batch, 0.7, 4)
+    real = mask.bool()
+    assert torch.equal(out[TOP_K_IDS][real].long(), top_ids[real])
+    assert float((out[TOP_K_LOG_PROBS][real] - top_log_probs[real]).abs().max()) < ATOL
     if pp > 1:  # every pipeline stage returns the last stage's outputs
-        for each in group.log_probs_everywhere(batch, name="ref", temperature=0.7):
+        for each in group.log_probs_everywhere(batch, name="ref", temperature=0.7, top_k=4):
             assert _masked_max_diff(each["log_probs"], expected, mask) < ATOL
+            assert torch.equal(each[TOP_K_IDS][real].long(), top_ids[real])
     with pytest.raises(Exception, match="frozen engine"):
         group.train(batch, name="ref", loss="policy")
     group.drop("ref")
@@ -149,15 +166,21 @@ def test_critic_from_a_causal_lm_folder_seeds_its_head(group: WorkerGroup, model
 # --------------------------------------------------------------------------- updates
 
 
-def _reference_update(path: Path, batch: Batch) -> tuple[dict[str, torch.Tensor], float, float]:
+def _reference_update(
+    path: Path, batch: Batch, loss_name: str = "policy"
+) -> tuple[dict[str, torch.Tensor], float, float]:
     """One AdamW step of the HF model on the whole batch: weights, loss, grad norm."""
     model = AutoModelForCausalLM.from_pretrained(path)
     one = Batch(dict(batch.tensors.items()))
     one.meta.update(dp_size=1, global_response_tokens=int(batch["response_mask"].sum()))
     logits = model(**_inputs(batch)).logits[:, P - 1 : -1]
-    log_probs = torch.log_softmax(logits, -1).gather(-1, batch["responses"][..., None])[..., 0]
+    every = torch.log_softmax(logits, -1)
+    log_probs = every.gather(-1, batch["responses"][..., None])[..., 0]
     entropy = torch.distributions.Categorical(logits=logits).entropy()
-    loss, _ = policy_loss({"log_probs": log_probs, "entropy": entropy}, one)
+    outputs = {"log_probs": log_probs, "entropy": entropy}
+    if TEACHER_TOP_K_IDS in batch:
+        outputs[LOG_PROBS_AT_TEACHER_TOP_K] = every.gather(-1, batch[TEACHER_TOP_K_IDS].long())
+    loss, _ = LOSSES[loss_name](outputs, one)
     opt = torch.optim.AdamW(
         model.parameters(), lr=TRAIN["lr"], eps=TRAIN["eps"], weight_decay=TRAIN["weight_decay"]
     )
@@ -213,6 +236,24 @@ def test_actor_update_matches_tp1_and_single_process(
     if layout != "tp1" and "tp1" in update_reference["results"]:
         worst, diff = _max_diff(got, update_reference["results"]["tp1"])
         assert diff < ATOL, (worst, diff)
+
+
+def test_top_k_distillation_update_under_tp2_pp2_matches_single_process(
+    group: WorkerGroup, models: dict
+) -> None:
+    """A teacher's top-k scored on the vocabulary shards (each rank's ids, reduced over TP)
+    and the loss on the last stage: the update equals one single-process AdamW step."""
+    path = models["qwen2_tied"]
+    batch = with_teacher_top_k(rollout_batch(B, P, R, _vocab(path), seed=22), _vocab(path), 5, 3)
+    weights, loss, norm = _reference_update(path, batch, "distill_top_k")
+    group.build("actor", _engine(path, 2, 2, **TRAIN))
+    metrics = group.train(batch, name="actor", loss="distill_top_k")[0]
+    got = group.weights("actor")[0]
+    group.drop("actor")
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-6)
+    assert metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    worst, diff = _max_diff(got, weights)
+    assert diff < ATOL, (worst, diff)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

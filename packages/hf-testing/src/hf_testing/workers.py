@@ -164,8 +164,13 @@ def engine_worker_base(data_protocol: str) -> type[Worker]:
             self.rollouts.pop(name, None)
 
         @register(data_protocol)
-        def log_probs(self, batch: Batch, name: str, temperature: float = 1.0) -> Batch:
-            return self.engines[name].compute_log_probs(batch, temperature=temperature)
+        def log_probs(
+            self, batch: Batch, name: str, temperature: float = 1.0, top_k: int = 0
+        ) -> Batch:
+            engine = self.engines[name]
+            if top_k:
+                return engine.compute_log_probs(batch, temperature=temperature, top_k=top_k)
+            return engine.compute_log_probs(batch, temperature=temperature)
 
         @register(data_protocol)
         def values(self, batch: Batch, name: str) -> Batch:

@@ -114,14 +114,7 @@ def hf_log_probs_and_entropy(
 
     ``T == 0`` means greedy decoding, whose log-probs are of the raw logits.
     """
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits
-    length = batch["responses"].shape[1]
-    scaled = logits[:, -length - 1 : -1].float() / (temperature or 1.0)
+    scaled = _response_logits(model, batch, temperature)
     log_probs = torch.log_softmax(scaled, -1).gather(-1, batch["responses"][..., None])[..., 0]
     return log_probs, torch.distributions.Categorical(logits=scaled).entropy()
 

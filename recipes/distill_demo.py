@@ -97,8 +97,7 @@ def compare(assets: list[str], teacher: Path, teacher_reward: float, argv: list[
     seeds = [0, 1, 2]
     if argv[:1] == ["--seeds"]:
         seeds, argv = [int(s) for s in argv[1].split(",")], argv[2:]
-    target = TARGET_SHARE * teacher_reward
-    results: dict[str, list[dict[str, object]]] = {}
+    runs: dict[str, list[Path]] = {}
     for loss in COMPARED:
         for seed in seeds:
             folder = OUTPUT / f"student_{loss}_seed{seed}"
@@ -107,29 +106,44 @@ def compare(assets: list[str], teacher: Path, teacher_reward: float, argv: list[
                 f"run.seed={seed}",
                 f"run.val_every={COMPARE_VAL_EVERY}",
             ]
-            run = student(assets, teacher, folder, [*extra, *argv])
-            curve = validation_curve(run)
-            reached = first_step_reaching(curve, target)
-            results.setdefault(loss, []).append(
-                {"seed": seed, "steps_to_target": reached, "final": curve[-1][1], "curve": curve}
-            )
-    total = load_config(TrainerConfig, RECIPE, argv).run.total_steps
+            runs.setdefault(loss, []).append(student(assets, teacher, folder, [*extra, *argv]))
+    total = load_config(TrainerConfig, RECIPE, [*assets, *argv]).run.total_steps
+    return report(runs, seeds, teacher_reward, total)
+
+
+def report(runs: dict[str, list[Path]], seeds: list[int], teacher_reward: float, total: int) -> int:
+    """Steps to the target per loss and seed from the students' metrics, printed and written
+    to ``compare.json``; 0 when the top-k loss reaches it in every seed and faster on average
+    (a run that never reaches it counts as ``total`` steps)."""
+    target = TARGET_SHARE * teacher_reward
+    results = {
+        loss: [
+            {
+                "seed": seed,
+                "steps_to_target": first_step_reaching(validation_curve(run), target),
+                "final": validation_curve(run)[-1][1],
+                "curve": validation_curve(run),
+            }
+            for seed, run in zip(seeds, folders, strict=True)
+        ]
+        for loss, folders in runs.items()
+    }
 
     def mean_steps(loss: str) -> float:
-        runs = results[loss]
-        return sum(int(r["steps_to_target"] or total) for r in runs) / len(runs)  # type: ignore[call-overload]
+        reached = [r["steps_to_target"] for r in results[loss]]
+        return sum(total if step is None else int(step) for step in reached) / len(reached)  # type: ignore[call-overload]
 
     summary = {
         "teacher_reward": teacher_reward,
         "target": target,
         "seeds": seeds,
-        "mean_steps_to_target": {loss: mean_steps(loss) for loss in COMPARED},
+        "mean_steps_to_target": {loss: mean_steps(loss) for loss in results},
         "runs": results,
     }
     OUTPUT.mkdir(parents=True, exist_ok=True)
     (OUTPUT / "compare.json").write_text(json.dumps(summary, indent=2))
     print(f"distill demo --compare: teacher {teacher_reward:.4f}, target {target:.4f}")
-    for loss in COMPARED:
+    for loss in results:
         steps = ", ".join(str(r["steps_to_target"] or "never") for r in results[loss])
         finals = ", ".join(f"{r['final']:.3f}" for r in results[loss])
         print(

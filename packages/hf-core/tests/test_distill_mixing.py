@@ -51,6 +51,9 @@ def _samples(prompts: Batch) -> Batch:
             "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
             "rollout_log_probs": torch.full((rows, 3), -1.5),
             "policy_version": torch.full((rows,), 4),
+            "rollout_version": torch.full((rows,), 3),  # a streaming pool's keys
+            "interrupted": torch.ones(rows, dtype=torch.bool),
+            "token_versions": torch.full((rows, 3), 3),
             "group_index": torch.arange(len(prompts)).repeat_interleave(N),
         },
         {"ground_truth": prompts["ground_truth"].repeat(N)},
@@ -88,6 +91,11 @@ def test_completions_replace_their_groups_and_keep_the_batch_whole(tokenizer: ob
     assert out["response_mask"][0].tolist() == [1, 1, 1] + [0] * (width - 3)
     assert torch.equal(out["input_ids"][:, -width:], out["responses"])
     assert out["policy_version"].tolist() == [4] * 6
+    assert out["rollout_version"].tolist() == [3] * 4 + [4] * 2
+    assert out["interrupted"].tolist() == [True] * 4 + [False] * 2
+    versions = out["token_versions"][4:]
+    assert (versions[out["response_mask"][4:] == 1] == 4).all()
+    assert (versions[out["response_mask"][4:] == 0] == -1).all()
     assert torch.equal(out["rollout_log_probs"][4:], torch.zeros(2, width))  # computed after
     assert list(mixed_prompts(prompts, off)["ground_truth"]) == ["21", "6", "543"]
 

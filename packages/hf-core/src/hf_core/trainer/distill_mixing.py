@@ -26,10 +26,11 @@ from hf_core.trainer.batches import concat_samples, sft_batch
 OFF_POLICY_KEY = "off_policy"
 """Per row: 1 where the response is a dataset completion, not a student sample."""
 
-VERSIONED = frozenset({"token_versions", "policy_version"})
+VERSIONED = frozenset({"token_versions", "policy_version", "rollout_version"})
 """Per-sample keys a dataset completion gets filled with the step's policy version."""
-COMPUTED_AFTER = frozenset({"rollout_log_probs"})
-"""Per-sample keys filled with 0 here and computed once the rows are mixed."""
+ZEROED = frozenset({"rollout_log_probs", "interrupted"})
+"""Per-sample keys a dataset completion gets as 0: its log-probs (computed once the rows are
+mixed) and a streaming pool's flag of a response that spanned an update (none did)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def mix_in_completions(
     for key in on.keys():
         if key in completions:
             continue
-        if key not in VERSIONED | COMPUTED_AFTER:
+        if key not in VERSIONED | ZEROED:
             raise ValueError(
                 f"algorithm.distill.on_policy_share < 1: the samples carry {key!r}, which a "
                 "dataset completion cannot (use on_policy_share: 1 with this rollout)"
@@ -86,7 +87,10 @@ def mix_in_completions(
         fill = float(version) if key in VERSIONED else 0.0
         like = on[key]
         shape = (len(completions), width) if like.dim() == 2 else (len(completions),)
-        completions[key] = torch.full(shape, fill, dtype=like.dtype)
+        values = torch.full(shape, fill, dtype=like.dtype)
+        if key == "token_versions":  # padding columns carry no version, as a pool's do
+            values = values.masked_fill(completions["response_mask"] == 0, -1)
+        completions[key] = values
     mixed = concat_samples([on, completions]) if len(on) else completions
     groups = len(mixed) // n
     mixed["group_index"] = torch.arange(groups).repeat_interleave(n)

@@ -266,7 +266,8 @@ def e2e_long(session: nox.Session) -> None:
     reshard layouts, resume at an epoch boundary and with LoRA, killed rollout processes and a
     dead vLLM engine healed by restarts, GRPO across two Ray nodes, a disk that fills up
     mid-save, LoRA learning the demo task, megatron -> vLLM in bfloat16 at a real vocabulary,
-    the HF-rollout agent and the judge-less GSM8K recipe.  Each has a shorter counterpart in
+    the HF-rollout agent, the judge-less GSM8K recipe and top-k distillation with a streaming
+    pool.  Each has a shorter counterpart in
     the default sessions."""
     _backend_session(
         session, ROOT / "tests" / "e2e", *E2E_PACKAGES, vllm=True, marks="long", parallel=True

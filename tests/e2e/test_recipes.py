@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FLOAT32_ROLLOUT, POST_TRAINING, RECIPES
+from conftest import FLOAT32_ROLLOUT, LONG, POST_TRAINING, RECIPES
 
 from hf_core.config import TrainerConfig, load_config
 from hf_core.engines.dtypes import rollout_dtype
@@ -157,6 +157,10 @@ VARIANTS = {
     ],
 }
 """Recipes run a second time with other backends (``recipe@variant``: the overrides)."""
+LONG_VARIANTS = {"distill_topk@streaming"}
+"""Variants in ``nox -s e2e_long`` only (CI's time): the streaming pool's top-k run has its
+shorter counterparts in ``distill_topk`` (the same step code) and the mixing unit test with
+a streaming pool's per-sample keys (``test_distill_mixing.py``)."""
 
 
 def expert_figure(config: TrainerConfig) -> int:
@@ -200,7 +204,9 @@ def test_every_recipe_is_covered() -> None:
 
 
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("name", recipe_names())
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=LONG) if n in LONG_VARIANTS else n for n in recipe_names()]
+)
 def test_recipe_runs_three_steps(name: str, in_workdir: Path) -> None:
     config = load_config(
         TrainerConfig,

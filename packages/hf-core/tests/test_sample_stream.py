@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from hf_core.batch import Batch
+from hf_core.engines import SamplingParams
+from hf_core.engines.streaming import StreamRequest, responses_batch
+from hf_core.trainer.batches import concat_samples
 from hf_core.trainer.sample_stream import (
     TOKEN_VERSIONS,
     GroupBuffer,
@@ -85,3 +88,39 @@ def test_the_ledger_accounts_for_every_prompt_and_resumes() -> None:
         resumed.load_state_dict(
             {"rows": [{"epoch": 0, "sample_index": 1, "state": "gone", "detail": None}]}
         )
+
+
+def _request(index: int, sample: int, prompt: int, versions: list[int]) -> StreamRequest:
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.7)
+    request = StreamRequest((0, index, sample), list(range(3, 3 + prompt)), params)
+    for position, version in enumerate(versions):
+        request.extend([40 + position], [-0.5 - position], version)
+    return request
+
+
+def test_groups_of_requests_become_the_rows_per_group_batches_would() -> None:
+    """The step's rows are built once from every group's requests; they must equal the
+    rows of one batch per group padded together (what the step took before)."""
+    groups = [
+        [_request(1, 0, 2, [3, 3, 4]), _request(1, 1, 2, [4])],
+        [_request(2, 0, 5, [4, 4, 4, 4, 4, 4]), _request(2, 1, 5, [])],
+    ]
+    whole = responses_batch([r for g in groups for r in g], pad_token_id=0)
+    per_group = concat_samples([responses_batch(g, pad_token_id=0) for g in groups])
+    assert sorted(whole.keys()) == sorted(per_group.keys())
+    for key in whole.keys():
+        assert torch.equal(whole[key], per_group[key]), key
+    assert whole.meta["temperature"] == 0.7
+
+
+def test_a_group_of_requests_is_as_old_as_its_oldest_token() -> None:
+    buffer = GroupBuffer(group_size=2)
+    buffer.add_requests((0, 1), [_request(1, 0, 2, [3, 5]), _request(1, 1, 2, [5])])
+    buffer.add_requests((0, 2), [_request(2, 0, 2, []), _request(2, 1, 2, [])])  # no token
+    buffer.add_requests((0, 3), [_request(3, 0, 2, [5]), _request(3, 1, 2, [4, 5])])
+    with pytest.raises(ValueError, match="1 samples for groups of 2"):
+        buffer.add_requests((0, 4), [_request(4, 0, 2, [5])])
+    kept, dropped = buffer.take(3, train_version=5, max_staleness=1)
+    assert [g.prompt_id for g in dropped] == [(0, 1)]  # version 3 is 2 behind
+    assert [g.prompt_id for g in kept] == [(0, 2), (0, 3)]  # no token: never stale
+    assert [g.oldest for g in kept] == [None, 4]

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from hf_core.batch import Batch
+from hf_core.engines.streaming import StreamRequest
 
 TOKEN_VERSIONS = "token_versions"
 """Per response token: the policy version of the weights that sampled it."""
@@ -51,17 +52,37 @@ def version_spread(token_versions: torch.Tensor, response_mask: torch.Tensor) ->
     return torch.where(real.any(-1), high - low, torch.zeros_like(low))
 
 
+GroupSamples = Batch | list[StreamRequest]
+"""A group's samples: rows of a whole generate call (a :class:`Batch`), or the requests a
+token stream finished, turned into rows only when the step takes them (one
+:func:`~hf_core.engines.streaming.responses_batch` for the whole step, not one per group)."""
+
+
+def oldest_requested_version(requests: list[StreamRequest]) -> int | None:
+    """The version of the oldest token among ``requests`` (``None``: no token at all)."""
+    return min((min(r.versions) for r in requests if r.versions), default=None)
+
+
+def oldest_row_version(samples: Batch) -> int | None:
+    """The version of the oldest real token among ``samples``' rows (``None``: none)."""
+    real = samples["response_mask"] != 0
+    if not bool(real.any()):
+        return None
+    return int(samples[TOKEN_VERSIONS][real].min())
+
+
 @dataclass
 class FinishedGroup:
     """One prompt's ``n`` samples, complete."""
 
     prompt_id: PromptId
-    samples: Batch
+    samples: GroupSamples
+    oldest: int | None
+    """The policy version of its oldest token, computed once as it arrives (``None``: no
+    token, never stale)."""
 
-    def oldest_version(self) -> int:
-        return int(
-            oldest_versions(self.samples[TOKEN_VERSIONS], self.samples["response_mask"]).min()
-        )
+    def __len__(self) -> int:
+        return len(self.samples)
 
 
 class GroupBuffer:
@@ -81,7 +102,7 @@ class GroupBuffer:
         return len(self._ready)
 
     def add(self, prompt_id: PromptId, samples: Batch) -> FinishedGroup | None:
-        """Some of ``prompt_id``'s samples; the group once its ``n``-th arrives."""
+        """Some of ``prompt_id``'s sample rows; the group once its ``n``-th arrives."""
         parts = self._partial.setdefault(prompt_id, [])
         parts.append(samples)
         have = sum(len(p) for p in parts)
@@ -90,7 +111,18 @@ class GroupBuffer:
         if have < self.group_size:
             return None
         del self._partial[prompt_id]
-        group = FinishedGroup(prompt_id, Batch.concat(parts))
+        rows = Batch.concat(parts)
+        group = FinishedGroup(prompt_id, rows, oldest_row_version(rows))
+        self._ready.append(group)
+        return group
+
+    def add_requests(self, prompt_id: PromptId, requests: list[StreamRequest]) -> FinishedGroup:
+        """A complete group of finished stream requests (in sample order)."""
+        if len(requests) != self.group_size:
+            raise ValueError(
+                f"prompt {prompt_id}: {len(requests)} samples for groups of {self.group_size}"
+            )
+        group = FinishedGroup(prompt_id, requests, oldest_requested_version(requests))
         self._ready.append(group)
         return group
 
@@ -104,7 +136,7 @@ class GroupBuffer:
         dropped: list[FinishedGroup] = []
         while self._ready and len(kept) < count:
             group = self._ready.popleft()
-            if train_version - group.oldest_version() > max_staleness:
+            if group.oldest is not None and train_version - group.oldest > max_staleness:
                 dropped.append(group)
             else:
                 kept.append(group)

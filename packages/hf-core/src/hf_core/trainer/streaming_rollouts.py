@@ -37,12 +37,14 @@ from hf_core.engines import SamplingParams
 from hf_core.engines.streaming import StreamRequest, responses_batch
 from hf_core.roles.rollout_pool import ROLLOUT_VERSION
 from hf_core.roles.rollout_stream import FinishedRows
+from hf_core.runtime import GroupFuture
 from hf_core.trainer.batches import concat_samples, generation_input
 from hf_core.trainer.rollout_source import StandaloneRollouts, StepSamples
 from hf_core.trainer.sample_stream import (
     TOKEN_VERSIONS,
     FinishedGroup,
     GroupBuffer,
+    GroupSamples,
     PromptId,
     PromptLedger,
     oldest_versions,
@@ -82,6 +84,8 @@ class StreamingRollouts(StandaloneRollouts):
         """Since the last step: prefix tokens the pool prefilled again after updates, and
         the seconds that took (engines that keep a KV cache across tokens)."""
         self._next_rank = 0
+        self._submitting: list[GroupFuture] = []
+        """Submissions sent to the pool and not yet confirmed (the next collect does)."""
         capacity = rollout.stream_capacity or math.ceil(
             self.batch_size * self.n / self.pool.world_size
         )
@@ -134,7 +138,9 @@ class StreamingRollouts(StandaloneRollouts):
             for pid in ids:
                 per_rank[self._next_rank].append(pid)
                 self._next_rank = (self._next_rank + 1) % ranks
-        self.pool.stream_submit([self._work(chunk) if chunk else None for chunk in per_rank])
+        work = [self._work(chunk) if chunk else None for chunk in per_rank]
+        # not waited for here: the pool takes calls in order, so the next collect sees it
+        self._submitting.append(self.pool.stream_submit.remote(work))
 
     def _work(self, ids: list[PromptId]) -> tuple[Batch, SamplingParams, int]:
         """One rank's submission: the prompts, their sampling parameters and epoch."""
@@ -150,6 +156,9 @@ class StreamingRollouts(StandaloneRollouts):
 
     def _collect(self, wait_s: float) -> None:
         """Finished samples from every rank into the buffer."""
+        submitted, self._submitting = self._submitting, []
+        for future in submitted:  # a submission the pool refused fails here
+            future.result()
         for done, metrics in self.pool.stream_collect(wait_s):
             self.pool_idle_s += metrics["stream/pool_idle_s"]
             self.pool_busy_s += metrics["stream/pool_busy_s"]
@@ -165,7 +174,7 @@ class StreamingRollouts(StandaloneRollouts):
                 self.samples.setdefault(pid, []).append(item)
                 if len(self.samples[pid]) == self.n:
                     requests = sorted(self.samples.pop(pid), key=lambda r: r.key[2])
-                    self.buffer.add(pid, self._group_batch(requests))
+                    self.buffer.add_requests(pid, requests)
 
     def _add_rows(self, finished: FinishedRows) -> None:
         """A whole call's rows, one group per prompt, in the call's order."""
@@ -174,10 +183,6 @@ class StreamingRollouts(StandaloneRollouts):
             by_prompt.setdefault((key[0], key[1]), []).append(row)
         for pid, rows in by_prompt.items():
             self.buffer.add(pid, finished.rows.index(rows))
-
-    def _group_batch(self, requests: list[StreamRequest]) -> Batch:
-        """A finished group as rollout-engine output (without the step's common padding)."""
-        return responses_batch(requests, self.pad_token_id)
 
     # ---------------------------------------------------------------- schedule
     def take(self, step: int) -> StepSamples:
@@ -228,10 +233,21 @@ class StreamingRollouts(StandaloneRollouts):
         self._step_metrics(step, generated)
         return StepSamples(step, prompts, generated, version, prompt_ids=ids)
 
-    def _step_batch(self, groups: list[Batch]) -> Batch:
-        """The step's groups padded to common widths (prompts left, responses right)."""
-        out = concat_samples(groups)
-        out.meta["temperature"] = groups[0].meta.get("temperature", 1.0)
+    def _step_batch(self, groups: list[GroupSamples]) -> Batch:
+        """The step's groups as one batch of rollout-engine output (prompts left-padded,
+        responses right-padded to common widths).  Groups of stream requests become rows
+        here, in one :func:`responses_batch` for the whole step: the driver's work per step
+        stays a few tensor builds however many groups it takes."""
+        if all(isinstance(group, list) for group in groups):
+            requests = [request for group in groups for request in group]
+            out = responses_batch(requests, self.pad_token_id)
+        else:
+            rows = [
+                group if isinstance(group, Batch) else responses_batch(group, self.pad_token_id)
+                for group in groups
+            ]
+            out = concat_samples(rows)
+            out.meta["temperature"] = rows[0].meta.get("temperature", 1.0)
         mask = out["response_mask"]
         out[ROLLOUT_VERSION] = oldest_versions(out[TOKEN_VERSIONS], mask)
         out["policy_version"] = out[ROLLOUT_VERSION].clone()

@@ -111,6 +111,11 @@ def test_groups_of_requests_become_the_rows_per_group_batches_would() -> None:
     for key in whole.keys():
         assert torch.equal(whole[key], per_group[key]), key
     assert whole.meta["temperature"] == 0.7
+    assert whole["responses"].tolist()[:2] == [[40, 41, 42, 0, 0, 0], [40, 0, 0, 0, 0, 0]]
+    assert whole["response_mask"].tolist()[3] == [0] * 6  # the empty response
+    assert whole["token_versions"].tolist()[:2] == [[3, 3, 4, -1, -1, -1], [4, -1, -1, -1, -1, -1]]
+    assert whole["rollout_log_probs"][0, :3].tolist() == [-0.5, -1.5, -2.5]
+    assert whole["interrupted"].tolist() == [True, False, False, False]
 
 
 def test_a_group_of_requests_is_as_old_as_its_oldest_token() -> None:

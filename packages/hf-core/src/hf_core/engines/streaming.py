@@ -192,17 +192,17 @@ def responses_batch(requests: list[StreamRequest], pad_token_id: int) -> Batch:
 
     width = max(r.params.max_new_tokens for r in requests)
     rows = len(requests)
+    # one tensor per key from the flat lists, scattered row-major under the mask: a whole
+    # step's requests cost a few tensor builds, not three per request
+    lengths = torch.tensor([len(r.tokens) for r in requests], dtype=torch.long)
+    real = torch.arange(width)[None, :] < lengths[:, None]
+    mask = real.long()
     responses = torch.full((rows, width), pad_token_id, dtype=torch.long)
     log_probs = torch.zeros((rows, width), dtype=torch.float32)
-    mask = torch.zeros((rows, width), dtype=torch.long)
     versions = torch.full((rows, width), -1, dtype=torch.long)
-    for row, request in enumerate(requests):
-        length = len(request.tokens)
-        if length:
-            responses[row, :length] = torch.tensor(request.tokens, dtype=torch.long)
-            log_probs[row, :length] = torch.tensor(request.log_probs, dtype=torch.float32)
-            versions[row, :length] = torch.tensor(request.versions, dtype=torch.long)
-            mask[row, :length] = 1
+    responses[real] = torch.tensor([t for r in requests for t in r.tokens], dtype=torch.long)
+    log_probs[real] = torch.tensor([p for r in requests for p in r.log_probs], dtype=torch.float32)
+    versions[real] = torch.tensor([v for r in requests for v in r.versions], dtype=torch.long)
     prompts = left_padded([r.prompt for r in requests], pad_token_id)
     temperature = requests[0].params.temperature
     out = assemble_rollout(prompts, responses, mask, log_probs, temperature)

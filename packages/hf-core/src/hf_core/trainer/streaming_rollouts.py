@@ -201,6 +201,10 @@ class StreamingRollouts(StandaloneRollouts):
 
     def _take_groups(self, step: int, count: int) -> StepSamples:
         """The next ``count`` finished groups within the staleness bound (waiting for them)."""
+        if self.max_staleness > 0:
+            # the pool ran ahead: take what it finished while its generation thread is idle,
+            # before new submissions wake it to compete with the pool's reply for its core
+            self._collect(0.0)
         groups: list[FinishedGroup] = []
         while len(groups) < count:
             self._top_up(step)

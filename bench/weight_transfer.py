@@ -17,10 +17,14 @@ sender, ``BroadcastReceiver`` in spawned pool processes, gloo on this CPU machin
 2. **Fan-out.**  One full sync of the model to 1, 2 and 4 receivers (taking the messages only),
    as one node with the relay (the default: one copy to the node, relayed there) and as if each
    receiver were its own node (every copy from the sender: the channel before the relay).  The
-   sender's seconds per sync and the bytes it wrote (``/proc/self/io``: what went into its
-   sockets), and the most a receiver wrote (a leader's relaying), medians of ``--repeats``.
+   sender's seconds per sync, its CPU seconds (every thread of the process: what the sender
+   itself does, apart from waiting for the cores its receivers share on one machine), the
+   bytes it wrote (``/proc/self/io``: what went into its sockets), and the most a receiver
+   wrote (a leader's relaying), medians of ``--repeats``.
 
-Shapes: the tiny 25M Qwen2 (vocabulary 1,024) and the Qwen2.5-0.5B shape (random weights).
+Shapes: the tiny 25M Qwen2 (vocabulary 1,024), the Qwen2.5-0.5B shape and the MoE shape of
+``bench/moe.py`` (random weights; measurement 1 only for the MoE shape, exported per expert as
+the FSDP engine does).
 
     python bench/weight_transfer.py --write
     python bench/weight_transfer.py --sizes 25M --steps 3 --receivers 1 2   # a quick look
@@ -38,6 +42,10 @@ from _common import MIB, bench_model, publish, section
 
 TITLE = "## Weight transfer to a rollout pool: delta sync, fan-out (`bench/weight_transfer.py`)"
 BUCKET_BYTES = 64 * MIB
+MOE_SHAPE = "qwen3-30b-a3b-scaled"
+"""The mixture-of-experts shape of ``bench/moe.py`` (Qwen3-30B-A3B's router: 128 experts,
+top-8; 4 layers of width 512, ~300M parameters): an expert no token of a step was routed to
+gets no gradient that step."""
 
 
 class _Exporter:
@@ -47,9 +55,17 @@ class _Exporter:
         self.model = model
 
     def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+        """The canonical tensors, as the FSDP engine exports them: a mixture-of-experts
+        model's fused expert parameters as one tensor per expert projection (views)."""
         from hf_core.sync.messages import in_buckets
+        from hf_fsdp.fused_experts import FAMILIES, expert_slices
 
-        weights = {name: param.detach() for name, param in self.model.named_parameters()}
+        names = FAMILIES.get(self.model.config.model_type)
+        weights: dict[str, Any] = {}
+        for name, param in self.model.named_parameters():
+            tensor = param.detach()
+            slices = expert_slices(name, tensor, names) if names is not None else None
+            weights.update(slices or [(name, tensor)])
         return in_buckets(weights, bucket_bytes)
 
 
@@ -223,17 +239,19 @@ def fan_out(size: str, receivers: int, relay: bool, repeats: int) -> dict[str, f
     address = sync.listen(nodes)
     procs, queue = _spawn("fanout", [address], receivers, str(folder), repeats + 1)
     sync.join()
-    seconds, written = [], []
+    seconds, cpu, written = [], [], []
     for version in range(repeats + 1):
         before = _written_bytes()
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         sync.run(version)
         seconds.append(time.perf_counter() - began)
+        cpu.append(time.process_time() - began_cpu)
         written.append(_written_bytes() - before)
     relayed = _collect(procs, queue)
     sync.close()
     return {
         "s": statistics.median(seconds[1:]),
+        "cpu_s": statistics.median(cpu[1:]),
         "sent": statistics.median(written[1:]),
         "relayed": max(statistics.median(w[1:]) for w in relayed.values()),
     }
@@ -241,7 +259,7 @@ def fan_out(size: str, receivers: int, relay: bool, repeats: int) -> dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=["25M", "0.5B"])
+    parser.add_argument("--sizes", nargs="+", default=["25M", "0.5B", MOE_SHAPE])
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-4, 1e-6])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--receivers", nargs="+", type=int, default=[1, 2, 4])
@@ -267,20 +285,22 @@ def main() -> None:
             f"{'yes' if r['equal'] else 'NO'} |"
         )
     fan = [
-        "| shape | receivers | relay: sender s | relay: sender MiB | relay: most a receiver "
-        "relayed MiB | no relay: sender s | no relay: sender MiB | relay s vs 1 receiver |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | receivers | relay: sender s | relay: sender CPU s | relay: sender MiB | "
+        "relay: most a receiver relayed MiB | no relay: sender s | no relay: sender CPU s | "
+        "no relay: sender MiB | relay s vs 1 receiver | relay CPU s vs 1 receiver |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size in args.fanout_sizes:
-        base = None
+        base: dict[str, float] | None = None
         for count in args.receivers:
             relayed = fan_out(size, count, True, args.repeats)
             direct = fan_out(size, count, False, args.repeats)
-            base = base or relayed["s"]
+            base = base or relayed
             fan.append(
-                f"| {size} | {count} | {relayed['s']:.2f} | {relayed['sent'] / MIB:,.0f} | "
-                f"{relayed['relayed'] / MIB:,.0f} | {direct['s']:.2f} | "
-                f"{direct['sent'] / MIB:,.0f} | {relayed['s'] / base:.2f}x |"
+                f"| {size} | {count} | {relayed['s']:.2f} | {relayed['cpu_s']:.2f} | "
+                f"{relayed['sent'] / MIB:,.0f} | {relayed['relayed'] / MIB:,.0f} | "
+                f"{direct['s']:.2f} | {direct['cpu_s']:.2f} | {direct['sent'] / MIB:,.0f} | "
+                f"{relayed['s'] / base['s']:.2f}x | {relayed['cpu_s'] / base['cpu_s']:.2f}x |"
             )
     description = (
         f"Median over {args.steps} AdamW steps after the first full sync (bucket "
@@ -289,7 +309,10 @@ def main() -> None:
         "the receive (first message to last load) a streaming pool paused for until now; "
         "after: the swap of the staged "
         "tensors (delta). Equal: the delta-fed engine's weights equal the full-fed one's bit "
-        f"for bit after every step. Fan-out: median of {args.repeats} full syncs."
+        f"for bit after every step. Fan-out: median of {args.repeats} full syncs; sender CPU "
+        "s: the sending process's CPU time over the sync (every thread: export, encode, "
+        "gloo's socket writes), the work the sender does, apart from waiting for cores the "
+        "receivers share with it."
     )
     publish(TITLE, section(TITLE, description, "\n".join([*table, "", *fan])), args.write)
 

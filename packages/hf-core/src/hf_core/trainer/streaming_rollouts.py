@@ -242,8 +242,9 @@ class StreamingRollouts(StandaloneRollouts):
         responses right-padded to common widths).  Groups of stream requests become rows
         here, in one :func:`responses_batch` for the whole step: the driver's work per step
         stays a few tensor builds however many groups it takes."""
-        if all(isinstance(group, list) for group in groups):
-            requests = [request for group in groups for request in group]
+        request_groups = [group for group in groups if isinstance(group, list)]
+        if len(request_groups) == len(groups):
+            requests = [request for group in request_groups for request in group]
             out = responses_batch(requests, self.pad_token_id)
         else:
             rows = [

@@ -81,9 +81,6 @@ class FinishedGroup:
     """The policy version of its oldest token, computed once as it arrives (``None``: no
     token, never stale)."""
 
-    def __len__(self) -> int:
-        return len(self.samples)
-
 
 class GroupBuffer:
     """Samples as the pool returns them, grouped by prompt; complete groups wait in the order

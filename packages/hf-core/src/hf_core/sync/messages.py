@@ -128,19 +128,3 @@ def read_bucket(message: torch.Tensor) -> Iterator[tuple[dict[str, object], torc
         size = int(entry["payload"])
         yield entry, message[offset : offset + size]
         offset += padded(size)
-
-
-def in_buckets(
-    tensors: dict[str, torch.Tensor], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """``tensors`` as (name, tensor) buckets of about ``bucket_bytes`` each."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in tensors.items():
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket

@@ -21,9 +21,10 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from hf_core.engines import RolloutEngine
+from hf_core.engines.weights import iter_buckets
 from hf_core.sync.broadcast import SyncMismatch
 from hf_core.sync.channel import JOIN_TIMEOUT_S, ChannelAddress, WeightChannel
-from hf_core.sync.messages import ChecksumMismatch, StreamHead, WireStats, in_buckets
+from hf_core.sync.messages import ChecksumMismatch, StreamHead, WireStats
 from hf_core.sync.wire import WireDecoder
 
 Pause = Callable[[], AbstractContextManager[object]]
@@ -89,7 +90,7 @@ class BroadcastReceiver:
         if self.staged:
             with pause():
                 began = time.perf_counter()
-                for bucket in in_buckets(stream.changed, self.bucket_bytes):
+                for bucket in iter_buckets(stream.changed.items(), self.bucket_bytes):
                     rollout.load_weights(bucket)
                 rollout.finish_weight_sync()
                 swap_s = time.perf_counter() - began

@@ -25,6 +25,7 @@ import numpy
 import torch
 
 from hf_core.engines import NamedTensor
+from hf_core.engines.weights import iter_buckets
 from hf_core.sync.messages import (
     ChecksumMismatch,
     StreamHead,
@@ -35,7 +36,6 @@ from hf_core.sync.messages import (
     bucket_message,
     checksum,
     dtype_named,
-    in_buckets,
     padded,
     read_bucket,
 )
@@ -183,7 +183,7 @@ class WireEncoder:
 
     def mirror_buckets(self, bucket_bytes: int) -> Iterator[list[NamedTensor]]:
         """The mirror in buckets (a full sync without another export: healing a doubt)."""
-        return in_buckets(self.mirror, bucket_bytes)
+        return iter_buckets(self.mirror.items(), bucket_bytes)
 
 
 @dataclass

@@ -52,21 +52,18 @@ class _Exporter:
     """The sender's training engine as the sync sees it: the model's tensors in buckets."""
 
     def __init__(self, model: Any) -> None:
+        from hf_fsdp.export import FSDPWeightMapping
+
         self.model = model
+        self.mapping = FSDPWeightMapping(model)
+        """The FSDP engine's own mapping: a mixture-of-experts model's fused expert
+        parameters go out as one tensor per expert projection, as the engine sends them."""
 
     def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
-        """The canonical tensors, as the FSDP engine exports them: a mixture-of-experts
-        model's fused expert parameters as one tensor per expert projection (views)."""
-        from hf_core.sync.messages import in_buckets
-        from hf_fsdp.fused_experts import FAMILIES, expert_slices
+        from hf_core.engines.weights import iter_buckets
 
-        names = FAMILIES.get(self.model.config.model_type)
-        weights: dict[str, Any] = {}
-        for name, param in self.model.named_parameters():
-            tensor = param.detach()
-            slices = expert_slices(name, tensor, names) if names is not None else None
-            weights.update(slices or [(name, tensor)])
-        return in_buckets(weights, bucket_bytes)
+        native = dict(self.model.named_parameters())
+        return iter_buckets(self.mapping.to_canonical(native), bucket_bytes)
 
 
 class _Sink:
